@@ -1,0 +1,40 @@
+# Two entry points for a fresh machine: `make run` serves, `make test` checks.
+# The virtual environment lives in .venv; torch is installed first, pinned, so pip never pulls a
+# different build (on this project's CPU machines the pinned release is a CPU build on local disk).
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: run test lint typecheck unit install dev
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.dev-installed: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+dev: $(VENV)/.dev-installed
+
+run: $(VENV)/.installed
+	$(BIN)/python -m service --host 0.0.0.0 --port 8000
+
+lint: dev
+	$(BIN)/ruff check service tests
+	$(BIN)/ruff format --check service tests
+
+typecheck: dev
+	$(BIN)/mypy
+
+unit: dev
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck unit

@@ -1,0 +1,92 @@
+"""The one place where errors become HTTP responses.
+
+Domain errors map to status codes by type in ``STATUS_BY_ERROR``; validation errors, unknown
+routes and unexpected exceptions are answered in the same ``{"error": {"code", "message"}}``
+shape. Unexpected exceptions are logged with their traceback and answered 500 without internals.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from service import errors
+
+log = logging.getLogger(__name__)
+
+# Most specific first: the first matching type wins.
+STATUS_BY_ERROR: tuple[tuple[type[errors.ServiceError], int], ...] = (
+    (errors.InvalidInput, 422),
+    (errors.PayloadTooLarge, 413),
+    (errors.Overloaded, 429),
+    (errors.NotReady, 503),
+    (errors.EngineUnavailable, 503),
+    (errors.OutOfMemory, 507),
+    (errors.GenerationFailed, 500),
+)
+
+
+def status_of(error: errors.ServiceError) -> int:
+    for kind, status in STATUS_BY_ERROR:
+        if isinstance(error, kind):
+            return status
+    return 500
+
+
+def error_response(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"code": code, "message": message}}, status_code=status, headers=headers
+    )
+
+
+def service_error_response(error: errors.ServiceError) -> JSONResponse:
+    headers: dict[str, str] = {}
+    if isinstance(error, errors.Overloaded):
+        headers["Retry-After"] = str(math.ceil(error.retry_after_s))
+    elif isinstance(error, errors.NotReady):
+        headers["Retry-After"] = "5"
+    return error_response(status_of(error), error.code, error.message, headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_service_error(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, errors.ServiceError)
+        return service_error_response(error)
+
+    async def on_validation_error(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, RequestValidationError)
+        problems = [
+            f"{_location(problem.get('loc', ()))}: {problem.get('msg', 'invalid')}"
+            for problem in error.errors()
+        ]
+        return error_response(422, "validation_error", "; ".join(problems) or "invalid request")
+
+    async def on_http_error(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
+        return error_response(error.status_code, code, str(error.detail), error.headers)
+
+    async def on_unexpected(request: Request, error: Exception) -> JSONResponse:
+        log.error("unhandled error", exc_info=error)
+        return error_response(500, "internal_error", "internal server error")
+
+    app.add_exception_handler(errors.ServiceError, on_service_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected)
+
+
+def _location(loc: object) -> str:
+    """``("body", "texts", 3)`` -> ``texts[3]``: the field a client sent, without "body"."""
+    parts = [part for part in loc if part != "body"] if isinstance(loc, (list, tuple)) else []
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "body"

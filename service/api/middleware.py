@@ -1,0 +1,150 @@
+"""HTTP plumbing every request goes through, as one pure ASGI middleware.
+
+- Request ids: the client's ``X-Request-ID`` when it is sane, else a new one; echoed on every
+  response and put on every log line of the request.
+- Body limit: a body over ``max_body_bytes`` is answered 413 before the route parses it, whether
+  the client declared its length or streamed it chunked.
+- Metrics and access log: count and latency by route template (not raw path: bounded labels),
+  one structured log line per request, never the request's texts.
+- Last resort: an exception no handler took becomes a 500 in the one error shape.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api.errors import error_response
+from service.metrics import Metrics
+
+log = logging.getLogger("service.access")
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class RequestContextMiddleware:
+    def __init__(self, app: ASGIApp, *, metrics: Metrics, max_body_bytes: int) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        request_id = _request_id(scope)
+        scope.setdefault("state", {})["request_id"] = request_id
+        status = 500
+        response_started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, response_started
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                response_started = True
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            body_receive = await self._limited_receive(scope, receive)
+            if body_receive is None:
+                await self._reply(413, "payload_too_large", self._too_large(), send_with_id, scope, receive)
+            else:
+                await self.app(scope, body_receive, send_with_id)
+        except Exception:
+            log.exception("unhandled error", extra={"request_id": request_id})
+            if not response_started:
+                await self._reply(
+                    500, "internal_error", "internal server error", send_with_id, scope, receive
+                )
+        finally:
+            self._record(scope, status, time.perf_counter() - started, request_id)
+
+    def _too_large(self) -> str:
+        return f"request body over {self.max_body_bytes} bytes"
+
+    async def _limited_receive(self, scope: Scope, receive: Receive) -> Receive | None:
+        """A receive that replays the (size-checked) body, or None when it is too large."""
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            return None
+        if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            return receive
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return receive
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return replay
+
+    @staticmethod
+    async def _reply(
+        status: int, code: str, message: str, send: Send, scope: Scope, receive: Receive
+    ) -> None:
+        await error_response(status, code, message)(scope, receive, send)
+
+    def _record(self, scope: Scope, status: int, seconds: float, request_id: str) -> None:
+        route = _route_template(scope)
+        method = scope["method"]
+        self.metrics.requests.labels(route=route, method=method, status=str(status)).inc()
+        self.metrics.request_duration.labels(route=route, method=method).observe(seconds)
+        log.info(
+            "request",
+            extra={
+                "request_id": request_id,
+                "method": method,
+                "route": route,
+                "status": status,
+                "duration_ms": round(seconds * 1000, 2),
+            },
+        )
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def _request_id(scope: Scope) -> str:
+    given = _header(scope, b"x-request-id")
+    if given and _REQUEST_ID.match(given):
+        return given
+    return uuid.uuid4().hex
+
+
+def _route_template(scope: Scope) -> str:
+    route: Any = scope.get("route")
+    path = getattr(route, "path", None)
+    return str(path) if path else "unmatched"

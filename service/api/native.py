@@ -1,0 +1,78 @@
+"""The native translation API: ``/translate``, ``/batch_translate``, ``/languages``.
+
+HTTP only: schemas in, schemas out, timing headers. Everything else is the translator's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fastapi import APIRouter, Response
+
+from service.api.dependencies import TranslatorDep
+from service.api.schemas import (
+    BatchTranslateRequest,
+    BatchTranslateResponse,
+    ErrorResponse,
+    LanguageOut,
+    TranslateRequest,
+    TranslationOut,
+    Usage,
+)
+from service.translation.translator import Translation
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in (
+        (413, "Request body too large"),
+        (422, "Invalid input: empty text, unknown language, text or batch over its limit"),
+        (429, "Queue full; retry after the Retry-After header's seconds"),
+        (503, "Model loading or engine unavailable"),
+    )
+}
+
+router = APIRouter(tags=["translation"])
+
+
+def _timing_headers(response: Response, translations: Sequence[Translation]) -> None:
+    """The article's diagnosis built in: time waiting for the GPU vs time on it."""
+    queue_ms = max(t.queue_s for t in translations) * 1000
+    inference_ms = max(t.inference_s for t in translations) * 1000
+    response.headers["X-Queue-Time-Ms"] = f"{queue_ms:.1f}"
+    response.headers["X-Inference-Time-Ms"] = f"{inference_ms:.1f}"
+
+
+@router.post("/translate", response_model=TranslationOut, responses=_ERRORS)
+async def translate(
+    body: TranslateRequest, translator: TranslatorDep, response: Response
+) -> TranslationOut:
+    """Translate one text."""
+    translation = await translator.translate(body.text, body.target_lang, body.source_lang)
+    _timing_headers(response, [translation])
+    response.headers["X-Cache"] = translation.cache
+    return TranslationOut.of(translation)
+
+
+@router.post("/batch_translate", response_model=BatchTranslateResponse, responses=_ERRORS)
+async def batch_translate(
+    body: BatchTranslateRequest, translator: TranslatorDep, response: Response
+) -> BatchTranslateResponse:
+    """Translate many texts into one language; results keep the input order."""
+    translations = await translator.translate_batch(body.texts, body.target_lang, body.source_lang)
+    _timing_headers(response, translations)
+    return BatchTranslateResponse(
+        translations=[TranslationOut.of(t) for t in translations],
+        usage=Usage(
+            input_tokens=sum(t.input_tokens for t in translations),
+            output_tokens=sum(t.output_tokens for t in translations),
+        ),
+    )
+
+
+@router.get("/languages", response_model=list[LanguageOut])
+async def languages(translator: TranslatorDep) -> list[LanguageOut]:
+    """The supported languages and their codes."""
+    return [
+        LanguageOut(code=lang.code, name=lang.english_name, chinese_name=lang.chinese_name)
+        for lang in translator.languages.values()
+    ]

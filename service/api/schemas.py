@@ -1,0 +1,85 @@
+"""Request and response schemas of the native API.
+
+Slim on purpose: the translation, the languages used and the token usage; no logits, no debug
+fields. Limits that depend on settings (characters, tokens, batch size) are checked by the
+translator so every API dialect shares them.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.translation.translator import Translation
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TranslateRequest(_Strict):
+    text: str = Field(min_length=1, description="Text to translate.", examples=["Hello, world!"])
+    target_lang: str = Field(description="Target language code (GET /languages).", examples=["de"])
+    source_lang: str | None = Field(
+        None, description="Source language code; omit to let the service choose the template."
+    )
+
+
+class BatchTranslateRequest(_Strict):
+    texts: list[str] = Field(min_length=1, description="Texts to translate, one segment each.")
+    target_lang: str = Field(description="Target language code (GET /languages).", examples=["fr"])
+    source_lang: str | None = Field(None, description="Source language code of every text.")
+
+
+class Usage(BaseModel):
+    input_tokens: int = Field(description="Prompt tokens the model read (template included).")
+    output_tokens: int = Field(description="Tokens the model generated.")
+
+
+class TranslationOut(BaseModel):
+    translation: str
+    source_lang: str | None = Field(
+        description="Source language given, or zh when the text was recognised as Chinese."
+    )
+    target_lang: str
+    usage: Usage
+
+    @classmethod
+    def of(cls, translation: Translation) -> TranslationOut:
+        return cls(
+            translation=translation.text,
+            source_lang=translation.source.code if translation.source else None,
+            target_lang=translation.target.code,
+            usage=Usage(
+                input_tokens=translation.input_tokens, output_tokens=translation.output_tokens
+            ),
+        )
+
+
+class BatchTranslateResponse(BaseModel):
+    translations: list[TranslationOut] = Field(description="One result per text, in input order.")
+    usage: Usage = Field(description="Totals over the batch.")
+
+
+class LanguageOut(BaseModel):
+    code: str
+    name: str
+    chinese_name: str
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="Stable machine-readable error code.")
+    message: str = Field(description="What went wrong, safe to show to a user.")
+
+
+class ErrorResponse(BaseModel):
+    """The one shape of every error the service answers."""
+
+    error: ErrorDetail
+
+
+class HealthOut(BaseModel):
+    status: str
+    model: str | None = None
+    device: str | None = None
+    quantization: str | None = None
+    queue_depth: int = 0

@@ -1,0 +1,63 @@
+"""The application factory: ``create_app(settings)`` wires the layers together.
+
+No work happens at import time. The lifespan starts the runtime (engine loading runs in the
+background so liveness answers at once) and drains it on shutdown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from service import __version__
+from service.api import native, probes
+from service.api.errors import install_error_handlers
+from service.api.middleware import RequestContextMiddleware
+from service.config import Settings
+from service.metrics import Metrics
+from service.runtime import EngineLoader, Runtime, load_transformers_engine
+
+
+def create_app(
+    settings: Settings,
+    *,
+    loader: EngineLoader = load_transformers_engine,
+    metrics: Metrics | None = None,
+) -> FastAPI:
+    """A new app with its own runtime and metrics registry; nothing is loaded until it starts."""
+    runtime = Runtime(settings, metrics or Metrics(), loader)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.stop(settings.drain_timeout_s)
+
+    app = FastAPI(
+        title="Hunyuan-MT translation service",
+        version=__version__,
+        summary="Micro-batched, cached translation with Tencent Hunyuan-MT.",
+        root_path=settings.root_path,
+        lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    app.include_router(native.router)
+    app.include_router(probes.router)
+    install_error_handlers(app)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+            expose_headers=["X-Request-ID", "X-Queue-Time-Ms", "X-Inference-Time-Ms", "X-Cache"],
+        )
+    app.add_middleware(
+        RequestContextMiddleware, metrics=runtime.metrics, max_body_bytes=settings.max_body_bytes
+    )
+    return app

@@ -1,0 +1,147 @@
+"""The service's one typed settings object.
+
+Every knob of the service lives here, documented, read from ``HYMT_*`` environment variables
+(or a ``.env`` file, or command-line flags through ``python -m service``). ``create_app`` takes a
+``Settings`` instance and passes it down; nothing reads the environment anywhere else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+Quantization = Literal["none", "nf4", "int8"]
+Device = Literal["auto", "cuda", "cpu"]
+
+
+def _default_data_dir() -> Path:
+    return Path.home() / ".cache" / "hunyuan-mt-service"
+
+
+class Settings(BaseSettings):
+    """All settings of the translation service (environment prefix ``HYMT_``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="HYMT_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        cli_prog_name="python -m service",
+    )
+
+    # --- HTTP server -------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Interface uvicorn binds to.")
+    port: int = Field(8000, ge=1, le=65535, description="TCP port uvicorn listens on.")
+    root_path: str = Field(
+        "", description="Path prefix when served under a sub-path behind a proxy (e.g. /mt)."
+    )
+    timeout_keep_alive_s: int = Field(
+        75,
+        ge=1,
+        description="Seconds uvicorn keeps an idle keep-alive connection. Must exceed the "
+        "proxy's upstream keepalive_timeout, or idle upstream connections die under the proxy.",
+    )
+    drain_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description="On shutdown (SIGTERM), seconds to finish queued work before exiting.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level of the service's JSON logs."
+    )
+    log_texts: bool = Field(
+        False, description="Write request texts into logs (off: texts are user data)."
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Origins allowed by CORS; empty list keeps CORS off.",
+    )
+
+    # --- model -------------------------------------------------------------------------------
+    model_id: str | None = Field(
+        None,
+        description="Hugging Face id or local path of the model, e.g. tencent/Hunyuan-MT-7B. "
+        "Unset: the embedded demo model (random weights, output is noise).",
+    )
+    model_revision: str | None = Field(
+        None, description="Git revision (branch, tag or commit) of model_id on the Hub."
+    )
+    dtype: Dtype = Field(
+        "auto", description="Weights dtype; auto = bfloat16 on CUDA (float16 without bf16), "
+        "float32 on CPU."
+    )
+    quantization: Quantization = Field(
+        "none",
+        description="bitsandbytes weight quantization: nf4 (4-bit, double quant, compute in "
+        "dtype) or int8 (LLM.int8). Saves memory; on a large GPU it does not add speed.",
+    )
+    device: Device = Field("auto", description="auto = CUDA when present, else CPU.")
+    data_dir: Path = Field(
+        default_factory=_default_data_dir,
+        description="Folder where the demo model is built once and reused.",
+    )
+    warmup: bool = Field(True, description="Run one generation per prompt template before ready.")
+
+    # --- decoding (defaults from the Hunyuan-MT model card) ---------------------------------
+    greedy: bool = Field(False, description="Greedy decoding instead of sampling.")
+    temperature: float = Field(0.7, gt=0, description="Sampling temperature.")
+    top_k: int = Field(20, ge=0, description="Top-k sampling cut-off (0 disables it).")
+    top_p: float = Field(0.6, gt=0, le=1, description="Nucleus sampling cut-off.")
+    repetition_penalty: float = Field(1.05, gt=0, description="Repetition penalty.")
+    max_new_tokens: int = Field(
+        1024, ge=1, description="Upper bound of generated tokens per text."
+    )
+    output_tokens_ratio: float = Field(
+        2.0,
+        gt=0,
+        description="Token budget per text = min(max_new_tokens, ceil(ratio * source tokens) "
+        "+ output_tokens_margin). A translation is rarely longer than twice its source.",
+    )
+    output_tokens_margin: int = Field(
+        16, ge=0, description="Constant part of the per-text token budget (see ratio)."
+    )
+
+    # --- request limits ----------------------------------------------------------------------
+    max_text_chars: int = Field(5000, ge=1, description="Most characters in one text.")
+    max_input_tokens: int = Field(
+        2048, ge=1, description="Most tokens of one text (the practical limit is 8k in + out)."
+    )
+    max_batch_items: int = Field(64, ge=1, description="Most texts in one /batch_translate.")
+    max_body_bytes: int = Field(
+        1_048_576, ge=1024, description="Largest request body in bytes; bigger gets 413."
+    )
+
+    # --- micro-batching ----------------------------------------------------------------------
+    max_batch_size: int = Field(32, ge=1, description="Most texts the worker runs in one batch.")
+    max_batch_tokens: int = Field(
+        32768,
+        ge=1,
+        description="Most padded prompt tokens in one batch (rows x longest prompt), which "
+        "bounds the memory a batch's prefill takes.",
+    )
+    max_wait_ms: float = Field(
+        5.0, ge=0, description="Longest a queued text waits for a batch to fill."
+    )
+    max_queue_size: int = Field(
+        1024, ge=1, description="Most texts waiting for the worker; beyond it requests get 429."
+    )
+
+    # --- result cache ------------------------------------------------------------------------
+    cache_size: int = Field(10_000, ge=0, description="Most cached translations (0 = no cache).")
+    cache_ttl_s: float = Field(3600.0, gt=0, description="Seconds a cached translation lives.")
+
+    @model_validator(mode="after")
+    def _check_batch_limits(self) -> Settings:
+        if self.max_input_tokens > self.max_batch_tokens:
+            raise ValueError("max_input_tokens must not exceed max_batch_tokens")
+        return self
+
+    @property
+    def uses_demo_model(self) -> bool:
+        return self.model_id is None

@@ -1,0 +1,163 @@
+"""The static micro-batch engine: one left-padded ``model.generate()`` per batch.
+
+Prompts are left-padded with an attention mask so every row's last prompt token sits at the same
+position and generation starts together; transformers derives position ids from the mask, so a
+padded row computes what it would alone. Each row stops at its own token budget through a
+stopping criterion; rows that finished wait (as pads) for the batch to end.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from functools import lru_cache
+
+import torch
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+
+from service.engine.loading import LoadedModel, cuda_memory
+from service.engine.tokenization import ChatPromptEncoder
+from service.engine.types import (
+    Decoding,
+    EngineInfo,
+    GenerationRequest,
+    GenerationResult,
+    PromptEncoder,
+)
+from service.errors import GenerationFailed, OutOfMemory
+
+log = logging.getLogger(__name__)
+
+
+class _RowBudgets(StoppingCriteria):
+    """Marks row i finished once it generated ``budgets[i]`` tokens."""
+
+    def __init__(self, prompt_width: int, budgets: Sequence[int], device: torch.device) -> None:
+        self._width = prompt_width
+        self._budgets = torch.tensor(budgets, device=device)
+
+    def __call__(
+        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: object
+    ) -> torch.BoolTensor:
+        generated = input_ids.shape[1] - self._width
+        return self._budgets <= generated  # type: ignore[return-value]
+
+
+class StaticBatchEngine:
+    """Implements ``Engine`` with transformers' ``generate`` on padded batches."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self._loaded = loaded
+        self._model = loaded.model
+        self._tokenizer = loaded.tokenizer
+        self._device = loaded.device
+        self._encoder = ChatPromptEncoder(loaded.tokenizer)
+        eos = self._model.generation_config.eos_token_id
+        self._eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        pad = self._tokenizer.pad_token_id
+        if pad is None:
+            pad = next(iter(self._eos_ids))
+        self._pad_id: int = pad
+        self._info = EngineInfo(
+            model=loaded.name,
+            revision=loaded.revision,
+            dtype=str(loaded.dtype).removeprefix("torch."),
+            quantization=loaded.quantization,
+            device=str(loaded.device),
+            load_seconds=loaded.load_seconds,
+            weights_bytes=int(self._model.get_memory_footprint()),
+        )
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    @property
+    def encoder(self) -> PromptEncoder:
+        return self._encoder
+
+    def memory_bytes(self) -> dict[str, int]:
+        return {
+            key.removeprefix("cuda_").removesuffix("_bytes"): value
+            for key, value in cuda_memory(self._device).items()
+        }
+
+    def generate(self, batch: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        if not batch:
+            return []
+        decoding = batch[0].decoding
+        if any(request.decoding != decoding for request in batch):
+            raise ValueError("a batch must share one decoding configuration")
+        width = max(len(request.prompt_ids) for request in batch)
+        input_ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, request in enumerate(batch):
+            start = width - len(request.prompt_ids)
+            input_ids[row, start:] = torch.tensor(request.prompt_ids, dtype=torch.long)
+            attention_mask[row, start:] = 1
+        budgets = [request.max_new_tokens for request in batch]
+        try:
+            with torch.inference_mode():
+                output = self._model.generate(
+                    input_ids=input_ids.to(self._device),
+                    attention_mask=attention_mask.to(self._device),
+                    generation_config=_generation_config(
+                        decoding, max(budgets), self._pad_id, tuple(sorted(self._eos_ids))
+                    ),
+                    stopping_criteria=StoppingCriteriaList(
+                        [_RowBudgets(width, budgets, self._device)]
+                    ),
+                )
+        except torch.OutOfMemoryError as error:
+            raise OutOfMemory(f"out of memory generating a batch of {len(batch)}") from error
+        except RuntimeError as error:
+            log.exception("generation failed", extra={"batch_size": len(batch)})
+            raise GenerationFailed("the model failed to generate") from error
+        return self._results(batch, output[:, width:].tolist(), budgets)
+
+    def _results(
+        self,
+        batch: Sequence[GenerationRequest],
+        new_tokens: list[list[int]],
+        budgets: list[int],
+    ) -> list[GenerationResult]:
+        kept: list[list[int]] = []
+        stopped: list[bool] = []
+        for tokens, budget in zip(new_tokens, budgets, strict=True):
+            tokens = tokens[:budget]
+            end = next((i for i, token in enumerate(tokens) if token in self._eos_ids), None)
+            stopped.append(end is not None)
+            kept.append(tokens if end is None else tokens[:end])
+        texts = self._tokenizer.batch_decode(kept, skip_special_tokens=True)
+        return [
+            GenerationResult(
+                text=text.strip(),
+                prompt_tokens=len(request.prompt_ids),
+                completion_tokens=len(tokens) + (1 if stop else 0),
+                finish_reason="stop" if stop else "length",
+            )
+            for request, tokens, text, stop in zip(batch, kept, texts, stopped, strict=True)
+        ]
+
+
+@lru_cache(maxsize=32)
+def _generation_config(
+    decoding: Decoding, max_new_tokens: int, pad_id: int, eos_ids: tuple[int, ...]
+) -> GenerationConfig:
+    sampling = (
+        {}
+        if decoding.greedy
+        else {
+            "temperature": decoding.temperature,
+            "top_k": decoding.top_k or None,
+            "top_p": decoding.top_p,
+        }
+    )
+    return GenerationConfig(
+        do_sample=not decoding.greedy,
+        repetition_penalty=decoding.repetition_penalty,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad_id,
+        eos_token_id=list(eos_ids),
+        **sampling,
+    )

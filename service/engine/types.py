@@ -1,0 +1,99 @@
+"""The engine's contract: what a generation request and result are, and what an engine does.
+
+The scheduler speaks only this interface, so a fake engine can stand in for tests and a
+continuous-batching engine can replace the static one without touching the layers above.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Decoding:
+    """How tokens are chosen. Part of the cache key, so it is hashable."""
+
+    greedy: bool
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One prompt, already tokenized with the chat template, and its token budget."""
+
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    decoding: Decoding
+
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    """The decoded new text of one request and the tokens it took."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What the loaded model is; the fingerprint goes into every cache key."""
+
+    model: str
+    revision: str | None
+    dtype: str
+    quantization: str
+    device: str
+    load_seconds: float
+    weights_bytes: int
+
+    @property
+    def fingerprint(self) -> str:
+        return f"{self.model}@{self.revision or '-'}:{self.dtype}:{self.quantization}"
+
+
+class Engine(Protocol):
+    """A loaded model that turns batches of prompts into texts.
+
+    ``generate`` is blocking and is only ever called from the engine's own worker thread, one
+    batch at a time. It returns one result per request, in order, or raises for the batch.
+    """
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    @property
+    def encoder(self) -> PromptEncoder:
+        """The tokenizer side of the model, for building requests before they are queued."""
+        ...
+
+    def generate(self, batch: Sequence[GenerationRequest]) -> list[GenerationResult]: ...
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Accelerator memory in use by kind (e.g. allocated, reserved); empty on CPU."""
+        ...
+
+
+class PromptEncoder(Protocol):
+    """Turns a user message into the model's chat-formatted token ids.
+
+    Cheap and thread-safe: the translator calls it on the event loop to validate lengths and
+    build requests before anything is queued.
+    """
+
+    def encode_chat(self, content: str) -> tuple[int, ...]:
+        """Token ids of one user turn in the chat template, content tokenized as plain text."""
+        ...
+
+    def count_tokens(self, text: str) -> int:
+        """Number of tokens of ``text`` alone, special-token strings counted as plain text."""
+        ...

@@ -1,0 +1,44 @@
+"""The engine's dedicated thread: the only place the model is loaded and run.
+
+One thread, so CUDA work is serialized and the event loop never runs torch. ``EngineWorker``
+loads the engine on that thread and hands batches to it, answering through asyncio futures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from service.engine.types import Engine, GenerationRequest, GenerationResult
+from service.errors import EngineUnavailable
+
+
+class EngineWorker:
+    """Owns one engine and the single thread it runs on."""
+
+    def __init__(self, load: Callable[[], Engine]) -> None:
+        self._load = load
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._engine: Engine | None = None
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            raise EngineUnavailable("the model is not loaded")
+        return self._engine
+
+    async def start(self) -> Engine:
+        """Load the engine on the worker thread and return it."""
+        loop = asyncio.get_running_loop()
+        self._engine = await loop.run_in_executor(self._executor, self._load)
+        return self._engine
+
+    async def generate(self, batch: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        engine = self.engine
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, engine.generate, batch)
+
+    def close(self) -> None:
+        """Stop taking work; a batch already running finishes on its own."""
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,74 @@
+"""The domain's errors.
+
+Every failure the service can report is one of these types. Each carries a stable machine-readable
+``code`` and a message that is safe to show a client; none knows about HTTP. The API layer maps
+types to status codes in one table (``service.api.errors``).
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base of every error the service reports to a client."""
+
+    code = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(ServiceError):
+    """The request is well-formed JSON but asks for something the service cannot do."""
+
+    code = "invalid_input"
+
+
+class UnknownLanguage(InvalidInput):
+    code = "unknown_language"
+
+
+class TextTooLong(InvalidInput):
+    code = "text_too_long"
+
+
+class BatchTooLarge(InvalidInput):
+    code = "batch_too_large"
+
+
+class PayloadTooLarge(ServiceError):
+    code = "payload_too_large"
+
+
+class Overloaded(ServiceError):
+    """The queue is full; the client should retry after ``retry_after_s`` seconds."""
+
+    code = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class NotReady(ServiceError):
+    """The model is still loading or warming up."""
+
+    code = "not_ready"
+
+
+class EngineUnavailable(ServiceError):
+    """The worker is dead, failed to load, or the service is shutting down."""
+
+    code = "engine_unavailable"
+
+
+class GenerationFailed(ServiceError):
+    """The model raised while generating this item."""
+
+    code = "generation_failed"
+
+
+class OutOfMemory(GenerationFailed):
+    """The accelerator ran out of memory while generating this item."""
+
+    code = "out_of_memory"

@@ -1,0 +1,212 @@
+"""The asyncio micro-batching queue in front of the engine worker.
+
+Each submitted request gets one future. A single loop task forms batches: it waits until
+``max_batch_size`` texts are queued or the oldest has waited ``max_wait_ms``, then takes the oldest
+text plus the queued texts nearest to it in prompt length (less padding), within the batch's row and
+token bounds, and hands them to the worker. While the worker runs a batch the queue fills, so
+under load batches form without waiting. Items whose caller has gone (their future was cancelled)
+are dropped before they reach the model. A failed batch fails each of its items with a typed
+error and the loop goes on. The queue is bounded: beyond ``max_queue_size`` ``submit`` refuses at
+once with ``Overloaded`` and a retry delay computed from the recent drain rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from service.engine.types import GenerationRequest, GenerationResult
+from service.errors import EngineUnavailable, GenerationFailed, Overloaded, ServiceError
+from service.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class BatchRunner(Protocol):
+    """Runs one batch on the model (``EngineWorker`` in production)."""
+
+    async def generate(self, batch: Sequence[GenerationRequest]) -> list[GenerationResult]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingLimits:
+    max_batch_size: int
+    max_batch_tokens: int
+    max_wait_s: float
+    max_queue_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    """A generation result with the time it spent waiting and running."""
+
+    result: GenerationResult
+    queue_s: float
+    inference_s: float
+    batch_size: int
+
+
+@dataclass(slots=True, eq=False)
+class _Item:
+    request: GenerationRequest
+    future: asyncio.Future[Scheduled]
+    enqueued_at: float = field(default_factory=time.monotonic)
+
+
+class Scheduler:
+    """Micro-batches generation requests onto one ``BatchRunner``."""
+
+    def __init__(self, runner: BatchRunner, limits: BatchingLimits, metrics: Metrics) -> None:
+        self._runner = runner
+        self._limits = limits
+        self._metrics = metrics
+        self._pending: list[_Item] = []
+        self._arrived = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._closed = False
+        # Drain rate estimate (items per second), for Retry-After.
+        self._drain_rate = 0.0
+
+    @property
+    def depth(self) -> int:
+        return len(self._pending)
+
+    def start(self) -> None:
+        if self._loop_task is None:
+            self._loop_task = asyncio.create_task(self._run(), name="scheduler")
+
+    async def submit(self, request: GenerationRequest) -> Scheduled:
+        """Queue one request and wait for its result."""
+        if self._closed:
+            raise EngineUnavailable("the service is shutting down")
+        if len(self._pending) >= self._limits.max_queue_size:
+            self._metrics.queue_rejections.labels(reason="queue_full").inc()
+            raise Overloaded(
+                f"the queue is full ({self._limits.max_queue_size} texts waiting)",
+                retry_after_s=self.retry_after_s(),
+            )
+        item = _Item(request, asyncio.get_running_loop().create_future())
+        self._pending.append(item)
+        self._metrics.queue_depth.set(len(self._pending))
+        self._arrived.set()
+        return await item.future
+
+    def retry_after_s(self) -> float:
+        """Seconds until the current queue has likely drained, at least one."""
+        if self._drain_rate <= 0:
+            return 1.0
+        return max(1.0, math.ceil(len(self._pending) / self._drain_rate))
+
+    async def close(self, drain_timeout_s: float) -> None:
+        """Refuse new work, let queued work finish for up to ``drain_timeout_s``, fail the rest."""
+        self._closed = True
+        deadline = time.monotonic() + drain_timeout_s
+        while self._pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        self._fail(self._pending, EngineUnavailable("the service shut down before this ran"))
+        self._pending.clear()
+        self._metrics.queue_depth.set(0)
+
+    async def _run(self) -> None:
+        while True:
+            await self._arrived.wait()
+            await self._wait_to_fill()
+            batch = self._take_batch()
+            self._metrics.queue_depth.set(len(self._pending))
+            if not self._pending:
+                self._arrived.clear()
+            if batch:
+                await self._execute(batch)
+
+    async def _wait_to_fill(self) -> None:
+        if not self._pending:
+            return
+        flush_at = self._pending[0].enqueued_at + self._limits.max_wait_s
+        while len(self._pending) < self._limits.max_batch_size:
+            remaining = flush_at - time.monotonic()
+            if remaining <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except TimeoutError:
+                return
+        self._arrived.set()
+
+    def _take_batch(self) -> list[_Item]:
+        live = [item for item in self._pending if not item.future.done()]
+        gone = len(self._pending) - len(live)
+        if gone:
+            self._metrics.queue_rejections.labels(reason="cancelled").inc(gone)
+        if not live:
+            self._pending = []
+            return []
+        anchor = live[0]
+        anchor_len = len(anchor.request.prompt_ids)
+        candidates = sorted(
+            (item for item in live[1:] if item.request.decoding == anchor.request.decoding),
+            key=lambda item: abs(len(item.request.prompt_ids) - anchor_len),
+        )
+        batch = [anchor]
+        width = anchor_len
+        for item in candidates:
+            if len(batch) >= self._limits.max_batch_size:
+                break
+            new_width = max(width, len(item.request.prompt_ids))
+            if new_width * (len(batch) + 1) > self._limits.max_batch_tokens:
+                continue
+            batch.append(item)
+            width = new_width
+        chosen = set(map(id, batch))
+        self._pending = [item for item in live if id(item) not in chosen]
+        return batch
+
+    async def _execute(self, batch: list[_Item]) -> None:
+        started = time.monotonic()
+        for item in batch:
+            self._metrics.queue_wait.observe(started - item.enqueued_at)
+        self._metrics.batch_size.observe(len(batch))
+        try:
+            results = await self._runner.generate([item.request for item in batch])
+            if len(results) != len(batch):
+                raise GenerationFailed("the engine returned a wrong number of results")
+        except asyncio.CancelledError:
+            self._fail(batch, EngineUnavailable("the service shut down during this batch"))
+            raise
+        except ServiceError as error:
+            self._metrics.batch_failures.labels(code=error.code).inc()
+            self._fail(batch, error)
+            return
+        except Exception:
+            log.exception("batch failed", extra={"batch_size": len(batch)})
+            self._metrics.batch_failures.labels(code=GenerationFailed.code).inc()
+            self._fail(batch, GenerationFailed("the model failed to generate"))
+            return
+        elapsed = time.monotonic() - started
+        self._metrics.inference_duration.observe(elapsed)
+        self._note_drain(len(batch), elapsed)
+        for item, result in zip(batch, results, strict=True):
+            self._metrics.prompt_tokens.inc(result.prompt_tokens)
+            self._metrics.generated_tokens.inc(result.completion_tokens)
+            if not item.future.done():
+                item.future.set_result(
+                    Scheduled(result, started - item.enqueued_at, elapsed, len(batch))
+                )
+
+    def _note_drain(self, items: int, seconds: float) -> None:
+        rate = items / max(seconds, 1e-6)
+        self._drain_rate = rate if self._drain_rate == 0 else 0.8 * self._drain_rate + 0.2 * rate
+
+    @staticmethod
+    def _fail(items: Sequence[_Item], error: ServiceError) -> None:
+        for item in items:
+            if not item.future.done():
+                item.future.set_exception(error)

@@ -1,0 +1,180 @@
+"""The translation domain: validate, build the prompt, consult the cache, schedule generation.
+
+Every API dialect calls ``Translator``; it knows nothing of HTTP. One text becomes one prompt in
+the Hunyuan-MT template, encoded with the chat template, with a token budget that is a documented
+function of the source length. Batches are validated whole before any work starts (an error
+names the offending index), then cached and scheduled item by item, so a repeated text inside a
+batch is a cache hit and a batch's texts can share batches with other requests' texts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from service.config import Settings
+from service.engine.types import Decoding, GenerationRequest, GenerationResult, PromptEncoder
+from service.errors import BatchTooLarge, InvalidInput, TextTooLong
+from service.metrics import Metrics
+from service.scheduling.scheduler import Scheduler
+from service.translation.cache import ResultCache
+from service.translation.languages import Language, LanguageTable
+from service.translation.prompts import PromptFormat, looks_chinese
+
+
+@dataclass(frozen=True, slots=True)
+class Translation:
+    """One translated text with the languages used, its token usage and where time went."""
+
+    text: str
+    source: Language | None
+    target: Language
+    input_tokens: int
+    output_tokens: int
+    cache: str  # "hit", "shared" or "miss"
+    queue_s: float
+    inference_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    source: Language | None
+    key: tuple[object, ...]
+    request: GenerationRequest
+
+
+def token_budget(source_tokens: int, settings: Settings) -> int:
+    """Most tokens generated for a text of ``source_tokens`` tokens.
+
+    ``min(max_new_tokens, ceil(output_tokens_ratio * source_tokens) + output_tokens_margin)``:
+    the model stops earlier at EOS; a model that never emits EOS (random weights) runs exactly to
+    this budget, which makes a benchmark's work a known function of its inputs.
+    """
+    budget = math.ceil(settings.output_tokens_ratio * source_tokens) + settings.output_tokens_margin
+    return max(1, min(settings.max_new_tokens, budget))
+
+
+class Translator:
+    """Translates texts through the cache and the scheduler."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        encoder: PromptEncoder,
+        scheduler: Scheduler,
+        cache: ResultCache[GenerationResult],
+        model_fingerprint: str,
+        metrics: Metrics,
+        languages: LanguageTable | None = None,
+        prompt_format: PromptFormat | None = None,
+    ) -> None:
+        self._settings = settings
+        self._encoder = encoder
+        self._scheduler = scheduler
+        self._cache = cache
+        self._fingerprint = model_fingerprint
+        self._metrics = metrics
+        self.languages = languages or LanguageTable()
+        self._format = prompt_format or PromptFormat()
+        self._decoding = Decoding(
+            greedy=settings.greedy,
+            temperature=settings.temperature,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
+            repetition_penalty=settings.repetition_penalty,
+        )
+
+    async def translate(
+        self, text: str, target_lang: str, source_lang: str | None = None
+    ) -> Translation:
+        target, source = self._languages(target_lang, source_lang)
+        plan = self._plan(text, target, source, field="text")
+        return await self._run(plan, target)
+
+    async def translate_batch(
+        self, texts: Sequence[str], target_lang: str, source_lang: str | None = None
+    ) -> list[Translation]:
+        """Translations of ``texts`` in input order; fails whole if any text is invalid."""
+        if len(texts) > self._settings.max_batch_items:
+            raise BatchTooLarge(
+                f"texts: {len(texts)} texts, at most {self._settings.max_batch_items} per batch"
+            )
+        if not texts:
+            raise InvalidInput("texts: at least one text is required")
+        target, source = self._languages(target_lang, source_lang)
+        plans = [
+            self._plan(text, target, source, field=f"texts[{index}]")
+            for index, text in enumerate(texts)
+        ]
+        return list(await asyncio.gather(*(self._run(plan, target) for plan in plans)))
+
+    async def warm_up(self) -> None:
+        """One generation per prompt template, bypassing the cache, before serving."""
+        english = self.languages["en"]
+        for target, source, text in (
+            (self.languages["de"], english, "Hello."),
+            (self.languages["zh"], english, "Hello."),
+        ):
+            plan = self._plan(text, target, source, field="warm-up")
+            await self._scheduler.submit(plan.request)
+
+    def _languages(self, target_lang: str, source_lang: str | None) -> tuple[Language, Language | None]:
+        target = self.languages.resolve(target_lang, field="target_lang")
+        source = (
+            self.languages.resolve(source_lang, field="source_lang") if source_lang else None
+        )
+        return target, source
+
+    def _plan(self, text: str, target: Language, source: Language | None, *, field: str) -> _Plan:
+        if not text.strip():
+            raise InvalidInput(f"{field}: the text is empty")
+        if len(text) > self._settings.max_text_chars:
+            raise TextTooLong(
+                f"{field}: {len(text)} characters, at most {self._settings.max_text_chars}"
+            )
+        source_tokens = self._encoder.count_tokens(text)
+        if source_tokens > self._settings.max_input_tokens:
+            raise TextTooLong(
+                f"{field}: {source_tokens} tokens, at most {self._settings.max_input_tokens}"
+            )
+        if source is None and looks_chinese(text):
+            source = self.languages["zh"]
+        prompt = self._format.render(text, target, source)
+        request = GenerationRequest(
+            prompt_ids=self._encoder.encode_chat(prompt),
+            max_new_tokens=token_budget(source_tokens, self._settings),
+            decoding=self._decoding,
+        )
+        key = (self._fingerprint, self._format.name, prompt, self._decoding, request.max_new_tokens)
+        return _Plan(source=source, key=key, request=request)
+
+    async def _run(self, plan: _Plan, target: Language) -> Translation:
+        timings: list[tuple[float, float]] = []
+
+        async def generate() -> GenerationResult:
+            scheduled = await self._scheduler.submit(plan.request)
+            timings.append((scheduled.queue_s, scheduled.inference_s))
+            return scheduled.result
+
+        result, origin = await self._cache.get_or_create(plan.key, generate)
+        if origin == "hit":
+            self._metrics.cache_hits.inc()
+        else:
+            self._metrics.cache_misses.inc()
+            if origin == "shared":
+                self._metrics.cache_shared.inc()
+        self._metrics.cache_entries.set(len(self._cache))
+        queue_s, inference_s = timings[0] if timings else (0.0, 0.0)
+        return Translation(
+            text=result.text,
+            source=plan.source,
+            target=target,
+            input_tokens=result.prompt_tokens,
+            output_tokens=result.completion_tokens,
+            cache=origin,
+            queue_s=queue_s,
+            inference_s=inference_s,
+        )

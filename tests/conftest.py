@@ -1,0 +1,93 @@
+"""Shared fixtures: the demo model built once per session, settings, and app clients."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+from fastapi import FastAPI
+
+from service.app import create_app
+from service.config import Settings
+from service.engine.demo import ensure_demo_model
+from service.runtime import EngineLoader, Runtime
+from tests.fakes import FakeEngine
+
+MakeSettings = Callable[..., Settings]
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("data")
+    ensure_demo_model(folder)
+    return folder
+
+
+@pytest.fixture
+def make_settings(data_dir: Path) -> MakeSettings:
+    """Settings for tests: the session's demo model, greedy decoding, no .env file."""
+
+    def make(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {"data_dir": data_dir, "greedy": True, "max_wait_ms": 2.0}
+        values.update(overrides)
+        return Settings(_env_file=None, **values)
+
+    return make
+
+
+class ServiceClient:
+    """An httpx client bound to a started app, with its runtime at hand."""
+
+    def __init__(self, app: FastAPI, http: httpx.AsyncClient) -> None:
+        self.app = app
+        self.http = http
+
+    @property
+    def runtime(self) -> Runtime:
+        runtime: Runtime = self.app.state.runtime
+        return runtime
+
+
+StartApp = Callable[..., Any]
+
+
+@pytest.fixture
+async def start_app(make_settings: MakeSettings) -> AsyncIterator[StartApp]:
+    """Start an app (demo model unless a loader is given) and wait until its load ended."""
+    stack: list[tuple[LifespanManager, httpx.AsyncClient]] = []
+
+    async def start(
+        *, loader: EngineLoader | None = None, wait: bool = True, **overrides: Any
+    ) -> ServiceClient:
+        settings = make_settings(**overrides)
+        app = create_app(settings) if loader is None else create_app(settings, loader=loader)
+        manager = LifespanManager(app, startup_timeout=120, shutdown_timeout=60)
+        await manager.__aenter__()
+        http = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=manager.app), base_url="http://service"
+        )
+        stack.append((manager, http))
+        client = ServiceClient(app, http)
+        if wait:
+            await client.runtime.wait_started()
+        return client
+
+    yield start
+    for manager, http in reversed(stack):
+        await http.aclose()
+        await manager.__aexit__(None, None, None)
+
+
+@pytest.fixture
+async def demo(start_app: StartApp) -> ServiceClient:
+    """A started service on the demo model with default settings."""
+    client: ServiceClient = await start_app()
+    return client
+
+
+def fake_loader(engine: FakeEngine) -> EngineLoader:
+    return lambda settings: engine
