@@ -73,8 +73,9 @@ class Settings(BaseSettings):
         None, description="Git revision (branch, tag or commit) of model_id on the Hub."
     )
     dtype: Dtype = Field(
-        "auto", description="Weights dtype; auto = bfloat16 on CUDA (float16 without bf16), "
-        "float32 on CPU."
+        "auto",
+        description="Weights dtype; auto = bfloat16 on CUDA (float16 without bf16), "
+        "float32 on CPU.",
     )
     quantization: Quantization = Field(
         "none",
@@ -94,9 +95,7 @@ class Settings(BaseSettings):
     top_k: int = Field(20, ge=0, description="Top-k sampling cut-off (0 disables it).")
     top_p: float = Field(0.6, gt=0, le=1, description="Nucleus sampling cut-off.")
     repetition_penalty: float = Field(1.05, gt=0, description="Repetition penalty.")
-    max_new_tokens: int = Field(
-        1024, ge=1, description="Upper bound of generated tokens per text."
-    )
+    max_new_tokens: int = Field(1024, ge=1, description="Upper bound of generated tokens per text.")
     output_tokens_ratio: float = Field(
         2.0,
         gt=0,

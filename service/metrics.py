@@ -11,15 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import (
+    CONTENT_TYPE_LATEST as PROMETHEUS_CONTENT_TYPE,
+)
+from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
     Info,
     generate_latest,
-)
-from prometheus_client import (
-    CONTENT_TYPE_LATEST as PROMETHEUS_CONTENT_TYPE,
 )
 
 PREFIX = "hymt"
@@ -132,10 +132,12 @@ class Metrics:
     def watch_gpu_memory(self, read: Callable[[], dict[str, int]]) -> None:
         """Read accelerator memory at scrape time through ``read`` (kind -> bytes)."""
         for kind in read():
-            self.gpu_memory.labels(kind=kind).set_function(
-                lambda kind=kind: float(read().get(kind, 0))
-            )
+            self.gpu_memory.labels(kind=kind).set_function(_reader(read, kind))
 
     def render(self) -> bytes:
         """The exposition text of every metric."""
         return generate_latest(self.registry)
+
+
+def _reader(read: Callable[[], dict[str, int]], kind: str) -> Callable[[], float]:
+    return lambda: float(read().get(kind, 0))

@@ -116,7 +116,9 @@ class Runtime:
             if self.settings.warmup:
                 warm_started = time.monotonic()
                 await translator.warm_up()
-                log.info("warm-up done", extra={"seconds": round(time.monotonic() - warm_started, 3)})
+                log.info(
+                    "warm-up done", extra={"seconds": round(time.monotonic() - warm_started, 3)}
+                )
             self._translator = translator
             self.state = State.READY
             self.ready_after_s = time.monotonic() - self.started_at

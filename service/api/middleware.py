@@ -27,10 +27,6 @@ log = logging.getLogger("service.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
-class _BodyTooLarge(Exception):
-    pass
-
-
 class RequestContextMiddleware:
     def __init__(self, app: ASGIApp, *, metrics: Metrics, max_body_bytes: int) -> None:
         self.app = app
@@ -60,7 +56,9 @@ class RequestContextMiddleware:
         try:
             body_receive = await self._limited_receive(scope, receive)
             if body_receive is None:
-                await self._reply(413, "payload_too_large", self._too_large(), send_with_id, scope, receive)
+                await self._reply(
+                    413, "payload_too_large", self._too_large(), send_with_id, scope, receive
+                )
             else:
                 await self.app(scope, body_receive, send_with_id)
         except Exception:

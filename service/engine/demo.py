@@ -95,7 +95,7 @@ def ensure_demo_model(data_dir: Path) -> Path:
 
 def _build(folder: Path) -> None:
     tokenizer = _train_tokenizer()
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
+    ids = {token: _token_id(tokenizer, token) for token in SPECIAL_TOKENS}
     config = HunYuanDenseV1Config(
         vocab_size=len(tokenizer),
         hidden_size=64,
@@ -129,6 +129,12 @@ def _build(folder: Path) -> None:
     )
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+
+
+def _token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
+    found = tokenizer.convert_tokens_to_ids(token)
+    assert isinstance(found, int)
+    return found
 
 
 def _train_tokenizer() -> PreTrainedTokenizerFast:

@@ -53,7 +53,9 @@ class StaticBatchEngine:
         self._device = loaded.device
         self._encoder = ChatPromptEncoder(loaded.tokenizer)
         eos = self._model.generation_config.eos_token_id
-        self._eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self._eos_ids = frozenset(
+            eos if isinstance(eos, list) else [eos] if eos is not None else []
+        )
         pad = self._tokenizer.pad_token_id
         if pad is None:
             pad = next(iter(self._eos_ids))
@@ -98,7 +100,7 @@ class StaticBatchEngine:
         budgets = [request.max_new_tokens for request in batch]
         try:
             with torch.inference_mode():
-                output = self._model.generate(
+                output = self._model.generate(  # type: ignore[operator]
                     input_ids=input_ids.to(self._device),
                     attention_mask=attention_mask.to(self._device),
                     generation_config=_generation_config(

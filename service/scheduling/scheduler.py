@@ -67,6 +67,9 @@ class Scheduler:
         self._metrics = metrics
         self._pending: list[_Item] = []
         self._arrived = asyncio.Event()
+        # Set whenever nothing is queued or running: what close() waits for to drain.
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._loop_task: asyncio.Task[None] | None = None
         self._closed = False
         # Drain rate estimate (items per second), for Retry-After.
@@ -93,6 +96,7 @@ class Scheduler:
         item = _Item(request, asyncio.get_running_loop().create_future())
         self._pending.append(item)
         self._metrics.queue_depth.set(len(self._pending))
+        self._idle.clear()
         self._arrived.set()
         return await item.future
 
@@ -105,9 +109,10 @@ class Scheduler:
     async def close(self, drain_timeout_s: float) -> None:
         """Refuse new work, let queued work finish for up to ``drain_timeout_s``, fail the rest."""
         self._closed = True
-        deadline = time.monotonic() + drain_timeout_s
-        while self._pending and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        try:
+            await asyncio.wait_for(self._idle.wait(), drain_timeout_s)
+        except TimeoutError:
+            log.warning("drain timed out", extra={"queued": len(self._pending)})
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
@@ -117,12 +122,13 @@ class Scheduler:
 
     async def _run(self) -> None:
         while True:
-            await self._arrived.wait()
+            if not self._pending:
+                self._idle.set()
+                self._arrived.clear()
+                await self._arrived.wait()
             await self._wait_to_fill()
             batch = self._take_batch()
             self._metrics.queue_depth.set(len(self._pending))
-            if not self._pending:
-                self._arrived.clear()
             if batch:
                 await self._execute(batch)
 
@@ -139,7 +145,6 @@ class Scheduler:
                 await asyncio.wait_for(self._arrived.wait(), remaining)
             except TimeoutError:
                 return
-        self._arrived.set()
 
     def _take_batch(self) -> list[_Item]:
         live = [item for item in self._pending if not item.future.done()]

@@ -121,11 +121,11 @@ class Translator:
             plan = self._plan(text, target, source, field="warm-up")
             await self._scheduler.submit(plan.request)
 
-    def _languages(self, target_lang: str, source_lang: str | None) -> tuple[Language, Language | None]:
+    def _languages(
+        self, target_lang: str, source_lang: str | None
+    ) -> tuple[Language, Language | None]:
         target = self.languages.resolve(target_lang, field="target_lang")
-        source = (
-            self.languages.resolve(source_lang, field="source_lang") if source_lang else None
-        )
+        source = self.languages.resolve(source_lang, field="source_lang") if source_lang else None
         return target, source
 
     def _plan(self, text: str, target: Language, source: Language | None, *, field: str) -> _Plan:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import AsyncIterator
+
 import pytest
 
 from tests.conftest import ServiceClient, StartApp
+from tests.fakes import FakeEngine
 
 
 async def test_translate_returns_translation_languages_and_usage(demo: ServiceClient) -> None:
@@ -18,7 +22,7 @@ async def test_translate_returns_translation_languages_and_usage(demo: ServiceCl
     assert body["source_lang"] == "en"
     assert body["target_lang"] == "de"
     assert body["usage"]["input_tokens"] > 0
-    assert 0 < body["usage"]["output_tokens"]
+    assert body["usage"]["output_tokens"] > 0
     assert response.headers["x-request-id"]
     assert float(response.headers["x-queue-time-ms"]) >= 0
     assert float(response.headers["x-inference-time-ms"]) > 0
@@ -35,7 +39,9 @@ async def test_language_codes_are_case_insensitive(demo: ServiceClient) -> None:
 
 
 async def test_chinese_text_without_source_is_recognised(demo: ServiceClient) -> None:
-    response = await demo.http.post("/translate", json={"text": "今天天气很好", "target_lang": "en"})
+    response = await demo.http.post(
+        "/translate", json={"text": "今天天气很好", "target_lang": "en"}
+    )
     assert response.status_code == 200
     assert response.json()["source_lang"] == "zh"
     response = await demo.http.post("/translate", json={"text": "Bonjour", "target_lang": "en"})
@@ -133,11 +139,6 @@ async def test_request_id_is_echoed_when_given(demo: ServiceClient) -> None:
 
 
 async def test_health_is_503_until_the_model_is_ready(start_app: StartApp) -> None:
-    import threading
-
-    from tests.conftest import fake_loader
-    from tests.fakes import FakeEngine
-
     release = threading.Event()
     engine = FakeEngine()
 
@@ -156,11 +157,10 @@ async def test_health_is_503_until_the_model_is_ready(start_app: StartApp) -> No
     release.set()
     await client.runtime.wait_started()
     assert (await client.http.get("/health")).status_code == 200
-    assert fake_loader  # the fixture helper stays importable for other tests
 
 
 async def test_failed_load_turns_readiness_and_liveness_red(start_app: StartApp) -> None:
-    def broken_loader(settings: object) -> FakeEngineType:
+    def broken_loader(settings: object) -> FakeEngine:
         raise RuntimeError("weights missing")
 
     client = await start_app(loader=broken_loader)
@@ -170,16 +170,17 @@ async def test_failed_load_turns_readiness_and_liveness_red(start_app: StartApp)
     assert (await client.http.get("/live")).status_code == 503
 
 
-FakeEngineType = object
-
-
 @pytest.mark.parametrize(
     ("payload", "route", "fragment"),
     [
         ({"text": "", "target_lang": "de"}, "/translate", "text"),
         ({"text": "   ", "target_lang": "de"}, "/translate", "text: the text is empty"),
         ({"text": "hi", "target_lang": "xx"}, "/translate", "target_lang"),
-        ({"text": "hi", "target_lang": "de", "source_lang": "klingon"}, "/translate", "source_lang"),
+        (
+            {"text": "hi", "target_lang": "de", "source_lang": "klingon"},
+            "/translate",
+            "source_lang",
+        ),
         ({"text": "hi"}, "/translate", "target_lang"),
         ({"text": "hi", "target_lang": "de", "debug": True}, "/translate", "debug"),
         ({"texts": [], "target_lang": "de"}, "/batch_translate", "texts"),
@@ -213,7 +214,8 @@ async def test_text_over_character_limit_is_422(start_app: StartApp) -> None:
 async def test_text_over_token_limit_is_422(start_app: StartApp) -> None:
     client = await start_app(max_input_tokens=8)
     response = await client.http.post(
-        "/translate", json={"text": "several words make more than eight tokens", "target_lang": "de"}
+        "/translate",
+        json={"text": "several words make more than eight tokens", "target_lang": "de"},
     )
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "text_too_long"
@@ -237,7 +239,7 @@ async def test_oversized_body_is_413(start_app: StartApp) -> None:
     assert response.json()["error"]["code"] == "payload_too_large"
     assert response.headers["x-request-id"]
 
-    async def chunks():  # type: ignore[no-untyped-def]
+    async def chunks() -> AsyncIterator[bytes]:
         for _ in range(4):
             yield b"x" * 1024
 

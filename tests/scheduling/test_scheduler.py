@@ -1,0 +1,187 @@
+"""The scheduler's public behaviour, with a fake engine on a real worker thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import pytest
+
+from service.engine.types import Decoding, GenerationRequest
+from service.engine.worker import EngineWorker
+from service.errors import EngineUnavailable, GenerationFailed, Overloaded
+from service.metrics import Metrics
+from service.scheduling.scheduler import BatchingLimits, Scheduler
+from tests.fakes import FakeEngine
+
+DECODING = Decoding(greedy=True, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
+
+
+def request(length: int, decoding: Decoding = DECODING) -> GenerationRequest:
+    return GenerationRequest(prompt_ids=tuple(range(length)), max_new_tokens=4, decoding=decoding)
+
+
+MakeScheduler = Callable[..., tuple[Scheduler, FakeEngine]]
+
+
+@pytest.fixture
+async def make_scheduler() -> AsyncIterator[MakeScheduler]:
+    created: list[tuple[Scheduler, EngineWorker]] = []
+
+    def make(engine: FakeEngine | None = None, **limits: float) -> tuple[Scheduler, FakeEngine]:
+        engine = engine or FakeEngine()
+        values = {
+            "max_batch_size": 4,
+            "max_batch_tokens": 10_000,
+            "max_wait_s": 0.05,
+            "max_queue_size": 100,
+        }
+        values.update(limits)
+        worker = EngineWorker(lambda: engine)
+        scheduler = Scheduler(worker, BatchingLimits(**values), Metrics())  # type: ignore[arg-type]
+        created.append((scheduler, worker))
+        return scheduler, engine
+
+    yield make
+    for scheduler, worker in created:
+        await scheduler.close(drain_timeout_s=1)
+        worker.close()
+
+
+async def started(make: MakeScheduler, **kwargs: object) -> tuple[Scheduler, FakeEngine]:
+    scheduler, engine = make(**kwargs)
+    await scheduler._runner.start()  # type: ignore[attr-defined]
+    scheduler.start()
+    return scheduler, engine
+
+
+async def test_flushes_when_the_batch_is_full(make_scheduler: MakeScheduler) -> None:
+    scheduler, engine = await started(make_scheduler, max_batch_size=4, max_wait_s=30)
+    results = await asyncio.wait_for(
+        asyncio.gather(*(scheduler.submit(request(n)) for n in (3, 4, 5, 6))), timeout=5
+    )
+    assert [len(batch) for batch in engine.batches] == [4]
+    assert all(r.batch_size == 4 for r in results)
+
+
+async def test_flushes_after_max_wait_when_not_full(make_scheduler: MakeScheduler) -> None:
+    scheduler, engine = await started(make_scheduler, max_batch_size=8, max_wait_s=0.05)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    results = await asyncio.gather(scheduler.submit(request(3)), scheduler.submit(request(4)))
+    assert loop.time() - began >= 0.04
+    assert [len(batch) for batch in engine.batches] == [2]
+    assert results[0].queue_s >= 0.04
+
+
+async def test_each_caller_gets_its_own_result(make_scheduler: MakeScheduler) -> None:
+    scheduler, _ = await started(make_scheduler, max_batch_size=3)
+    lengths = [7, 2, 9, 4, 4, 12, 1]
+    results = await asyncio.gather(*(scheduler.submit(request(n)) for n in lengths))
+    assert [r.result.text for r in results] == [f"out:{n}" for n in lengths]
+
+
+async def test_batches_group_similar_lengths(make_scheduler: MakeScheduler) -> None:
+    gate = threading.Event()
+    scheduler, engine = await started(
+        make_scheduler, engine=FakeEngine(gate=gate), max_batch_size=2, max_wait_s=0
+    )
+    blocker = asyncio.ensure_future(scheduler.submit(request(1)))
+    await asyncio.sleep(0.05)  # the worker now holds the blocker; the rest queue up
+    rest = [asyncio.ensure_future(scheduler.submit(request(n))) for n in (10, 50, 11, 52)]
+    await asyncio.sleep(0.01)
+    gate.set()
+    await asyncio.gather(blocker, *rest)
+    shapes = [sorted(len(r.prompt_ids) for r in batch) for batch in engine.batches]
+    assert shapes == [[1], [10, 11], [50, 52]]
+
+
+async def test_batch_token_bound_splits_batches(make_scheduler: MakeScheduler) -> None:
+    scheduler, engine = await started(
+        make_scheduler, max_batch_size=8, max_batch_tokens=20, max_wait_s=0.02
+    )
+    await asyncio.gather(*(scheduler.submit(request(10)) for _ in range(4)))
+    assert all(len(batch) * 10 <= 20 for batch in engine.batches)
+    assert sum(len(batch) for batch in engine.batches) == 4
+
+
+async def test_different_decodings_never_share_a_batch(make_scheduler: MakeScheduler) -> None:
+    other = Decoding(greedy=False, temperature=0.7, top_k=20, top_p=0.6, repetition_penalty=1.05)
+    scheduler, engine = await started(make_scheduler, max_batch_size=8, max_wait_s=0.02)
+    await asyncio.gather(
+        scheduler.submit(request(3)),
+        scheduler.submit(request(3, other)),
+        scheduler.submit(request(4)),
+    )
+    for batch in engine.batches:
+        assert len({r.decoding for r in batch}) == 1
+
+
+async def test_a_failed_batch_fails_each_item_and_the_loop_goes_on(
+    make_scheduler: MakeScheduler,
+) -> None:
+    calls = {"n": 0}
+
+    def fail_first(batch: Sequence[GenerationRequest]) -> Exception | None:
+        calls["n"] += 1
+        return RuntimeError("boom") if calls["n"] == 1 else None
+
+    scheduler, _ = await started(
+        make_scheduler, engine=FakeEngine(fail=fail_first), max_batch_size=3, max_wait_s=0.02
+    )
+    outcomes = await asyncio.gather(
+        *(scheduler.submit(request(n)) for n in (1, 2, 3)), return_exceptions=True
+    )
+    assert all(isinstance(o, GenerationFailed) for o in outcomes)
+    assert "boom" not in str(outcomes[0])  # no internals to clients
+    after = await scheduler.submit(request(5))
+    assert after.result.text == "out:5"
+
+
+async def test_queue_bound_refuses_at_once_with_retry_after(make_scheduler: MakeScheduler) -> None:
+    gate = threading.Event()
+    scheduler, _ = await started(
+        make_scheduler,
+        engine=FakeEngine(gate=gate),
+        max_batch_size=1,
+        max_queue_size=2,
+        max_wait_s=0,
+    )
+    running = asyncio.ensure_future(scheduler.submit(request(1)))
+    await asyncio.sleep(0.05)
+    queued = [asyncio.ensure_future(scheduler.submit(request(2))) for _ in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded) as refused:
+        await scheduler.submit(request(3))
+    assert refused.value.retry_after_s >= 1
+    gate.set()
+    await asyncio.gather(running, *queued)
+
+
+async def test_cancelled_callers_never_reach_the_engine(make_scheduler: MakeScheduler) -> None:
+    gate = threading.Event()
+    scheduler, engine = await started(
+        make_scheduler, engine=FakeEngine(gate=gate), max_batch_size=8, max_wait_s=0
+    )
+    running = asyncio.ensure_future(scheduler.submit(request(1)))
+    await asyncio.sleep(0.05)
+    abandoned = [asyncio.ensure_future(scheduler.submit(request(2))) for _ in range(3)]
+    kept = asyncio.ensure_future(scheduler.submit(request(3)))
+    await asyncio.sleep(0)
+    for task in abandoned:
+        task.cancel()
+    gate.set()
+    await asyncio.gather(running, kept)
+    assert engine.items_seen == 2
+
+
+async def test_close_drains_queued_work_then_refuses(make_scheduler: MakeScheduler) -> None:
+    scheduler, _ = await started(make_scheduler, engine=FakeEngine(delay_s=0.02), max_batch_size=2)
+    pending = [asyncio.ensure_future(scheduler.submit(request(n))) for n in range(1, 6)]
+    await asyncio.sleep(0)
+    await scheduler.close(drain_timeout_s=5)
+    results = await asyncio.gather(*pending)
+    assert [r.result.text for r in results] == [f"out:{n}" for n in range(1, 6)]
+    with pytest.raises(EngineUnavailable):
+        await scheduler.submit(request(1))

@@ -1,0 +1,34 @@
+"""Settings come from flags and the environment, validated."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from service.config import Settings
+
+
+def test_flags_in_kebab_case_set_every_field() -> None:
+    settings = Settings(
+        _env_file=None,
+        _cli_parse_args=["--port", "9001", "--max-batch-size", "4", "--quantization", "nf4"],
+    )
+    assert settings.port == 9001
+    assert settings.max_batch_size == 4
+    assert settings.quantization == "nf4"
+
+
+def test_environment_uses_the_hymt_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HYMT_MODEL_ID", "tencent/Hunyuan-MT-7B")
+    monkeypatch.setenv("HYMT_MAX_WAIT_MS", "12.5")
+    settings = Settings(_env_file=None)
+    assert settings.model_id == "tencent/Hunyuan-MT-7B"
+    assert settings.max_wait_ms == 12.5
+    assert not settings.uses_demo_model
+
+
+def test_invalid_values_are_refused() -> None:
+    with pytest.raises(ValidationError):
+        Settings(_env_file=None, quantization="int4")
+    with pytest.raises(ValidationError, match="max_input_tokens"):
+        Settings(_env_file=None, max_input_tokens=4096, max_batch_tokens=1024)
