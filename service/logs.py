@@ -11,8 +11,14 @@ import logging
 import sys
 from typing import Any
 
+from transformers.utils import logging as hf_logging
+
 # Attributes every LogRecord has; anything else on a record came in through ``extra``.
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "color_message",  # uvicorn's ANSI-coloured duplicate of the message
+}
 
 
 class JsonFormatter(logging.Formatter):
@@ -37,6 +43,11 @@ def configure_logging(level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # transformers logs through its own stderr handler and draws tqdm bars; route its records
+    # into ours instead (the engine logs its own load stages with times).
+    hf_logging.disable_default_handler()
+    hf_logging.enable_propagation()
+    hf_logging.disable_progress_bar()
     # uvicorn's own access log would duplicate ours (which has request ids and route templates).
     logging.getLogger("uvicorn.access").disabled = True
     for name in ("uvicorn", "uvicorn.error"):

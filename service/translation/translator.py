@@ -10,6 +10,7 @@ batch is a cache hit and a batch's texts can share batches with other requests' 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from service.scheduling.scheduler import Scheduler
 from service.translation.cache import ResultCache
 from service.translation.languages import Language, LanguageTable
 from service.translation.prompts import PromptFormat, looks_chinese
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,7 @@ class Translation:
 @dataclass(frozen=True, slots=True)
 class _Plan:
     source: Language | None
+    prompt: str
     key: tuple[object, ...]
     request: GenerationRequest
 
@@ -149,7 +153,7 @@ class Translator:
             decoding=self._decoding,
         )
         key = (self._fingerprint, self._format.name, prompt, self._decoding, request.max_new_tokens)
-        return _Plan(source=source, key=key, request=request)
+        return _Plan(source=source, prompt=prompt, key=key, request=request)
 
     async def _run(self, plan: _Plan, target: Language) -> Translation:
         timings: list[tuple[float, float]] = []
@@ -160,6 +164,9 @@ class Translator:
             return scheduled.result
 
         result, origin = await self._cache.get_or_create(plan.key, generate)
+        if self._settings.log_texts:
+            # Opt-in only: texts are user data and stay out of logs by default.
+            log.info("translated", extra={"prompt": plan.prompt, "translation": result.text})
         if origin == "hit":
             self._metrics.cache_hits.inc()
         else:
