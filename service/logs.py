@@ -47,7 +47,7 @@ def configure_logging(level: str) -> None:
     # into ours instead (the engine logs its own load stages with times).
     hf_logging.disable_default_handler()
     hf_logging.enable_propagation()
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     # uvicorn's own access log would duplicate ours (which has request ids and route templates).
     logging.getLogger("uvicorn.access").disabled = True
     for name in ("uvicorn", "uvicorn.error"):
