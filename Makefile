@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: run test lint typecheck unit install dev
+.PHONY: run test lint typecheck unit install dev system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,17 @@ lint: dev
 typecheck: dev
 	$(BIN)/mypy
 
-unit: dev
+# The deployment tests run the real nginx and Prometheus (Debian packages) on loopback.
+system-deps:
+	@if ! command -v nginx >/dev/null && ! [ -x /usr/sbin/nginx ] || ! command -v prometheus >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light prometheus >/dev/null; \
+	  else \
+	    echo "the tests need nginx and prometheus: sudo apt-get install nginx-light prometheus" >&2; exit 1; \
+	  fi; \
+	fi
+
+unit: dev system-deps
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck unit

@@ -5,11 +5,13 @@ HTTP only: schemas in, schemas out, timing headers. Everything else is the trans
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
+from typing import Annotated
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Header, Query, Response
 
-from service.api.dependencies import TranslatorDep
+from service.api.dependencies import RuntimeDep, TranslatorDep
 from service.api.schemas import (
     BatchTranslateRequest,
     BatchTranslateResponse,
@@ -51,6 +53,39 @@ async def translate(
     _timing_headers(response, [translation])
     response.headers["X-Cache"] = translation.cache
     return TranslationOut.of(translation)
+
+
+@router.get(
+    "/translate",
+    response_model=TranslationOut,
+    responses={**_ERRORS, 304: {"description": "Not modified (If-None-Match matched the ETag)"}},
+)
+async def translate_get(
+    text: Annotated[str, Query(min_length=1, description="Text to translate.")],
+    target_lang: Annotated[str, Query(description="Target language code.")],
+    translator: TranslatorDep,
+    runtime: RuntimeDep,
+    source_lang: Annotated[str | None, Query(description="Source language code.")] = None,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """Translate one text given in the query string: same as the POST, but cacheable.
+
+    The answer carries ``Cache-Control`` (public, for the result cache's TTL) and a strong
+    ``ETag``, so a proxy or browser cache can serve repeats without reaching the GPU.
+    """
+    translation = await translator.translate(text, target_lang, source_lang)
+    body = TranslationOut.of(translation).model_dump_json().encode()
+    etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+    headers = {
+        "Cache-Control": f"public, max-age={int(runtime.settings.cache_ttl_s)}",
+        "ETag": etag,
+        "X-Cache": translation.cache,
+    }
+    if if_none_match is not None and etag in (tag.strip() for tag in if_none_match.split(",")):
+        return Response(status_code=304, headers=headers)
+    response = Response(body, media_type="application/json", headers=headers)
+    _timing_headers(response, [translation])
+    return response
 
 
 @router.post("/batch_translate", response_model=BatchTranslateResponse, responses=_ERRORS)

@@ -1,0 +1,175 @@
+"""The shipped nginx config, run by the real nginx in front of the real service."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.config import Settings
+from tests.deploy.conftest import DEPLOY, Process, start_nginx
+
+NGINX_CONF = (DEPLOY / "nginx" / "nginx.conf").read_text("utf-8")
+
+
+def test_translate_and_batch_work_through_nginx(nginx: Process) -> None:
+    single = httpx.post(
+        f"{nginx.url}/translate", json={"text": "Good evening", "target_lang": "de"}, timeout=30
+    )
+    assert single.status_code == 200, single.text
+    assert single.json()["target_lang"] == "de"
+    batch = httpx.post(
+        f"{nginx.url}/batch_translate",
+        json={"texts": ["one", "two", "three"], "target_lang": "fr"},
+        timeout=30,
+    )
+    assert batch.status_code == 200
+    assert len(batch.json()["translations"]) == 3
+    assert batch.headers["x-request-id"]
+
+
+def test_repeated_get_is_an_nginx_cache_hit_with_the_same_body(nginx: Process) -> None:
+    params = {"text": "Cached through the proxy", "target_lang": "ja", "source_lang": "en"}
+    first = httpx.get(f"{nginx.url}/translate", params=params, timeout=30)
+    second = httpx.get(f"{nginx.url}/translate", params=params, timeout=30)
+    assert first.status_code == second.status_code == 200
+    assert first.headers["x-cache-status"] == "MISS"
+    assert second.headers["x-cache-status"] == "HIT"
+    assert second.content == first.content
+    assert first.headers["etag"] == second.headers["etag"]
+    assert first.headers["cache-control"].startswith("public, max-age=")
+    other = httpx.get(f"{nginx.url}/translate", params={**params, "target_lang": "ko"}, timeout=30)
+    assert other.headers["x-cache-status"] == "MISS"
+    assert other.json()["target_lang"] == "ko"
+
+
+def test_get_honours_if_none_match(service: Process) -> None:
+    params = {"text": "Conditional", "target_lang": "de"}
+    first = httpx.get(f"{service.url}/translate", params=params, timeout=30)
+    again = httpx.get(
+        f"{service.url}/translate",
+        params=params,
+        headers={"If-None-Match": first.headers["etag"]},
+        timeout=30,
+    )
+    assert again.status_code == 304
+    assert again.content == b""
+
+
+def test_different_large_posts_never_share_an_answer(nginx: Process, service: Process) -> None:
+    # Bodies of ~160 KB: larger than nginx's default 8-16 KB client_body_buffer_size, the case in
+    # which a POST cache keyed on $request_body would collide.
+    base = ["word " * 600] * 50
+    bodies = [
+        {"texts": [*base, "alpha " * 10], "target_lang": "de"},
+        {"texts": [*base, "beta gamma " * 40], "target_lang": "de"},
+    ]
+    for body in bodies:
+        assert len(str(body)) > 150_000
+    proxied = [
+        httpx.post(f"{nginx.url}/batch_translate", json=b, timeout=120).json() for b in bodies
+    ]
+    direct = [
+        httpx.post(f"{service.url}/batch_translate", json=b, timeout=120).json() for b in bodies
+    ]
+    assert all("translations" in p for p in proxied), proxied[0]
+    assert proxied == direct
+    last_tokens = [p["translations"][-1]["usage"]["input_tokens"] for p in proxied]
+    assert last_tokens[0] != last_tokens[1]
+
+
+def test_oversized_body_gets_413_from_nginx(nginx: Process) -> None:
+    response = httpx.post(
+        f"{nginx.url}/translate",
+        content=b'{"text": "' + b"x" * (2 * 1024 * 1024) + b'", "target_lang": "de"}',
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "payload_too_large"
+
+
+def test_metrics_and_docs_are_refused_but_health_is_open(nginx: Process) -> None:
+    for path in ("/metrics", "/docs", "/openapi.json", "/redoc"):
+        assert httpx.get(f"{nginx.url}{path}", timeout=10).status_code == 403, path
+    health = httpx.get(f"{nginx.url}/health", timeout=10)
+    assert health.status_code == 200
+    assert health.json()["status"] == "ready"
+
+
+async def test_a_burst_over_the_rate_limit_gets_429(nginx: Process) -> None:
+    async with httpx.AsyncClient(base_url=nginx.url, timeout=30) as client:
+        responses = await asyncio.gather(*(client.get("/languages") for _ in range(120)))
+    statuses = [r.status_code for r in responses]
+    assert statuses.count(429) > 0
+    assert set(statuses) <= {200, 429}
+    refused = next(r for r in responses if r.status_code == 429)
+    assert refused.json()["error"]["code"] == "rate_limited"
+    assert refused.headers["retry-after"]
+
+
+@pytest.fixture
+def stalled_upstream() -> Iterator[str]:
+    """A TCP server that accepts connections and reads requests but never answers."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except TimeoutError:
+                continue
+            held.append(connection)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for connection in held:
+        connection.close()
+    server.close()
+
+
+def test_a_stalled_upstream_gets_nginx_timeout_in_configured_time(
+    stalled_upstream: str, tmp_path: Path
+) -> None:
+    health_timeout = float(
+        re.search(r"location = /health \{[^}]*proxy_read_timeout (\d+)s", NGINX_CONF, re.S).group(1)  # type: ignore[union-attr]
+    )
+    proxy = start_nginx(stalled_upstream, tmp_path / "stalled")
+    try:
+        began = time.monotonic()
+        response = httpx.get(f"{proxy.url}/health", timeout=30)
+        elapsed = time.monotonic() - began
+    finally:
+        proxy.stop()
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "upstream_timeout"
+    assert health_timeout - 0.5 <= elapsed <= health_timeout + 2
+
+
+def test_upstream_keepalive_is_shorter_than_uvicorns() -> None:
+    upstream = re.search(r"upstream hymt_api \{(.*?)\}", NGINX_CONF, re.S)
+    assert upstream is not None
+    idle = re.search(r"keepalive_timeout (\d+)s;", upstream.group(1))
+    assert idle is not None
+    assert int(idle.group(1)) < Settings(_env_file=None).timeout_keep_alive_s
+
+
+def test_body_limit_matches_the_service() -> None:
+    limit = re.search(r"client_max_body_size (\d+)m;", NGINX_CONF)
+    assert limit is not None
+    assert int(limit.group(1)) * 1024 * 1024 == Settings(_env_file=None).max_body_bytes

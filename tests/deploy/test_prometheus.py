@@ -1,0 +1,46 @@
+"""The shipped Prometheus config, run by the real Prometheus, scraping the real service."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.deploy.conftest import DEPLOY, Process, free_port, require, wait_until
+
+
+def test_prometheus_scrapes_the_service(service: Process, tmp_path: Path) -> None:
+    config = (DEPLOY / "prometheus" / "prometheus.yml").read_text("utf-8")
+    config = config.replace("api:8000", service.url.removeprefix("http://"))
+    (tmp_path / "prometheus.yml").write_text(config, "utf-8")
+    port = free_port()
+    log = tmp_path / "prometheus.log"
+    with log.open("wb") as out:
+        popen = subprocess.Popen(
+            [
+                require("prometheus"),
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until(f"http://127.0.0.1:{port}/-/ready", timeout_s=60)
+        deadline = time.monotonic() + 60
+        result: list[dict[str, object]] = []
+        while time.monotonic() < deadline and not result:
+            answer = httpx.get(
+                f"http://127.0.0.1:{port}/api/v1/query", params={"query": "hymt_ready"}, timeout=5
+            ).json()
+            result = answer["data"]["result"]
+            time.sleep(0.5)
+        assert result, log.read_text()
+        assert result[0]["value"][1] == "1"  # type: ignore[index]
+        assert result[0]["metric"]["job"] == "hunyuan-mt"  # type: ignore[index]
+    finally:
+        popen.terminate()
+        popen.wait(timeout=30)
