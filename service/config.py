@@ -16,6 +16,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Quantization = Literal["none", "nf4", "int8"]
 Device = Literal["auto", "cuda", "cpu"]
+LoadFormat = Literal["auto", "dummy"]
+EngineKind = Literal["auto", "static", "continuous"]
 
 
 def _default_data_dir() -> Path:
@@ -71,6 +73,12 @@ class Settings(BaseSettings):
     )
     model_revision: str | None = Field(
         None, description="Git revision (branch, tag or commit) of model_id on the Hub."
+    )
+    load_format: LoadFormat = Field(
+        "auto",
+        description="auto = weights from model_id (or the demo model); dummy = seeded random "
+        "weights of model_id's config (the shipped Hunyuan-MT-7B config when model_id is unset) "
+        "with the demo tokenizer, for benchmarks without the real weights.",
     )
     dtype: Dtype = Field(
         "auto",

@@ -23,6 +23,7 @@ from transformers import (
 
 from service.config import Settings
 from service.engine.demo import DEMO_VERSION, ensure_demo_model
+from service.engine.dummy import dummy_config, materialized_checkpoint, random_model
 
 log = logging.getLogger(__name__)
 
@@ -76,34 +77,37 @@ def load_model(settings: Settings) -> LoadedModel:
     started = time.perf_counter()
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
-    source: str | Path
-    if settings.model_id is None:
-        source = ensure_demo_model(settings.data_dir)
-        name, revision = f"hunyuan-mt-{DEMO_VERSION}", None
+    quantization = quantization_config(settings.quantization, dtype)
+    revision = settings.model_revision
+    if settings.load_format == "dummy" or settings.model_id is None:
+        tokenizer_source: str | Path = ensure_demo_model(settings.data_dir)
+        tokenizer_revision = None
     else:
-        source, name, revision = settings.model_id, settings.model_id, settings.model_revision
-    log.info(
-        "loading model",
-        extra={
-            "model": name,
-            "device": str(device),
-            "dtype": str(dtype).removeprefix("torch."),
-            "quantization": settings.quantization,
-        },
-    )
-
-    tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+        tokenizer_source, tokenizer_revision = settings.model_id, revision
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source, revision=tokenizer_revision)
     if not tokenizer.is_fast:
-        raise RuntimeError(f"{name}: no fast tokenizer available; only fast tokenizers are served")
-    log.info("tokenizer loaded", extra={"seconds": round(time.perf_counter() - started, 3)})
+        raise RuntimeError(
+            f"{tokenizer_source}: no fast tokenizer; only fast tokenizers are served"
+        )
 
-    model = AutoModelForCausalLM.from_pretrained(
-        source,
-        revision=revision,
-        dtype=dtype,
-        quantization_config=quantization_config(settings.quantization, dtype),
-        device_map={"": str(device)},
-    )
+    model: PreTrainedModel
+    if settings.load_format == "dummy":
+        config, name = dummy_config(settings.model_id, _special_ids(tokenizer))
+        revision = None
+        _log_loading(name, device, dtype, settings.quantization)
+        if quantization is None:
+            model = random_model(config, dtype, device)
+        else:
+            checkpoint = materialized_checkpoint(config, dtype, device, settings.data_dir)
+            model = _from_pretrained(checkpoint, None, dtype, quantization, device)
+    else:
+        source: str | Path
+        if settings.model_id is None:
+            source, name, revision = tokenizer_source, f"hunyuan-mt-{DEMO_VERSION}", None
+        else:
+            source, name = settings.model_id, settings.model_id
+        _log_loading(name, device, dtype, settings.quantization)
+        model = _from_pretrained(source, revision, dtype, quantization, device)
     model.eval()
     seconds = time.perf_counter() - started
     log.info(
@@ -123,6 +127,47 @@ def load_model(settings: Settings) -> LoadedModel:
         dtype=dtype,
         quantization=settings.quantization,
         load_seconds=seconds,
+    )
+
+
+def _from_pretrained(
+    source: str | Path,
+    revision: str | None,
+    dtype: torch.dtype,
+    quantization: BitsAndBytesConfig | None,
+    device: torch.device,
+) -> PreTrainedModel:
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+        source,
+        revision=revision,
+        dtype=dtype,
+        quantization_config=quantization,
+        device_map={"": str(device)},
+    )
+    return model
+
+
+def _special_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
+    ids = {
+        "bos": tokenizer.bos_token_id,
+        "eos": tokenizer.eos_token_id,
+        "pad": tokenizer.pad_token_id,
+    }
+    missing = [name for name, value in ids.items() if not isinstance(value, int)]
+    if missing:
+        raise RuntimeError(f"the tokenizer defines no {', '.join(missing)} token")
+    return {name: int(value) for name, value in ids.items() if value is not None}
+
+
+def _log_loading(name: str, device: torch.device, dtype: torch.dtype, quantization: str) -> None:
+    log.info(
+        "loading model",
+        extra={
+            "model": name,
+            "device": str(device),
+            "dtype": str(dtype).removeprefix("torch."),
+            "quantization": quantization,
+        },
     )
 
 

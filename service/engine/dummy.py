@@ -1,0 +1,93 @@
+"""The ``dummy`` load format: a model built from its config with seeded random weights.
+
+As vLLM's ``--load-format dummy``: no checkpoint is read, so the exact geometry of a model
+(Hunyuan-MT-7B's config ships in ``configs/``) can be benchmarked where its weights cannot be
+downloaded. The demo model's tokenizer stands in for the real one; its special-token ids replace
+the config's so EOS and padding agree. Random weights almost never emit EOS, so every text runs to
+its token budget and a benchmark's work is known.
+
+Unquantized, the model is initialised directly on the device. bitsandbytes quantizes while it
+loads a checkpoint, so for ``nf4``/``int8`` the random model is first written once to
+``data_dir`` (safetensors) and then loaded from there like any real checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+log = logging.getLogger(__name__)
+
+SEED = 0
+SHIPPED_CONFIG = "hunyuan-mt-7b"
+
+
+def dummy_config(model_id: str | None, special_ids: dict[str, int]) -> tuple[PretrainedConfig, str]:
+    """The config to build (shipped Hunyuan-MT-7B when ``model_id`` is None) and its name."""
+    if model_id is None:
+        text = resources.files("service.engine").joinpath(f"configs/{SHIPPED_CONFIG}.json")
+        values = json.loads(text.read_text("utf-8"))
+        values.pop("architectures", None)
+        model_type = values.pop("model_type")
+        config = AutoConfig.for_model(model_type, **values)
+        name = f"{SHIPPED_CONFIG}-dummy"
+    else:
+        config = AutoConfig.from_pretrained(model_id)
+        name = f"{model_id}-dummy"
+    config.bos_token_id = special_ids["bos"]
+    config.eos_token_id = special_ids["eos"]
+    config.pad_token_id = special_ids["pad"]
+    return config, name
+
+
+def random_model(
+    config: PretrainedConfig, dtype: torch.dtype, device: torch.device
+) -> PreTrainedModel:
+    """Seeded random weights, initialised where they will run."""
+    torch.manual_seed(SEED)
+    with torch.device(device):
+        model: PreTrainedModel = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model
+
+
+def materialized_checkpoint(
+    config: PretrainedConfig, dtype: torch.dtype, device: torch.device, data_dir: Path
+) -> Path:
+    """A folder holding the random model as a checkpoint, written once per config and dtype."""
+    digest = hashlib.sha256(
+        (config.to_json_string(use_diff=False) + str(dtype) + str(SEED)).encode()
+    ).hexdigest()[:16]
+    target = data_dir / f"dummy-{digest}"
+    if (target / "config.json").is_file():
+        return target
+    data_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    staging = Path(tempfile.mkdtemp(prefix=f".dummy-{digest}-", dir=data_dir))
+    try:
+        model = random_model(config, dtype, device)
+        model.save_pretrained(staging)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        try:
+            os.rename(staging, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info(
+        "dummy checkpoint written",
+        extra={"path": str(target), "seconds": round(time.perf_counter() - started, 3)},
+    )
+    return target
