@@ -124,6 +124,32 @@ class Settings(BaseSettings):
         1_048_576, ge=1024, description="Largest request body in bytes; bigger gets 413."
     )
 
+    # --- engine ------------------------------------------------------------------------------
+    engine: EngineKind = Field(
+        "auto",
+        description="static = micro-batches through model.generate(); continuous = transformers' "
+        "continuous batching (requests join and leave the running batch at every step); "
+        "auto = continuous on CUDA, static on CPU.",
+    )
+    cb_cuda_graph: Literal["auto", "on", "off"] = Field(
+        "auto", description="Continuous batching: CUDA graphs for the decode and prefill steps."
+    )
+    cb_max_batch_tokens: int | None = Field(
+        None, ge=1, description="Continuous batching: most tokens per step (unset: from memory)."
+    )
+    cb_max_requests_per_batch: int | None = Field(
+        None, ge=1, description="Continuous batching: most requests per step (unset: automatic)."
+    )
+    cb_compile_level: int = Field(
+        0, ge=0, le=3, description="Continuous batching: torch.compile level (0 = none, 1-3)."
+    )
+    cb_max_memory_percent: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Continuous batching: share of free GPU memory for the KV cache (unset: auto).",
+    )
+
     # --- micro-batching ----------------------------------------------------------------------
     max_batch_size: int = Field(32, ge=1, description="Most texts the worker runs in one batch.")
     max_batch_tokens: int = Field(

@@ -15,19 +15,23 @@ import time
 from collections.abc import Callable
 
 from service.config import Settings
+from service.engine.continuous import ContinuousBatchingEngine
 from service.engine.loading import load_model
 from service.engine.static import StaticBatchEngine
-from service.engine.types import Engine, EngineInfo
+from service.engine.types import ContinuousEngine, Decoding, Engine, EngineInfo
 from service.engine.worker import EngineWorker
 from service.errors import EngineUnavailable, NotReady, ServiceError
 from service.metrics import Metrics
-from service.scheduling.scheduler import BatchingLimits, Scheduler
+from service.scheduling.continuous import ContinuousScheduler
+from service.scheduling.microbatch import BatchingLimits, MicroBatchScheduler
+from service.scheduling.types import GenerationScheduler
 from service.translation.cache import ResultCache
 from service.translation.translator import Translator
 
 log = logging.getLogger(__name__)
 
-EngineLoader = Callable[[Settings], Engine]
+AnyEngine = Engine | ContinuousEngine
+EngineLoader = Callable[[Settings], AnyEngine]
 
 
 class State(enum.Enum):
@@ -37,9 +41,15 @@ class State(enum.Enum):
     STOPPING = "stopping"
 
 
-def load_transformers_engine(settings: Settings) -> Engine:
+def load_transformers_engine(settings: Settings) -> AnyEngine:
     """The production loader: transformers model and tokenizer as the settings say."""
-    return StaticBatchEngine(load_model(settings))
+    loaded = load_model(settings)
+    kind = settings.engine
+    if kind == "auto":
+        kind = "continuous" if loaded.device.type == "cuda" else "static"
+    if kind == "continuous":
+        return ContinuousBatchingEngine(loaded, settings, Decoding.from_settings(settings))
+    return StaticBatchEngine(loaded)
 
 
 class Runtime:
@@ -59,7 +69,8 @@ class Runtime:
         self.engine_info: EngineInfo | None = None
         self._loader = loader
         self._translator: Translator | None = None
-        self._scheduler: Scheduler | None = None
+        self._scheduler: GenerationScheduler | None = None
+        self._engine: AnyEngine | None = None
         self._worker: EngineWorker | None = None
         self._startup: asyncio.Task[None] | None = None
 
@@ -91,19 +102,10 @@ class Runtime:
     async def _start(self) -> None:
         try:
             self._worker = EngineWorker(lambda: self._loader(self.settings))
-            engine = await self._worker.start()
+            self._engine = engine = await self._worker.start()
             self.engine_info = info = engine.info
             self._record_model(engine)
-            self._scheduler = Scheduler(
-                self._worker,
-                BatchingLimits(
-                    max_batch_size=self.settings.max_batch_size,
-                    max_batch_tokens=self.settings.max_batch_tokens,
-                    max_wait_s=self.settings.max_wait_ms / 1000,
-                    max_queue_size=self.settings.max_queue_size,
-                ),
-                self.metrics,
-            )
+            self._scheduler = self._make_scheduler(engine, self._worker)
             self._scheduler.start()
             translator = Translator(
                 self.settings,
@@ -130,7 +132,21 @@ class Runtime:
             self.state = State.FAILED
             log.exception("engine failed to start")
 
-    def _record_model(self, engine: Engine) -> None:
+    def _make_scheduler(self, engine: AnyEngine, worker: EngineWorker) -> GenerationScheduler:
+        if isinstance(engine, ContinuousEngine):
+            return ContinuousScheduler(engine, self.settings.max_queue_size, self.metrics)
+        return MicroBatchScheduler(
+            worker,
+            BatchingLimits(
+                max_batch_size=self.settings.max_batch_size,
+                max_batch_tokens=self.settings.max_batch_tokens,
+                max_wait_s=self.settings.max_wait_ms / 1000,
+                max_queue_size=self.settings.max_queue_size,
+            ),
+            self.metrics,
+        )
+
+    def _record_model(self, engine: AnyEngine) -> None:
         info = engine.info
         self.metrics.model_load_seconds.set(info.load_seconds)
         self.metrics.model_weights_bytes.set(info.weights_bytes)
@@ -154,4 +170,4 @@ class Runtime:
         if self._scheduler is not None:
             await self._scheduler.close(drain_timeout_s)
         if self._worker is not None:
-            self._worker.close()
+            await self._worker.close()

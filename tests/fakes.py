@@ -54,6 +54,9 @@ class FakeEngine:
     def memory_bytes(self) -> dict[str, int]:
         return {}
 
+    def close(self) -> None:
+        return None
+
     def generate(self, batch: Sequence[GenerationRequest]) -> list[GenerationResult]:
         self.batches.append(list(batch))
         if self.gate is not None:

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from functools import lru_cache
 
 import torch
-from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers import StoppingCriteria, StoppingCriteriaList
 
+from service.engine.generation import Detokenizer, eos_ids, generation_config
 from service.engine.loading import LoadedModel, cuda_memory
 from service.engine.tokenization import ChatPromptEncoder
 from service.engine.types import (
-    Decoding,
     EngineInfo,
     GenerationRequest,
     GenerationResult,
@@ -49,17 +48,12 @@ class StaticBatchEngine:
     def __init__(self, loaded: LoadedModel) -> None:
         self._loaded = loaded
         self._model = loaded.model
-        self._tokenizer = loaded.tokenizer
         self._device = loaded.device
         self._encoder = ChatPromptEncoder(loaded.tokenizer)
-        eos = self._model.generation_config.eos_token_id
-        self._eos_ids = frozenset(
-            eos if isinstance(eos, list) else [eos] if eos is not None else []
-        )
-        pad = self._tokenizer.pad_token_id
-        if pad is None:
-            pad = next(iter(self._eos_ids))
-        self._pad_id: int = pad
+        self._eos_ids = eos_ids(self._model)
+        self._detokenizer = Detokenizer(loaded.tokenizer, self._eos_ids)
+        pad = loaded.tokenizer.pad_token_id
+        self._pad_id: int = pad if pad is not None else min(self._eos_ids)
         self._info = EngineInfo(
             model=loaded.name,
             revision=loaded.revision,
@@ -84,6 +78,9 @@ class StaticBatchEngine:
             for key, value in cuda_memory(self._device).items()
         }
 
+    def close(self) -> None:
+        return None
+
     def generate(self, batch: Sequence[GenerationRequest]) -> list[GenerationResult]:
         if not batch:
             return []
@@ -103,7 +100,7 @@ class StaticBatchEngine:
                 output = self._model.generate(  # type: ignore[operator]
                     input_ids=input_ids.to(self._device),
                     attention_mask=attention_mask.to(self._device),
-                    generation_config=_generation_config(
+                    generation_config=generation_config(
                         decoding, max(budgets), self._pad_id, tuple(sorted(self._eos_ids))
                     ),
                     stopping_criteria=StoppingCriteriaList(
@@ -115,51 +112,7 @@ class StaticBatchEngine:
         except RuntimeError as error:
             log.exception("generation failed", extra={"batch_size": len(batch)})
             raise GenerationFailed("the model failed to generate") from error
-        return self._results(batch, output[:, width:].tolist(), budgets)
-
-    def _results(
-        self,
-        batch: Sequence[GenerationRequest],
-        new_tokens: list[list[int]],
-        budgets: list[int],
-    ) -> list[GenerationResult]:
-        kept: list[list[int]] = []
-        stopped: list[bool] = []
-        for tokens, budget in zip(new_tokens, budgets, strict=True):
-            tokens = tokens[:budget]
-            end = next((i for i, token in enumerate(tokens) if token in self._eos_ids), None)
-            stopped.append(end is not None)
-            kept.append(tokens if end is None else tokens[:end])
-        texts = self._tokenizer.batch_decode(kept, skip_special_tokens=True)
-        return [
-            GenerationResult(
-                text=text.strip(),
-                prompt_tokens=len(request.prompt_ids),
-                completion_tokens=len(tokens) + (1 if stop else 0),
-                finish_reason="stop" if stop else "length",
-            )
-            for request, tokens, text, stop in zip(batch, kept, texts, stopped, strict=True)
+        generated = [
+            row[:budget] for row, budget in zip(output[:, width:].tolist(), budgets, strict=True)
         ]
-
-
-@lru_cache(maxsize=32)
-def _generation_config(
-    decoding: Decoding, max_new_tokens: int, pad_id: int, eos_ids: tuple[int, ...]
-) -> GenerationConfig:
-    sampling = (
-        {}
-        if decoding.greedy
-        else {
-            "temperature": decoding.temperature,
-            "top_k": decoding.top_k or None,
-            "top_p": decoding.top_p,
-        }
-    )
-    return GenerationConfig(
-        do_sample=not decoding.greedy,
-        repetition_penalty=decoding.repetition_penalty,
-        max_new_tokens=max_new_tokens,
-        pad_token_id=pad_id,
-        eos_token_id=list(eos_ids),
-        **sampling,
-    )
+        return self._detokenizer.results([len(r.prompt_ids) for r in batch], generated)

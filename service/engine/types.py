@@ -6,9 +6,14 @@ continuous-batching engine can replace the static one without touching the layer
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+from service.errors import ServiceError
+
+if TYPE_CHECKING:
+    from service.config import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +25,16 @@ class Decoding:
     top_k: int
     top_p: float
     repetition_penalty: float
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Decoding:
+        return cls(
+            greedy=settings.greedy,
+            temperature=settings.temperature,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
+            repetition_penalty=settings.repetition_penalty,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +76,7 @@ class EngineInfo:
         return f"{self.model}@{self.revision or '-'}:{self.dtype}:{self.quantization}"
 
 
+@runtime_checkable
 class Engine(Protocol):
     """A loaded model that turns batches of prompts into texts.
 
@@ -82,6 +98,10 @@ class Engine(Protocol):
         """Accelerator memory in use by kind (e.g. allocated, reserved); empty on CPU."""
         ...
 
+    def close(self) -> None:
+        """Release what the engine holds (blocking; call it off the event loop)."""
+        ...
+
 
 class PromptEncoder(Protocol):
     """Turns a user message into the model's chat-formatted token ids.
@@ -96,4 +116,32 @@ class PromptEncoder(Protocol):
 
     def count_tokens(self, text: str) -> int:
         """Number of tokens of ``text`` alone, special-token strings counted as plain text."""
+        ...
+
+
+# Receives (result or error, seconds queued inside the engine, seconds generating).
+Completion = Callable[[GenerationResult | ServiceError, float, float], None]
+
+
+@runtime_checkable
+class ContinuousEngine(Protocol):
+    """A loaded model that takes requests one at a time into a batch running step by step.
+
+    ``submit`` and ``cancel`` are called on the event loop; ``on_done`` is called back there.
+    """
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    @property
+    def encoder(self) -> PromptEncoder: ...
+
+    def memory_bytes(self) -> dict[str, int]: ...
+
+    def submit(self, request_id: str, request: GenerationRequest, on_done: Completion) -> None: ...
+
+    def cancel(self, request_id: str) -> None: ...
+
+    def close(self) -> None:
+        """Stop the generation thread (blocking; call it off the event loop)."""
         ...

@@ -10,35 +10,35 @@ import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from service.engine.types import Engine, GenerationRequest, GenerationResult
+from service.engine.types import ContinuousEngine, Engine, GenerationRequest, GenerationResult
 from service.errors import EngineUnavailable
 
 
 class EngineWorker:
     """Owns one engine and the single thread it runs on."""
 
-    def __init__(self, load: Callable[[], Engine]) -> None:
+    def __init__(self, load: Callable[[], Engine | ContinuousEngine]) -> None:
         self._load = load
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-        self._engine: Engine | None = None
+        self._engine: Engine | ContinuousEngine | None = None
 
-    @property
-    def engine(self) -> Engine:
-        if self._engine is None:
-            raise EngineUnavailable("the model is not loaded")
-        return self._engine
-
-    async def start(self) -> Engine:
+    async def start(self) -> Engine | ContinuousEngine:
         """Load the engine on the worker thread and return it."""
         loop = asyncio.get_running_loop()
         self._engine = await loop.run_in_executor(self._executor, self._load)
         return self._engine
 
     async def generate(self, batch: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        engine = self.engine
+        engine = self._engine
+        if not isinstance(engine, Engine):
+            raise EngineUnavailable("no batch engine is loaded")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, engine.generate, batch)
 
-    def close(self) -> None:
-        """Stop taking work; a batch already running finishes on its own."""
+    async def close(self) -> None:
+        """Release the engine on its thread (after a running batch), then stop the thread."""
+        if self._engine is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._executor, self._engine.close)
+            self._engine = None
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -19,7 +19,7 @@ from service.config import Settings
 from service.engine.types import Decoding, GenerationRequest, GenerationResult, PromptEncoder
 from service.errors import BatchTooLarge, InvalidInput, TextTooLong
 from service.metrics import Metrics
-from service.scheduling.scheduler import Scheduler
+from service.scheduling.types import GenerationScheduler
 from service.translation.cache import ResultCache
 from service.translation.languages import Language, LanguageTable
 from service.translation.prompts import PromptFormat, looks_chinese
@@ -68,7 +68,7 @@ class Translator:
         settings: Settings,
         *,
         encoder: PromptEncoder,
-        scheduler: Scheduler,
+        scheduler: GenerationScheduler,
         cache: ResultCache[GenerationResult],
         model_fingerprint: str,
         metrics: Metrics,
@@ -83,13 +83,7 @@ class Translator:
         self._metrics = metrics
         self.languages = languages or LanguageTable()
         self._format = prompt_format or PromptFormat()
-        self._decoding = Decoding(
-            greedy=settings.greedy,
-            temperature=settings.temperature,
-            top_k=settings.top_k,
-            top_p=settings.top_p,
-            repetition_penalty=settings.repetition_penalty,
-        )
+        self._decoding = Decoding.from_settings(settings)
 
     async def translate(
         self, text: str, target_lang: str, source_lang: str | None = None

@@ -132,3 +132,45 @@ def test_quantized_demo_model_loads_and_translates(
     (result,) = engine.generate([request])
     assert result.completion_tokens > 0
     assert isinstance(result.text, str)
+
+
+TINY_CONFIG = {
+    "model_type": "hunyuan_v1_dense",
+    "vocab_size": 4096,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "alpha": 1e3, "factor": 1.0},
+}
+
+
+@pytest.mark.parametrize("quantization", ["none", "nf4"])
+def test_dummy_load_format_builds_random_weights_from_a_config(
+    make_settings: MakeSettings, tmp_path: Path, quantization: str
+) -> None:
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIG))
+    settings = make_settings(load_format="dummy", model_id=str(tmp_path), quantization=quantization)
+    first = StaticBatchEngine(load_model(settings))
+    assert first.info.model == f"{tmp_path}-dummy"
+    request = GenerationRequest(first.encoder.encode_chat("random"), 5, GREEDY)
+    (result,) = first.generate([request])
+    assert result.completion_tokens == 5  # random weights: runs to the budget
+    # Seeded: a second load gives the same weights and so the same greedy output.
+    (again,) = StaticBatchEngine(load_model(settings)).generate([request])
+    assert again == result
+
+
+def test_shipped_7b_config_has_the_hunyuan_mt_geometry() -> None:
+    from service.engine.dummy import dummy_config
+
+    config, name = dummy_config(None, {"bos": 1, "eos": 2, "pad": 3})
+    assert name == "hunyuan-mt-7b-dummy"
+    assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (4096, 32, 128167)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (32, 8)
+    assert config.intermediate_size == 14336
+    assert config.rope_parameters["alpha"] == 1000.0

@@ -23,6 +23,7 @@ from typing import Protocol
 from service.engine.types import GenerationRequest, GenerationResult
 from service.errors import EngineUnavailable, GenerationFailed, Overloaded, ServiceError
 from service.metrics import Metrics
+from service.scheduling.types import Scheduled
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +42,6 @@ class BatchingLimits:
     max_queue_size: int
 
 
-@dataclass(frozen=True, slots=True)
-class Scheduled:
-    """A generation result with the time it spent waiting and running."""
-
-    result: GenerationResult
-    queue_s: float
-    inference_s: float
-    batch_size: int
-
-
 @dataclass(slots=True, eq=False)
 class _Item:
     request: GenerationRequest
@@ -58,8 +49,8 @@ class _Item:
     enqueued_at: float = field(default_factory=time.monotonic)
 
 
-class Scheduler:
-    """Micro-batches generation requests onto one ``BatchRunner``."""
+class MicroBatchScheduler:
+    """Micro-batches generation requests onto one ``BatchRunner`` (a ``GenerationScheduler``)."""
 
     def __init__(self, runner: BatchRunner, limits: BatchingLimits, metrics: Metrics) -> None:
         self._runner = runner
@@ -202,9 +193,7 @@ class Scheduler:
             self._metrics.prompt_tokens.inc(result.prompt_tokens)
             self._metrics.generated_tokens.inc(result.completion_tokens)
             if not item.future.done():
-                item.future.set_result(
-                    Scheduled(result, started - item.enqueued_at, elapsed, len(batch))
-                )
+                item.future.set_result(Scheduled(result, started - item.enqueued_at, elapsed))
 
     def _note_drain(self, items: int, seconds: float) -> None:
         rate = items / max(seconds, 1e-6)

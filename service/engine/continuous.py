@@ -1,0 +1,134 @@
+"""The continuous-batching engine on transformers' own ``ContinuousBatchingManager``.
+
+Requests join and leave the running batch at every decode step (paged KV cache, no padding to the
+longest member), so a short translation never waits for a long one. The manager runs its own
+generation thread; results come back to the event loop through ``register_result_handler``
+(``call_soon_threadsafe``), where the new tokens are decoded.
+
+Limits of transformers' implementation, as of 5.24: one decoding configuration per manager (the
+service's settings), and ``repetition_penalty`` is not applied (its logits processor has no
+continuous-batching version and is dropped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from transformers import ContinuousBatchingConfig
+from transformers.generation.continuous_batching.requests import GenerationOutput
+
+from service.config import Settings
+from service.engine.generation import Detokenizer, eos_ids, generation_config
+from service.engine.loading import LoadedModel, cuda_memory
+from service.engine.tokenization import ChatPromptEncoder
+from service.engine.types import (
+    Completion,
+    Decoding,
+    EngineInfo,
+    GenerationRequest,
+    GenerationResult,
+    PromptEncoder,
+)
+from service.errors import EngineUnavailable, GenerationFailed, OutOfMemory, ServiceError
+
+log = logging.getLogger(__name__)
+
+
+class ContinuousBatchingEngine:
+    """Implements ``ContinuousEngine`` with transformers' continuous batching manager."""
+
+    def __init__(self, loaded: LoadedModel, settings: Settings, decoding: Decoding) -> None:
+        self._device = loaded.device
+        self._decoding = decoding
+        self._encoder = ChatPromptEncoder(loaded.tokenizer)
+        self._eos_ids = eos_ids(loaded.model)
+        self._detokenizer = Detokenizer(loaded.tokenizer, self._eos_ids)
+        pad = loaded.tokenizer.pad_token_id
+        config = generation_config(
+            # Dropped by the manager anyway (no continuous-batching version of the processor).
+            dataclasses.replace(decoding, repetition_penalty=1.0),
+            settings.max_new_tokens,
+            pad if pad is not None else min(self._eos_ids, default=0),
+            tuple(sorted(self._eos_ids)),
+        )
+        cuda_graph = {"auto": None, "on": True, "off": False}[settings.cb_cuda_graph]
+        batching_config = ContinuousBatchingConfig(
+            max_batch_tokens=settings.cb_max_batch_tokens,
+            max_requests_per_batch=settings.cb_max_requests_per_batch,
+            use_cuda_graph=cuda_graph,
+            default_compile_level=settings.cb_compile_level,
+            max_memory_percent=settings.cb_max_memory_percent,
+        )
+        self._manager = loaded.model.init_continuous_batching(  # type: ignore[operator]
+            generation_config=config, continuous_batching_config=batching_config
+        )
+        # CUDA graph capture and compilation happen here, before the service reports ready.
+        self._manager.warmup()
+        self._manager.start()
+        self._info = EngineInfo(
+            model=loaded.name,
+            revision=loaded.revision,
+            dtype=str(loaded.dtype).removeprefix("torch."),
+            quantization=loaded.quantization,
+            device=str(loaded.device),
+            load_seconds=loaded.load_seconds,
+            weights_bytes=int(loaded.model.get_memory_footprint()),
+        )
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    @property
+    def encoder(self) -> PromptEncoder:
+        return self._encoder
+
+    def memory_bytes(self) -> dict[str, int]:
+        return {
+            key.removeprefix("cuda_").removesuffix("_bytes"): value
+            for key, value in cuda_memory(self._device).items()
+        }
+
+    def submit(self, request_id: str, request: GenerationRequest, on_done: Completion) -> None:
+        """Add ``request`` to the running batch; ``on_done`` is called on this event loop."""
+        if request.decoding != self._decoding:
+            raise ValueError("the continuous engine serves one decoding configuration")
+        if not self._manager.is_running():
+            raise EngineUnavailable("the generation thread is not running")
+        prompt_tokens = len(request.prompt_ids)
+
+        def handle(output: GenerationOutput) -> None:
+            if output.is_finished():
+                on_done(self._result(output, prompt_tokens), *self._timings(output))
+
+        self._manager.register_result_handler(request_id, handle)
+        accepted = self._manager.add_request(
+            list(request.prompt_ids), request_id=request_id, max_new_tokens=request.max_new_tokens
+        )
+        if accepted is None:
+            raise EngineUnavailable("the generation thread refused the request")
+
+    def cancel(self, request_id: str) -> None:
+        self._manager.cancel_request(request_id)
+
+    def close(self) -> None:
+        self._manager.stop(block=True, timeout=30)
+
+    def _result(
+        self, output: GenerationOutput, prompt_tokens: int
+    ) -> GenerationResult | ServiceError:
+        if output.error is not None:
+            log.error("generation failed", extra={"error": output.error})
+            if "out of memory" in output.error.lower():
+                return OutOfMemory("out of memory while generating")
+            return GenerationFailed("the model failed to generate")
+        (result,) = self._detokenizer.results([prompt_tokens], [output.generated_tokens])
+        return result
+
+    @staticmethod
+    def _timings(output: GenerationOutput) -> tuple[float, float]:
+        started, finished = output.lifespan
+        if started < 0 or finished < 0:
+            return 0.0, 0.0
+        return max(0.0, started - output.created_time), max(0.0, finished - started)

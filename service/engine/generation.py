@@ -1,0 +1,72 @@
+"""What both engines share around ``generate``: its configuration and turning tokens into text."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from service.engine.types import Decoding, GenerationResult
+
+
+def eos_ids(model: PreTrainedModel) -> frozenset[int]:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        return frozenset()
+    return frozenset(eos if isinstance(eos, list) else [eos])
+
+
+@lru_cache(maxsize=32)
+def generation_config(
+    decoding: Decoding, max_new_tokens: int, pad_id: int, eos: tuple[int, ...]
+) -> GenerationConfig:
+    """The transformers configuration for ``decoding`` (model card defaults live in Settings)."""
+    sampling = (
+        {}
+        if decoding.greedy
+        else {
+            "temperature": decoding.temperature,
+            "top_k": decoding.top_k or None,
+            "top_p": decoding.top_p,
+        }
+    )
+    return GenerationConfig(
+        do_sample=not decoding.greedy,
+        repetition_penalty=decoding.repetition_penalty,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad_id,
+        eos_token_id=list(eos) or -1,
+        **sampling,
+    )
+
+
+class Detokenizer:
+    """Cuts generated tokens at the first EOS and decodes them, special tokens skipped."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, eos: frozenset[int]) -> None:
+        self._tokenizer = tokenizer
+        self._eos = eos
+
+    def results(
+        self, prompt_lengths: Sequence[int], generated: Sequence[Sequence[int]]
+    ) -> list[GenerationResult]:
+        kept: list[list[int]] = []
+        stopped: list[bool] = []
+        for tokens in generated:
+            end = next((i for i, token in enumerate(tokens) if token in self._eos), None)
+            stopped.append(end is not None)
+            kept.append(list(tokens if end is None else tokens[:end]))
+        texts = self._tokenizer.batch_decode(kept, skip_special_tokens=True)
+        return [
+            GenerationResult(
+                text=text.strip(),
+                prompt_tokens=prompt_length,
+                # The EOS token was generated too: it counts as work done.
+                completion_tokens=len(tokens) + (1 if stop else 0),
+                finish_reason="stop" if stop else "length",
+            )
+            for prompt_length, tokens, text, stop in zip(
+                prompt_lengths, kept, texts, stopped, strict=True
+            )
+        ]

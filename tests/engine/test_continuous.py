@@ -1,0 +1,43 @@
+"""The continuous-batching engine (transformers' manager) on the demo model, on CPU."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.conftest import ServiceClient, StartApp
+
+
+async def test_continuous_engine_serves_through_http(start_app: StartApp) -> None:
+    client: ServiceClient = await start_app(engine="continuous", max_new_tokens=12)
+    health = await client.http.get("/health")
+    assert health.status_code == 200, health.text
+    texts = ["short", "a somewhat longer sentence to translate", "今天天气很好", "x y z"]
+    single, batch = await asyncio.gather(
+        client.http.post("/translate", json={"text": "hello there", "target_lang": "de"}),
+        client.http.post("/batch_translate", json={"texts": texts, "target_lang": "fr"}),
+    )
+    assert single.status_code == 200, single.text
+    assert 0 < single.json()["usage"]["output_tokens"] <= 12
+    assert batch.status_code == 200, batch.text
+    items = batch.json()["translations"]
+    assert len(items) == len(texts)
+    assert [i["source_lang"] for i in items] == [None, None, "zh", None]
+    metrics = (await client.http.get("/metrics")).text
+    assert "hymt_generated_tokens_total" in metrics
+    assert "hymt_queue_wait_seconds_count 7.0" in metrics  # 2 warm-up texts + 5 texts
+
+
+async def test_each_text_gets_its_own_budget(start_app: StartApp) -> None:
+    client: ServiceClient = await start_app(
+        engine="continuous", max_new_tokens=64, output_tokens_ratio=1.0, output_tokens_margin=2
+    )
+    short, long = await asyncio.gather(
+        client.http.post("/translate", json={"text": "hi", "target_lang": "de"}),
+        client.http.post(
+            "/translate", json={"text": "one two three four five six seven", "target_lang": "de"}
+        ),
+    )
+    # Random weights rarely emit EOS, so each runs to its own budget (ratio x source + margin).
+    # "hi" is at most 2 tokens (budget <= 4); the long text is at least 7 (budget >= 9).
+    assert short.json()["usage"]["output_tokens"] <= 4
+    assert long.json()["usage"]["output_tokens"] >= 9

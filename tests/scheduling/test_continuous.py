@@ -1,0 +1,113 @@
+"""Admission in front of a continuous engine: bound, cancellation, errors, drain."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from service.engine.types import (
+    Completion,
+    Decoding,
+    EngineInfo,
+    GenerationRequest,
+    GenerationResult,
+)
+from service.errors import EngineUnavailable, GenerationFailed, Overloaded
+from service.metrics import Metrics
+from service.scheduling.continuous import ContinuousScheduler
+from tests.fakes import CharEncoder
+
+DECODING = Decoding(greedy=True, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
+
+
+class ManualEngine:
+    """Holds submitted requests until the test completes them."""
+
+    def __init__(self) -> None:
+        self.submitted: dict[str, Completion] = {}
+        self.cancelled: list[str] = []
+        self.info = EngineInfo("manual", None, "float32", "none", "cpu", 0.0, 0)
+        self.encoder = CharEncoder()
+
+    def memory_bytes(self) -> dict[str, int]:
+        return {}
+
+    def submit(self, request_id: str, request: GenerationRequest, on_done: Completion) -> None:
+        self.submitted[request_id] = on_done
+
+    def cancel(self, request_id: str) -> None:
+        self.cancelled.append(request_id)
+
+    def close(self) -> None:
+        return None
+
+    def finish(self, request_id: str, text: str = "ok") -> None:
+        self.submitted.pop(request_id)(GenerationResult(text, 3, 2, "stop"), 0.01, 0.02)
+
+
+def request() -> GenerationRequest:
+    return GenerationRequest((1, 2, 3), 4, DECODING)
+
+
+async def test_results_reach_their_callers_with_timings() -> None:
+    engine = ManualEngine()
+    scheduler = ContinuousScheduler(engine, max_in_flight=4, metrics=Metrics())
+    task = asyncio.ensure_future(scheduler.submit(request()))
+    await asyncio.sleep(0)
+    assert scheduler.depth == 1
+    engine.finish(next(iter(engine.submitted)), "hello")
+    scheduled = await task
+    assert scheduled.result.text == "hello"
+    assert (scheduled.queue_s, scheduled.inference_s) == (0.01, 0.02)
+    assert scheduler.depth == 0
+
+
+async def test_over_capacity_is_refused_at_once() -> None:
+    engine = ManualEngine()
+    scheduler = ContinuousScheduler(engine, max_in_flight=2, metrics=Metrics())
+    held = [asyncio.ensure_future(scheduler.submit(request())) for _ in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded):
+        await scheduler.submit(request())
+    for request_id in list(engine.submitted):
+        engine.finish(request_id)
+    await asyncio.gather(*held)
+
+
+async def test_a_caller_leaving_cancels_its_request_in_the_engine() -> None:
+    engine = ManualEngine()
+    scheduler = ContinuousScheduler(engine, max_in_flight=2, metrics=Metrics())
+    task = asyncio.ensure_future(scheduler.submit(request()))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert engine.cancelled == list(engine.submitted)
+    assert scheduler.depth == 0
+
+
+async def test_engine_errors_reach_the_caller() -> None:
+    engine = ManualEngine()
+    scheduler = ContinuousScheduler(engine, max_in_flight=2, metrics=Metrics())
+    task = asyncio.ensure_future(scheduler.submit(request()))
+    await asyncio.sleep(0)
+    engine.submitted.popitem()[1](GenerationFailed("the model failed"), 0.0, 0.0)
+    with pytest.raises(GenerationFailed):
+        await task
+
+
+async def test_close_drains_then_fails_what_is_left() -> None:
+    engine = ManualEngine()
+    scheduler = ContinuousScheduler(engine, max_in_flight=4, metrics=Metrics())
+    finished = asyncio.ensure_future(scheduler.submit(request()))
+    stuck = asyncio.ensure_future(scheduler.submit(request()))
+    await asyncio.sleep(0)
+    first = next(iter(engine.submitted))
+    asyncio.get_running_loop().call_later(0.02, engine.finish, first)
+    await scheduler.close(drain_timeout_s=0.2)
+    assert (await finished).result.text == "ok"
+    with pytest.raises(EngineUnavailable):
+        await stuck
+    with pytest.raises(EngineUnavailable):
+        await scheduler.submit(request())
