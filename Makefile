@@ -28,8 +28,8 @@ run: $(VENV)/.installed
 	$(BIN)/python -m service --host 0.0.0.0 --port 8000
 
 lint: dev
-	$(BIN)/ruff check service tests
-	$(BIN)/ruff format --check service tests
+	$(BIN)/ruff check service tests loadtests
+	$(BIN)/ruff format --check service tests loadtests
 
 typecheck: dev
 	$(BIN)/mypy

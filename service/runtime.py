@@ -26,7 +26,7 @@ from service.scheduling.continuous import ContinuousScheduler
 from service.scheduling.microbatch import BatchingLimits, MicroBatchScheduler
 from service.scheduling.types import GenerationScheduler
 from service.translation.cache import ResultCache
-from service.translation.translator import Translator
+from service.translation.translator import PromptBuilder, Translator
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +109,9 @@ class Runtime:
             self._scheduler.start()
             translator = Translator(
                 self.settings,
-                encoder=engine.encoder,
+                prompts=PromptBuilder(self.settings, engine.encoder, info.fingerprint),
                 scheduler=self._scheduler,
                 cache=ResultCache(self.settings.cache_size, self.settings.cache_ttl_s),
-                model_fingerprint=info.fingerprint,
                 metrics=self.metrics,
             )
             if self.settings.warmup:

@@ -42,7 +42,9 @@ class Translation:
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
+class Prepared:
+    """One validated text turned into the exact generation request, with its cache key."""
+
     source: Language | None
     prompt: str
     key: tuple[object, ...]
@@ -60,73 +62,39 @@ def token_budget(source_tokens: int, settings: Settings) -> int:
     return max(1, min(settings.max_new_tokens, budget))
 
 
-class Translator:
-    """Translates texts through the cache and the scheduler."""
+class PromptBuilder:
+    """Validates one text and turns it into the exact request the model receives.
+
+    Shared by the translator and by whatever must reproduce the service's work exactly (the
+    naive baseline of the benchmarks).
+    """
 
     def __init__(
         self,
         settings: Settings,
-        *,
         encoder: PromptEncoder,
-        scheduler: GenerationScheduler,
-        cache: ResultCache[GenerationResult],
         model_fingerprint: str,
-        metrics: Metrics,
         languages: LanguageTable | None = None,
         prompt_format: PromptFormat | None = None,
     ) -> None:
         self._settings = settings
         self._encoder = encoder
-        self._scheduler = scheduler
-        self._cache = cache
         self._fingerprint = model_fingerprint
-        self._metrics = metrics
         self.languages = languages or LanguageTable()
         self._format = prompt_format or PromptFormat()
-        self._decoding = Decoding.from_settings(settings)
+        self.decoding = Decoding.from_settings(settings)
 
-    async def translate(
-        self, text: str, target_lang: str, source_lang: str | None = None
-    ) -> Translation:
-        target, source = self._languages(target_lang, source_lang)
-        plan = self._plan(text, target, source, field="text")
-        return await self._run(plan, target)
-
-    async def translate_batch(
-        self, texts: Sequence[str], target_lang: str, source_lang: str | None = None
-    ) -> list[Translation]:
-        """Translations of ``texts`` in input order; fails whole if any text is invalid."""
-        if len(texts) > self._settings.max_batch_items:
-            raise BatchTooLarge(
-                f"texts: {len(texts)} texts, at most {self._settings.max_batch_items} per batch"
-            )
-        if not texts:
-            raise InvalidInput("texts: at least one text is required")
-        target, source = self._languages(target_lang, source_lang)
-        plans = [
-            self._plan(text, target, source, field=f"texts[{index}]")
-            for index, text in enumerate(texts)
-        ]
-        return list(await asyncio.gather(*(self._run(plan, target) for plan in plans)))
-
-    async def warm_up(self) -> None:
-        """One generation per prompt template, bypassing the cache, before serving."""
-        english = self.languages["en"]
-        for target, source, text in (
-            (self.languages["de"], english, "Hello."),
-            (self.languages["zh"], english, "Hello."),
-        ):
-            plan = self._plan(text, target, source, field="warm-up")
-            await self._scheduler.submit(plan.request)
-
-    def _languages(
+    def languages_of(
         self, target_lang: str, source_lang: str | None
     ) -> tuple[Language, Language | None]:
         target = self.languages.resolve(target_lang, field="target_lang")
         source = self.languages.resolve(source_lang, field="source_lang") if source_lang else None
         return target, source
 
-    def _plan(self, text: str, target: Language, source: Language | None, *, field: str) -> _Plan:
+    def prepare(
+        self, text: str, target: Language, source: Language | None, *, field: str
+    ) -> Prepared:
+        """The request for ``text``; ``field`` names it in errors (``texts[3]``)."""
         if not text.strip():
             raise InvalidInput(f"{field}: the text is empty")
         if len(text) > self._settings.max_text_chars:
@@ -144,23 +112,74 @@ class Translator:
         request = GenerationRequest(
             prompt_ids=self._encoder.encode_chat(prompt),
             max_new_tokens=token_budget(source_tokens, self._settings),
-            decoding=self._decoding,
+            decoding=self.decoding,
         )
-        key = (self._fingerprint, self._format.name, prompt, self._decoding, request.max_new_tokens)
-        return _Plan(source=source, prompt=prompt, key=key, request=request)
+        key = (self._fingerprint, self._format.name, prompt, self.decoding, request.max_new_tokens)
+        return Prepared(source=source, prompt=prompt, key=key, request=request)
 
-    async def _run(self, plan: _Plan, target: Language) -> Translation:
+
+class Translator:
+    """Translates texts through the cache and the scheduler."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        prompts: PromptBuilder,
+        scheduler: GenerationScheduler,
+        cache: ResultCache[GenerationResult],
+        metrics: Metrics,
+    ) -> None:
+        self._settings = settings
+        self._prompts = prompts
+        self._scheduler = scheduler
+        self._cache = cache
+        self._metrics = metrics
+        self.languages = prompts.languages
+
+    async def translate(
+        self, text: str, target_lang: str, source_lang: str | None = None
+    ) -> Translation:
+        target, source = self._prompts.languages_of(target_lang, source_lang)
+        prepared = self._prompts.prepare(text, target, source, field="text")
+        return await self._run(prepared, target)
+
+    async def translate_batch(
+        self, texts: Sequence[str], target_lang: str, source_lang: str | None = None
+    ) -> list[Translation]:
+        """Translations of ``texts`` in input order; fails whole if any text is invalid."""
+        if len(texts) > self._settings.max_batch_items:
+            raise BatchTooLarge(
+                f"texts: {len(texts)} texts, at most {self._settings.max_batch_items} per batch"
+            )
+        if not texts:
+            raise InvalidInput("texts: at least one text is required")
+        target, source = self._prompts.languages_of(target_lang, source_lang)
+        prepared = [
+            self._prompts.prepare(text, target, source, field=f"texts[{index}]")
+            for index, text in enumerate(texts)
+        ]
+        return list(await asyncio.gather(*(self._run(item, target) for item in prepared)))
+
+    async def warm_up(self) -> None:
+        """One generation per prompt template, bypassing the cache, before serving."""
+        english = self.languages["en"]
+        for target in (self.languages["de"], self.languages["zh"]):
+            prepared = self._prompts.prepare("Hello.", target, english, field="warm-up")
+            await self._scheduler.submit(prepared.request)
+
+    async def _run(self, prepared: Prepared, target: Language) -> Translation:
         timings: list[tuple[float, float]] = []
 
         async def generate() -> GenerationResult:
-            scheduled = await self._scheduler.submit(plan.request)
+            scheduled = await self._scheduler.submit(prepared.request)
             timings.append((scheduled.queue_s, scheduled.inference_s))
             return scheduled.result
 
-        result, origin = await self._cache.get_or_create(plan.key, generate)
+        result, origin = await self._cache.get_or_create(prepared.key, generate)
         if self._settings.log_texts:
             # Opt-in only: texts are user data and stay out of logs by default.
-            log.info("translated", extra={"prompt": plan.prompt, "translation": result.text})
+            log.info("translated", extra={"prompt": prepared.prompt, "translation": result.text})
         if origin == "hit":
             self._metrics.cache_hits.inc()
         else:
@@ -171,7 +190,7 @@ class Translator:
         queue_s, inference_s = timings[0] if timings else (0.0, 0.0)
         return Translation(
             text=result.text,
-            source=plan.source,
+            source=prepared.source,
             target=target,
             input_tokens=result.prompt_tokens,
             output_tokens=result.completion_tokens,

@@ -1,0 +1,101 @@
+"""The article's approach, measured on the same texts: one ``model.generate()`` per request.
+
+The model is loaded once (the article's fix for reloading per request) with the service's own
+loading code and settings, and each text becomes exactly the request the service would build
+(same template, chat encoding and token budget, through ``PromptBuilder``). Generation is forced
+to that budget (``min_new_tokens``) so both sides do the same work even where the service's
+model would stop at EOS; the service's random-weight models run to the budget anyway.
+
+    python -m loadtests.baseline --requests 16 --report baseline.json   # HYMT_* as for the service
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from loadtests.texts import make_jobs
+from service.config import Settings
+from service.engine.generation import eos_ids, generation_config
+from service.engine.loading import load_model
+from service.engine.tokenization import ChatPromptEncoder
+from service.translation.translator import PromptBuilder
+
+
+@dataclass
+class BaselineReport:
+    requests: int
+    output_tokens: int
+    duration_s: float
+    output_tokens_per_s: float
+    ms_per_output_token: float
+    load_s: float
+
+
+def run(settings: Settings, requests: int, seed: int) -> BaselineReport:
+    loaded = load_model(settings)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    prompts = PromptBuilder(settings, ChatPromptEncoder(tokenizer), "baseline")
+    eos = eos_ids(model)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
+    jobs = make_jobs(requests + 1, seed=seed)
+    prepared = []
+    for job in jobs:
+        target, source = prompts.languages_of(job.target_lang, None)
+        prepared.append(prompts.prepare(job.texts[0], target, source, field="text").request)
+
+    def generate_one(index: int) -> int:
+        request = prepared[index]
+        ids = torch.tensor([request.prompt_ids], device=loaded.device)
+        config = copy.copy(
+            generation_config(request.decoding, request.max_new_tokens, pad, tuple(sorted(eos)))
+        )
+        config.min_new_tokens = request.max_new_tokens
+        with torch.inference_mode():
+            out = model.generate(  # type: ignore[operator]
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                generation_config=config,
+            )
+        return int(out.shape[1] - ids.shape[1])
+
+    generate_one(0)  # warm-up, as the article does
+    if loaded.device.type == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    tokens = sum(generate_one(index) for index in range(1, requests + 1))
+    if loaded.device.type == "cuda":
+        torch.cuda.synchronize()
+    duration = time.perf_counter() - started
+    return BaselineReport(
+        requests=requests,
+        output_tokens=tokens,
+        duration_s=round(duration, 3),
+        output_tokens_per_s=round(tokens / duration, 2),
+        ms_per_output_token=round(1000 * duration / tokens, 2),
+        load_s=round(loaded.load_seconds, 2),
+    )
+
+
+def main(argv: list[str] | None = None) -> BaselineReport:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.baseline", description=__doc__)
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--report", type=Path)
+    args = parser.parse_args(argv)
+    report = run(Settings(), args.requests, args.seed)
+    text = json.dumps(asdict(report), indent=2)
+    if args.report:
+        args.report.write_text(text + "\n")
+    print(text)
+    return report
+
+
+if __name__ == "__main__":
+    main()

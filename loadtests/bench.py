@@ -1,0 +1,135 @@
+"""One benchmark run end to end: service vs the naive baseline, on the same machine, same texts.
+
+1. Start ``python -m service`` with the environment given (e.g. ``HYMT_LOAD_FORMAT=dummy``), and
+   time process start -> ready (``/health`` 200) -> first translation.
+2. Throughput: the load generator, closed loop, through HTTP.
+3. Lone-request latency: one client, one request at a time.
+4. Stop the service (SIGTERM), then run the naive baseline in this process on the same texts.
+5. Write ``bench.json`` with everything and the ratio of the two throughputs.
+
+    python -m loadtests.bench --out results/ --requests 1024 --concurrency 1024 \\
+        --env HYMT_LOAD_FORMAT=dummy --env HYMT_CACHE_SIZE=0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import httpx
+
+from loadtests import baseline, loadgen
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def start_service(
+    env: dict[str, str], log: Path
+) -> tuple[subprocess.Popen[bytes], str, dict[str, float]]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    environment = {**os.environ, **env, "HYMT_HOST": "127.0.0.1", "HYMT_PORT": str(port)}
+    started = time.perf_counter()
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "service"], env=environment, stdout=out, stderr=subprocess.STDOUT
+        )
+    timings: dict[str, float] = {}
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"the service exited: {log.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    timings["start_to_ready_s"] = round(time.perf_counter() - started, 2)
+    response = httpx.post(
+        f"{url}/translate",
+        json={"text": "The first translation.", "target_lang": "de"},
+        timeout=600,
+    )
+    response.raise_for_status()
+    timings["start_to_first_translation_s"] = round(time.perf_counter() - started, 2)
+    return process, url, timings
+
+
+def stop_service(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def metric(url: str, name: str) -> float | None:
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.bench", description=__doc__)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the service")
+    parser.add_argument("--requests", type=int, default=1024)
+    parser.add_argument("--concurrency", type=int, default=1024)
+    parser.add_argument("--lone-requests", type=int, default=8)
+    parser.add_argument("--baseline-requests", type=int, default=16, help="0 skips the baseline")
+    parser.add_argument("--label", default="service")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = dict(item.split("=", 1) for item in args.env)
+    result: dict[str, object] = {"label": args.label, "env": env}
+
+    process, url, timings = start_service(env, args.out / f"{args.label}.log")
+    result.update(timings)
+    try:
+        result["weights_bytes"] = metric(url, "hymt_model_weights_bytes")
+        result["load_seconds"] = metric(url, "hymt_model_load_seconds")
+        throughput = loadgen.main(
+            ["--url", url, "--requests", str(args.requests), "--concurrency",
+             str(args.concurrency), "--warmup", "8", "--quiet"]
+        )  # fmt: skip
+        result["throughput"] = asdict(throughput)
+        lone = loadgen.main(
+            ["--url", url, "--requests", str(args.lone_requests), "--concurrency", "1",
+             "--warmup", "2", "--quiet", "--seed", "7"]
+        )  # fmt: skip
+        result["lone"] = asdict(lone)
+        result["gpu_memory_allocated_bytes"] = metric(url, "hymt_gpu_memory_bytes")
+    finally:
+        stop_service(process)
+
+    if args.baseline_requests:
+        os.environ.update(env)
+        from service.config import Settings
+
+        naive = baseline.run(Settings(), args.baseline_requests, seed=3)
+        result["baseline"] = asdict(naive)
+        result["ratio_vs_baseline"] = round(
+            throughput.output_tokens_per_s / naive.output_tokens_per_s, 1
+        )
+    (args.out / f"{args.label}.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Benchmarks on a GPU machine without internet (the H200 of docs/benchmarks.md).
+# Usage, from the repository root, with the web stack on PYTHONPATH (see docs/benchmarks.md):
+#   OUT=results bash loadtests/gpu/run.sh VARIANT...
+# Variants: cb (continuous batching, default knobs, plus the naive baseline), cb-graph (CUDA
+# graphs), cb-compile (compile level 1 + graphs), static (micro-batches of 128), nf4 (continuous
+# batching on NF4 weights, plus weights memory). Each writes VARIANT.json and VARIANT.log.
+set -uo pipefail
+out=${OUT:?set OUT}; work=${WORK:-/tmp/hymt-bench}; mkdir -p "$work" "$out"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+common=(--env HYMT_LOAD_FORMAT=dummy --env HYMT_CACHE_SIZE=0 --env HYMT_DATA_DIR="$work/data"
+        --env HYMT_MAX_QUEUE_SIZE=4096 --out "$work")
+requests=${REQUESTS:-1024}
+for variant in "$@"; do
+  echo "=== $variant $(date +%T)"
+  case $variant in
+    cb)         args=(--env HYMT_ENGINE=continuous --baseline-requests "${BASELINE:-12}") ;;
+    cb-graph)   args=(--env HYMT_ENGINE=continuous --env HYMT_CB_CUDA_GRAPH=on --baseline-requests 0) ;;
+    cb-compile) args=(--env HYMT_ENGINE=continuous --env HYMT_CB_CUDA_GRAPH=on --env HYMT_CB_COMPILE_LEVEL=1 --baseline-requests 0) ;;
+    cb-r512)    args=(--env HYMT_ENGINE=continuous --env HYMT_CB_CUDA_GRAPH=on --env HYMT_CB_MAX_REQUESTS_PER_BATCH=512 --baseline-requests 0) ;;
+    static)     args=(--env HYMT_ENGINE=static --env HYMT_MAX_BATCH_SIZE=128 --env HYMT_MAX_BATCH_TOKENS=65536 --baseline-requests 0) ;;
+    nf4)        args=(--env HYMT_ENGINE=continuous --env HYMT_QUANTIZATION=nf4 --baseline-requests 0) ;;
+    *) echo "unknown variant $variant"; continue ;;
+  esac
+  timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.bench --label "$variant" --requests "$requests" \
+    --concurrency "$requests" --lone-requests "${LONE:-6}" "${common[@]}" "${args[@]}" > "$work/$variant.out" 2>&1
+  echo "exit $?"; tail -c 1500 "$work/$variant.out" | grep -E '"(output_tokens_per_s|ms_per_output_token_p50|start_to_ready_s|ratio_vs_baseline|weights_bytes|ok)"' || tail -20 "$work/$variant.out"
+done
+tar czf "$out/bench.tgz" -C "$work" --exclude=data .

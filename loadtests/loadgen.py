@@ -1,0 +1,217 @@
+"""HTTP load generator for the translation service.
+
+Closed loop (``--concurrency N`` clients, each sending its next request when the last answered) or
+open loop (``--rate R`` Poisson arrivals per second, whatever the answers), a warm-up that is not
+measured, a bounded number of requests and a time bound, single (``/translate``) or batch
+(``/batch_translate``) requests, a progress line, and a JSON report: requests/s, output tokens/s
+(from the service's own ``usage``), latency p50/p90/p99 and errors by status.
+
+    python -m loadtests.loadgen --url http://127.0.0.1:8000 --requests 1024 --concurrency 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from loadtests.texts import Job, make_jobs
+
+
+@dataclass
+class Outcome:
+    status: int
+    latency_s: float
+    texts: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass
+class Report:
+    mode: str
+    route: str
+    requests: int
+    ok: int
+    duration_s: float
+    requests_per_s: float
+    texts_per_s: float
+    output_tokens: int
+    input_tokens: int
+    output_tokens_per_s: float
+    latency_p50_s: float
+    latency_p90_s: float
+    latency_p99_s: float
+    ms_per_output_token_p50: float
+    errors_by_status: dict[str, int] = field(default_factory=dict)
+    concurrency: int | None = None
+    rate: float | None = None
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+async def send(client: httpx.AsyncClient, job: Job, route: str) -> Outcome:
+    started = time.perf_counter()
+    if route == "batch":
+        payload: dict[str, object] = {"texts": list(job.texts), "target_lang": job.target_lang}
+        path = "/batch_translate"
+    else:
+        payload = {"text": job.texts[0], "target_lang": job.target_lang}
+        path = "/translate"
+    try:
+        response = await client.post(path, json=payload)
+    except httpx.HTTPError:
+        return Outcome(status=0, latency_s=time.perf_counter() - started)
+    latency = time.perf_counter() - started
+    outcome = Outcome(status=response.status_code, latency_s=latency)
+    if response.status_code == 200:
+        body = response.json()
+        usage = body["usage"]
+        outcome.texts = len(body.get("translations", [body]))
+        outcome.input_tokens = usage["input_tokens"]
+        outcome.output_tokens = usage["output_tokens"]
+    return outcome
+
+
+class Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.done, self.tokens = total, enabled, 0, 0
+        self.started = time.perf_counter()
+
+    def update(self, outcome: Outcome) -> None:
+        self.done += 1
+        self.tokens += outcome.output_tokens
+        if self.enabled and (self.done % 16 == 0 or self.done == self.total):
+            elapsed = time.perf_counter() - self.started
+            sys.stderr.write(
+                f"\r{self.done}/{self.total} requests  {self.tokens / elapsed:8.1f} output tok/s"
+                f"  {elapsed:6.1f} s"
+            )
+            if self.done == self.total:
+                sys.stderr.write("\n")
+
+
+async def closed_loop(
+    client: httpx.AsyncClient, jobs: list[Job], route: str, concurrency: int,
+    deadline: float, progress: Progress,
+) -> list[Outcome]:  # fmt: skip
+    queue = list(reversed(jobs))
+    outcomes: list[Outcome] = []
+
+    async def worker() -> None:
+        while queue and time.perf_counter() < deadline:
+            outcome = await send(client, queue.pop(), route)
+            outcomes.append(outcome)
+            progress.update(outcome)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return outcomes
+
+
+async def open_loop(
+    client: httpx.AsyncClient, jobs: list[Job], route: str, rate: float,
+    deadline: float, progress: Progress, seed: int,
+) -> list[Outcome]:  # fmt: skip
+    rng = random.Random(seed)
+    tasks: list[asyncio.Task[Outcome]] = []
+    for job in jobs:
+        if time.perf_counter() >= deadline:
+            break
+        task = asyncio.create_task(send(client, job, route))
+        task.add_done_callback(lambda t: progress.update(t.result()))
+        tasks.append(task)
+        await asyncio.sleep(rng.expovariate(rate))
+    return list(await asyncio.gather(*tasks))
+
+
+async def run(args: argparse.Namespace) -> Report:
+    batch = args.batch_size if args.route == "batch" else 1
+    jobs = make_jobs(args.requests + args.warmup, batch_size=batch, seed=args.seed)
+    warm, measured = jobs[: args.warmup], jobs[args.warmup :]
+    limits = httpx.Limits(max_connections=max(args.concurrency, 64) * 2)
+    async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout, limits=limits) as client:
+        for job in warm:
+            await send(client, job, args.route)
+        progress = Progress(len(measured), not args.quiet)
+        started = time.perf_counter()
+        deadline = started + args.duration
+        if args.mode == "open":
+            outcomes = await open_loop(
+                client, measured, args.route, args.rate, deadline, progress, args.seed
+            )
+        else:
+            outcomes = await closed_loop(
+                client, measured, args.route, args.concurrency, deadline, progress
+            )
+        duration = time.perf_counter() - started
+    ok = [o for o in outcomes if o.status == 200]
+    latencies = [o.latency_s for o in ok]
+    per_token = [1000 * o.latency_s / o.output_tokens for o in ok if o.output_tokens]
+    output_tokens = sum(o.output_tokens for o in ok)
+    return Report(
+        mode=args.mode,
+        route=args.route,
+        requests=len(outcomes),
+        ok=len(ok),
+        duration_s=round(duration, 3),
+        requests_per_s=round(len(ok) / duration, 3),
+        texts_per_s=round(sum(o.texts for o in ok) / duration, 3),
+        output_tokens=output_tokens,
+        input_tokens=sum(o.input_tokens for o in ok),
+        output_tokens_per_s=round(output_tokens / duration, 1),
+        latency_p50_s=round(percentile(latencies, 0.5), 4),
+        latency_p90_s=round(percentile(latencies, 0.9), 4),
+        latency_p99_s=round(percentile(latencies, 0.99), 4),
+        ms_per_output_token_p50=round(percentile(per_token, 0.5), 2),
+        errors_by_status=dict(Counter(str(o.status) for o in outcomes if o.status != 200)),
+        concurrency=args.concurrency if args.mode == "closed" else None,
+        rate=args.rate if args.mode == "open" else None,
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m loadtests.loadgen", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--mode", choices=("closed", "open"), default="closed")
+    p.add_argument("--concurrency", type=int, default=32, help="closed loop: clients")
+    p.add_argument("--rate", type=float, default=10.0, help="open loop: requests per second")
+    p.add_argument("--requests", type=int, default=256, help="measured requests (bound)")
+    p.add_argument("--duration", type=float, default=600.0, help="time bound, seconds")
+    p.add_argument("--warmup", type=int, default=4, help="unmeasured requests first")
+    p.add_argument("--route", choices=("single", "batch"), default="single")
+    p.add_argument("--batch-size", type=int, default=8, help="texts per batch request")
+    p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, seconds")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--report", type=Path, help="write the JSON report here")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    return p
+
+
+def main(argv: list[str] | None = None) -> Report:
+    args = parser().parse_args(argv)
+    report = asyncio.run(run(args))
+    text = json.dumps(asdict(report), indent=2)
+    if args.report:
+        args.report.write_text(text + "\n")
+    print(text)
+    return report
+
+
+if __name__ == "__main__":
+    main()
