@@ -48,11 +48,19 @@ def start_service(
             [sys.executable, "-m", "service"], env=environment, stdout=out, stderr=subprocess.STDOUT
         )
     timings: dict[str, float] = {}
+    deadline = started + START_TIMEOUT_S
     while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"the service exited: {log.read_text()[-4000:]}")
+        if process.poll() is not None or time.perf_counter() > deadline:
+            stop_service(process)
+            raise RuntimeError(f"the service did not become ready: {log.read_text()[-4000:]}")
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            # trust_env=False: a proxy configured in the environment must not see loopback calls.
+            live = httpx.get(f"{url}/live", timeout=2, trust_env=False).status_code
+            if live == 503:  # the engine failed to load
+                process.poll() is None and time.sleep(0.5)
+                stop_service(process)
+                raise RuntimeError(f"the engine failed to start: {log.read_text()[-4000:]}")
+            if httpx.get(f"{url}/health", timeout=2, trust_env=False).status_code == 200:
                 break
         except httpx.HTTPError:
             pass
@@ -78,7 +86,7 @@ def stop_service(process: subprocess.Popen[bytes]) -> None:
 
 
 def metric(url: str, name: str) -> float | None:
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+    for line in httpx.get(f"{url}/metrics", timeout=10, trust_env=False).text.splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     return None
