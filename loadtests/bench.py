@@ -36,6 +36,9 @@ def free_port() -> int:
         return port
 
 
+START_TIMEOUT_S = 300.0
+
+
 def start_service(
     env: dict[str, str], log: Path
 ) -> tuple[subprocess.Popen[bytes], str, dict[str, float]]:
@@ -57,7 +60,6 @@ def start_service(
             # trust_env=False: a proxy configured in the environment must not see loopback calls.
             live = httpx.get(f"{url}/live", timeout=2, trust_env=False).status_code
             if live == 503:  # the engine failed to load
-                process.poll() is None and time.sleep(0.5)
                 stop_service(process)
                 raise RuntimeError(f"the engine failed to start: {log.read_text()[-4000:]}")
             if httpx.get(f"{url}/health", timeout=2, trust_env=False).status_code == 200:
