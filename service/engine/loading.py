@@ -109,6 +109,7 @@ def load_model(settings: Settings) -> LoadedModel:
         _log_loading(name, device, dtype, settings.quantization)
         model = _from_pretrained(source, revision, dtype, quantization, device)
     model.eval()
+    freeze_alpha_rope(model)
     seconds = time.perf_counter() - started
     log.info(
         "model loaded",
@@ -128,6 +129,26 @@ def load_model(settings: Settings) -> LoadedModel:
         quantization=settings.quantization,
         load_seconds=seconds,
     )
+
+
+def freeze_alpha_rope(model: PreTrainedModel) -> int:
+    """Mark Hunyuan's alpha-NTK rotary embeddings static; returns how many were changed.
+
+    The checkpoints label their RoPE ``dynamic`` with a fixed ``alpha``. transformers before 5.24
+    then runs ``dynamic_rope_update`` on every forward: it compares the longest position with the
+    cached length on the host, a GPU->CPU sync per decode step that also invalidates CUDA graph
+    capture. With a fixed alpha the frequencies never change (they are computed once at init), so
+    the update is pure overhead; 5.24 gives this RoPE its own type (``ntk_alpha``) for the same
+    reason, and this does the same on older versions (a no-op on 5.24).
+    """
+    changed = 0
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        parameters = getattr(config, "rope_parameters", None) or {}
+        if getattr(module, "rope_type", None) == "dynamic" and parameters.get("alpha"):
+            module.rope_type = "ntk_alpha"
+            changed += 1
+    return changed
 
 
 def _from_pretrained(
