@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -174,3 +175,26 @@ def test_shipped_7b_config_has_the_hunyuan_mt_geometry() -> None:
     assert (config.num_attention_heads, config.num_key_value_heads) == (32, 8)
     assert config.intermediate_size == 14336
     assert config.rope_parameters["alpha"] == 1000.0
+
+
+def test_alpha_rope_is_frozen_without_changing_output(data_dir: Path) -> None:
+    import torch
+
+    from service.engine.loading import freeze_alpha_rope
+
+    loaded = load_model(Settings(_env_file=None, data_dir=data_dir))
+    rotary = [m for m in loaded.model.modules() if hasattr(m, "rope_type")]
+    assert rotary
+    assert all(m.rope_type != "dynamic" for m in rotary)  # load_model froze it
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    model: Any = loaded.model
+    frozen = model.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False
+    )
+    for module in rotary:
+        setattr(module, "rope_type", "dynamic")  # noqa: B010 - what transformers < 5.24 leaves
+    dynamic = model.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False
+    )
+    assert torch.equal(frozen, dynamic)
+    assert freeze_alpha_rope(loaded.model) == len(rotary)
