@@ -150,6 +150,21 @@ class Settings(BaseSettings):
         description="Continuous batching: share of free GPU memory for the KV cache (unset: auto).",
     )
 
+    # --- reliability -------------------------------------------------------------------------
+    request_timeout_s: float = Field(
+        100.0,
+        gt=0,
+        description="Deadline of a translation request; clients may lower it with the "
+        "X-Request-Timeout header (seconds). Past it: 504, and queued work is dropped. Keep it "
+        "under the proxy's proxy_read_timeout (120 s in deploy/nginx).",
+    )
+    stall_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="A batch running longer than this marks the worker stalled: /health and "
+        "/live turn 503 and queued and new requests fail fast with 503.",
+    )
+
     # --- micro-batching ----------------------------------------------------------------------
     max_batch_size: int = Field(32, ge=1, description="Most texts the worker runs in one batch.")
     max_batch_tokens: int = Field(

@@ -50,6 +50,30 @@ class Overloaded(ServiceError):
         self.retry_after_s = retry_after_s
 
 
+class RateLimited(Overloaded):
+    """This client used its request rate or character quota for the current window."""
+
+    code = "rate_limited"
+
+
+class DeadlineExceeded(ServiceError):
+    """The request's deadline passed before its translation was ready."""
+
+    code = "deadline_exceeded"
+
+
+class Unauthenticated(ServiceError):
+    """No API key was given where keys are required."""
+
+    code = "unauthenticated"
+
+
+class Forbidden(ServiceError):
+    """The API key given is not one of the accepted keys."""
+
+    code = "forbidden"
+
+
 class NotReady(ServiceError):
     """The model is still loading or warming up."""
 
@@ -60,6 +84,12 @@ class EngineUnavailable(ServiceError):
     """The worker is dead, failed to load, or the service is shutting down."""
 
     code = "engine_unavailable"
+
+
+class EngineStalled(EngineUnavailable):
+    """The worker has been inside one batch for longer than the stall timeout."""
+
+    code = "engine_stalled"
 
 
 class GenerationFailed(ServiceError):

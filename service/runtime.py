@@ -20,7 +20,7 @@ from service.engine.loading import load_model
 from service.engine.static import StaticBatchEngine
 from service.engine.types import ContinuousEngine, Decoding, Engine, EngineInfo
 from service.engine.worker import EngineWorker
-from service.errors import EngineUnavailable, NotReady, ServiceError
+from service.errors import EngineStalled, EngineUnavailable, NotReady, ServiceError
 from service.metrics import Metrics
 from service.scheduling.continuous import ContinuousScheduler
 from service.scheduling.microbatch import BatchingLimits, MicroBatchScheduler
@@ -77,12 +77,18 @@ class Runtime:
     @property
     def translator(self) -> Translator:
         """The translator, or the error that says why there is none yet."""
-        if self.state is State.READY and self._translator is not None:
+        if self.state is State.READY and self._translator is not None and not self.stalled:
             return self._translator
         raise self.failure()
 
+    @property
+    def stalled(self) -> bool:
+        return self._scheduler is not None and self._scheduler.stalled
+
     def failure(self) -> ServiceError:
         """The error that explains why the runtime is not serving."""
+        if self.stalled:
+            return EngineStalled("the model worker is stalled")
         if self.state is State.LOADING:
             return NotReady("the model is loading; retry shortly")
         return EngineUnavailable(f"the translation engine is {self.state.value}")
@@ -141,6 +147,7 @@ class Runtime:
                 max_batch_tokens=self.settings.max_batch_tokens,
                 max_wait_s=self.settings.max_wait_ms / 1000,
                 max_queue_size=self.settings.max_queue_size,
+                stall_timeout_s=self.settings.stall_timeout_s,
             ),
             self.metrics,
         )

@@ -23,8 +23,11 @@ log = logging.getLogger(__name__)
 # Most specific first: the first matching type wins.
 STATUS_BY_ERROR: tuple[tuple[type[errors.ServiceError], int], ...] = (
     (errors.InvalidInput, 422),
+    (errors.Unauthenticated, 401),
+    (errors.Forbidden, 403),
     (errors.PayloadTooLarge, 413),
     (errors.Overloaded, 429),
+    (errors.DeadlineExceeded, 504),
     (errors.NotReady, 503),
     (errors.EngineUnavailable, 503),
     (errors.OutOfMemory, 507),
@@ -51,8 +54,10 @@ def service_error_response(error: errors.ServiceError) -> JSONResponse:
     headers: dict[str, str] = {}
     if isinstance(error, errors.Overloaded):
         headers["Retry-After"] = str(math.ceil(error.retry_after_s))
-    elif isinstance(error, errors.NotReady):
+    elif isinstance(error, errors.EngineUnavailable | errors.NotReady):
         headers["Retry-After"] = "5"
+    elif isinstance(error, errors.Unauthenticated):
+        headers["WWW-Authenticate"] = "Bearer"
     return error_response(status_of(error), error.code, error.message, headers)
 
 

@@ -6,11 +6,14 @@
   the client declared its length or streamed it chunked.
 - Metrics and access log: count and latency by route template (not raw path: bounded labels),
   one structured log line per request, never the request's texts.
+- Disconnects: a client that goes away before its answer cancels its request (status 499 in
+  logs and metrics), so its queued texts are dropped before they reach the model.
 - Last resort: an exception no handler took becomes a 500 in the one error shape.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -54,13 +57,15 @@ class RequestContextMiddleware:
             await send(message)
 
         try:
-            body_receive = await self._limited_receive(scope, receive)
-            if body_receive is None:
+            body = await self._read_body(scope, receive)
+            if body is None:
                 await self._reply(
                     413, "payload_too_large", self._too_large(), send_with_id, scope, receive
                 )
             else:
-                await self.app(scope, body_receive, send_with_id)
+                finished = await self._call_until_disconnect(scope, body, receive, send_with_id)
+                if not finished and not response_started:
+                    status = 499  # nginx's "client closed request"
         except Exception:
             log.exception("unhandled error", extra={"request_id": request_id})
             if not response_started:
@@ -73,19 +78,17 @@ class RequestContextMiddleware:
     def _too_large(self) -> str:
         return f"request body over {self.max_body_bytes} bytes"
 
-    async def _limited_receive(self, scope: Scope, receive: Receive) -> Receive | None:
-        """A receive that replays the (size-checked) body, or None when it is too large."""
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The whole request body, or None when it is over the limit (413 without reading on)."""
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             return None
-        if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
-            return receive
         chunks: list[bytes] = []
         size = 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return receive
+                break
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
@@ -93,7 +96,16 @@ class RequestContextMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
+        return b"".join(chunks)
+
+    async def _call_until_disconnect(
+        self, scope: Scope, body: bytes, receive: Receive, send: Send
+    ) -> bool:
+        """Run the app on the buffered body; cancel it if the client disconnects first.
+
+        Returns False when the client went away before the app finished.
+        """
+        disconnected = asyncio.Event()
         replayed = False
 
         async def replay() -> Message:
@@ -101,9 +113,28 @@ class RequestContextMiddleware:
             if not replayed:
                 replayed = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
+            await disconnected.wait()
+            return {"type": "http.disconnect"}
 
-        return replay
+        async def watch(app_task: asyncio.Task[None]) -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    disconnected.set()
+                    app_task.cancel()
+                    return
+
+        app_task = asyncio.ensure_future(self.app(scope, replay, send))
+        watcher = asyncio.ensure_future(watch(app_task))
+        try:
+            await app_task
+            return True
+        except asyncio.CancelledError:
+            if not disconnected.is_set():
+                raise  # the server is cancelling us, not the client leaving
+            return False
+        finally:
+            watcher.cancel()
 
     @staticmethod
     async def _reply(

@@ -11,16 +11,18 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
 
-from service.api.dependencies import RuntimeDep, TranslatorDep
+from service.api.dependencies import DeadlineDep, RuntimeDep, TranslatorDep
 from service.api.schemas import (
     BatchTranslateRequest,
     BatchTranslateResponse,
+    ErrorDetail,
     ErrorResponse,
     LanguageOut,
     TranslateRequest,
     TranslationOut,
     Usage,
 )
+from service.errors import ServiceError
 from service.translation.translator import Translation
 
 _ERRORS: dict[int | str, dict[str, object]] = {
@@ -30,6 +32,7 @@ _ERRORS: dict[int | str, dict[str, object]] = {
         (422, "Invalid input: empty text, unknown language, text or batch over its limit"),
         (429, "Queue full; retry after the Retry-After header's seconds"),
         (503, "Model loading or engine unavailable"),
+        (504, "The request's deadline (X-Request-Timeout or the server's) passed"),
     )
 }
 
@@ -46,10 +49,12 @@ def _timing_headers(response: Response, translations: Sequence[Translation]) -> 
 
 @router.post("/translate", response_model=TranslationOut, responses=_ERRORS)
 async def translate(
-    body: TranslateRequest, translator: TranslatorDep, response: Response
+    body: TranslateRequest, translator: TranslatorDep, response: Response, deadline: DeadlineDep
 ) -> TranslationOut:
     """Translate one text."""
-    translation = await translator.translate(body.text, body.target_lang, body.source_lang)
+    translation = await translator.translate(
+        body.text, body.target_lang, body.source_lang, deadline=deadline
+    )
     _timing_headers(response, [translation])
     response.headers["X-Cache"] = translation.cache
     return TranslationOut.of(translation)
@@ -65,6 +70,7 @@ async def translate_get(
     target_lang: Annotated[str, Query(description="Target language code.")],
     translator: TranslatorDep,
     runtime: RuntimeDep,
+    deadline: DeadlineDep,
     source_lang: Annotated[str | None, Query(description="Source language code.")] = None,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
@@ -73,7 +79,7 @@ async def translate_get(
     The answer carries ``Cache-Control`` (public, for the result cache's TTL) and a strong
     ``ETag``, so a proxy or browser cache can serve repeats without reaching the GPU.
     """
-    translation = await translator.translate(text, target_lang, source_lang)
+    translation = await translator.translate(text, target_lang, source_lang, deadline=deadline)
     body = TranslationOut.of(translation).model_dump_json().encode()
     etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
     headers = {
@@ -90,16 +96,35 @@ async def translate_get(
 
 @router.post("/batch_translate", response_model=BatchTranslateResponse, responses=_ERRORS)
 async def batch_translate(
-    body: BatchTranslateRequest, translator: TranslatorDep, response: Response
+    body: BatchTranslateRequest,
+    translator: TranslatorDep,
+    response: Response,
+    deadline: DeadlineDep,
 ) -> BatchTranslateResponse:
-    """Translate many texts into one language; results keep the input order."""
-    translations = await translator.translate_batch(body.texts, body.target_lang, body.source_lang)
-    _timing_headers(response, translations)
+    """Translate many texts into one language; results keep the input order.
+
+    A text that fails alone (out of memory, deadline) gets an error object in its place while the
+    others succeed; when every text failed, the request fails with the first text's error.
+    """
+    outcomes = await translator.translate_batch(
+        body.texts, body.target_lang, body.source_lang, deadline=deadline
+    )
+    done = [outcome for outcome in outcomes if isinstance(outcome, Translation)]
+    if not done:
+        first = outcomes[0]
+        assert isinstance(first, ServiceError)
+        raise first
+    _timing_headers(response, done)
     return BatchTranslateResponse(
-        translations=[TranslationOut.of(t) for t in translations],
+        translations=[
+            TranslationOut.of(outcome)
+            if isinstance(outcome, Translation)
+            else ErrorResponse(error=ErrorDetail(code=outcome.code, message=outcome.message))
+            for outcome in outcomes
+        ],
         usage=Usage(
-            input_tokens=sum(t.input_tokens for t in translations),
-            output_tokens=sum(t.output_tokens for t in translations),
+            input_tokens=sum(t.input_tokens for t in done),
+            output_tokens=sum(t.output_tokens for t in done),
         ),
     )
 

@@ -38,8 +38,9 @@ async def health(runtime: RuntimeDep) -> HealthOut | JSONResponse:
 
 @router.get("/live", response_model=HealthOut, responses={503: {"model": ErrorResponse}})
 async def live(runtime: RuntimeDep) -> HealthOut | JSONResponse:
-    """Liveness: 200 while the process can still become or stay ready; 503 after a failed load."""
-    if runtime.state is State.FAILED:
+    """Liveness: 200 while the process can still become or stay ready; 503 after a failed load
+    or while the worker is stalled (a hung CUDA call cannot be interrupted: restart me)."""
+    if runtime.state is State.FAILED or runtime.stalled:
         return service_error_response(runtime.failure())
     return HealthOut(status=runtime.state.value, queue_depth=runtime.queue_depth)
 

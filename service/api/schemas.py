@@ -55,26 +55,29 @@ class TranslationOut(BaseModel):
         )
 
 
-class BatchTranslateResponse(BaseModel):
-    translations: list[TranslationOut] = Field(description="One result per text, in input order.")
-    usage: Usage = Field(description="Totals over the batch.")
-
-
-class LanguageOut(BaseModel):
-    code: str
-    name: str
-    chinese_name: str
-
-
 class ErrorDetail(BaseModel):
     code: str = Field(description="Stable machine-readable error code.")
     message: str = Field(description="What went wrong, safe to show to a user.")
 
 
 class ErrorResponse(BaseModel):
-    """The one shape of every error the service answers."""
+    """The one shape of every error the service answers (and of a failed batch item)."""
 
     error: ErrorDetail
+
+
+class BatchTranslateResponse(BaseModel):
+    translations: list[TranslationOut | ErrorResponse] = Field(
+        description="One result per text, in input order: a translation, or the error of that "
+        "text alone (out of memory, deadline...). Invalid input fails the whole request instead."
+    )
+    usage: Usage = Field(description="Totals over the translated texts.")
+
+
+class LanguageOut(BaseModel):
+    code: str
+    name: str
+    chinese_name: str
 
 
 class HealthOut(BaseModel):

@@ -112,6 +112,9 @@ class ContinuousBatchingEngine:
     def cancel(self, request_id: str) -> None:
         self._manager.cancel_request(request_id)
 
+    def is_alive(self) -> bool:
+        return bool(self._manager.is_running())
+
     def close(self) -> None:
         self._manager.stop(block=True, timeout=30)
 

@@ -142,6 +142,10 @@ class ContinuousEngine(Protocol):
 
     def cancel(self, request_id: str) -> None: ...
 
+    def is_alive(self) -> bool:
+        """Whether the generation thread is running."""
+        ...
+
     def close(self) -> None:
         """Stop the generation thread (blocking; call it off the event loop)."""
         ...

@@ -10,8 +10,10 @@ import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import torch
+
 from service.engine.types import ContinuousEngine, Engine, GenerationRequest, GenerationResult
-from service.errors import EngineUnavailable
+from service.errors import EngineUnavailable, OutOfMemory
 
 
 class EngineWorker:
@@ -33,7 +35,11 @@ class EngineWorker:
         if not isinstance(engine, Engine):
             raise EngineUnavailable("no batch engine is loaded")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, engine.generate, batch)
+        try:
+            return await loop.run_in_executor(self._executor, engine.generate, batch)
+        except torch.OutOfMemoryError as error:
+            # Whatever engine raised it: the scheduler splits batches on this domain error.
+            raise OutOfMemory(f"out of memory generating a batch of {len(batch)}") from error
 
     async def close(self) -> None:
         """Release the engine on its thread (after a running batch), then stop the thread."""

@@ -16,7 +16,13 @@ import time
 from collections import deque
 
 from service.engine.types import ContinuousEngine, GenerationRequest, GenerationResult
-from service.errors import EngineUnavailable, Overloaded, ServiceError
+from service.errors import (
+    DeadlineExceeded,
+    EngineStalled,
+    EngineUnavailable,
+    Overloaded,
+    ServiceError,
+)
 from service.metrics import Metrics
 from service.scheduling.types import Scheduled
 
@@ -41,6 +47,10 @@ class ContinuousScheduler:
     def depth(self) -> int:
         return self._in_flight
 
+    @property
+    def stalled(self) -> bool:
+        return not self._engine.is_alive()
+
     def start(self) -> None:
         return None
 
@@ -52,9 +62,14 @@ class ContinuousScheduler:
         rate = recent / 10.0
         return float(max(1, math.ceil(self._in_flight / rate)))
 
-    async def submit(self, request: GenerationRequest) -> Scheduled:
+    async def submit(self, request: GenerationRequest, deadline: float | None = None) -> Scheduled:
         if self._closed:
             raise EngineUnavailable("the service is shutting down")
+        if self.stalled:
+            raise EngineStalled("the generation thread is not running")
+        if deadline is not None and deadline <= time.monotonic():
+            self._metrics.queue_rejections.labels(reason="deadline").inc()
+            raise DeadlineExceeded("the request's deadline passed before it was queued")
         if self._in_flight >= self._max_in_flight:
             self._metrics.queue_rejections.labels(reason="queue_full").inc()
             raise Overloaded(
@@ -81,7 +96,13 @@ class ContinuousScheduler:
         self._futures[request_id] = future
         self._enter()
         try:
-            return await future
+            if deadline is None:
+                return await future
+            return await asyncio.wait_for(future, deadline - time.monotonic())
+        except TimeoutError:
+            self._engine.cancel(request_id)
+            self._metrics.queue_rejections.labels(reason="deadline").inc()
+            raise DeadlineExceeded("the request's deadline passed before it finished") from None
         except asyncio.CancelledError:
             self._engine.cancel(request_id)
             self._metrics.queue_rejections.labels(reason="cancelled").inc()

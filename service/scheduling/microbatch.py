@@ -21,7 +21,15 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from service.engine.types import GenerationRequest, GenerationResult
-from service.errors import EngineUnavailable, GenerationFailed, Overloaded, ServiceError
+from service.errors import (
+    DeadlineExceeded,
+    EngineStalled,
+    EngineUnavailable,
+    GenerationFailed,
+    OutOfMemory,
+    Overloaded,
+    ServiceError,
+)
 from service.metrics import Metrics
 from service.scheduling.types import Scheduled
 
@@ -40,6 +48,8 @@ class BatchingLimits:
     max_batch_tokens: int
     max_wait_s: float
     max_queue_size: int
+    # A batch running longer than this means a hung worker (None: never).
+    stall_timeout_s: float | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -65,19 +75,35 @@ class MicroBatchScheduler:
         self._closed = False
         # Drain rate estimate (items per second), for Retry-After.
         self._drain_rate = 0.0
+        self._batch_started: float | None = None
+        self._watchdog_task: asyncio.Task[None] | None = None
 
     @property
     def depth(self) -> int:
         return len(self._pending)
 
+    @property
+    def stalled(self) -> bool:
+        """Whether the worker has been inside one batch for longer than the stall timeout."""
+        timeout = self._limits.stall_timeout_s
+        started = self._batch_started
+        return timeout is not None and started is not None and time.monotonic() - started > timeout
+
     def start(self) -> None:
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._run(), name="scheduler")
+        if self._watchdog_task is None and self._limits.stall_timeout_s is not None:
+            self._watchdog_task = asyncio.create_task(self._watchdog(), name="watchdog")
 
-    async def submit(self, request: GenerationRequest) -> Scheduled:
-        """Queue one request and wait for its result."""
+    async def submit(self, request: GenerationRequest, deadline: float | None = None) -> Scheduled:
+        """Queue one request and wait for its result, until ``deadline`` (monotonic) at most."""
         if self._closed:
             raise EngineUnavailable("the service is shutting down")
+        if self.stalled:
+            raise EngineStalled("the model worker is stalled; retry on another replica")
+        if deadline is not None and deadline <= time.monotonic():
+            self._metrics.queue_rejections.labels(reason="deadline").inc()
+            raise DeadlineExceeded("the request's deadline passed before it was queued")
         if len(self._pending) >= self._limits.max_queue_size:
             self._metrics.queue_rejections.labels(reason="queue_full").inc()
             raise Overloaded(
@@ -89,7 +115,18 @@ class MicroBatchScheduler:
         self._metrics.queue_depth.set(len(self._pending))
         self._idle.clear()
         self._arrived.set()
-        return await item.future
+        try:
+            if deadline is None:
+                return await item.future
+            # On timeout wait_for cancels the future: a queued item is then dropped before the
+            # model ever sees it.
+            return await asyncio.wait_for(item.future, deadline - time.monotonic())
+        except TimeoutError:
+            self._metrics.queue_rejections.labels(reason="deadline").inc()
+            raise DeadlineExceeded("the request's deadline passed before it finished") from None
+        except asyncio.CancelledError:
+            self._metrics.queue_rejections.labels(reason="cancelled").inc()
+            raise
 
     def retry_after_s(self) -> float:
         """Seconds until the current queue has likely drained, at least one."""
@@ -104,9 +141,10 @@ class MicroBatchScheduler:
             await asyncio.wait_for(self._idle.wait(), drain_timeout_s)
         except TimeoutError:
             log.warning("drain timed out", extra={"queued": len(self._pending)})
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
+        for task in (self._loop_task, self._watchdog_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         self._fail(self._pending, EngineUnavailable("the service shut down before this ran"))
         self._pending.clear()
         self._metrics.queue_depth.set(0)
@@ -138,10 +176,8 @@ class MicroBatchScheduler:
                 return
 
     def _take_batch(self) -> list[_Item]:
+        # Done already: the caller left or its deadline passed (counted where it waited).
         live = [item for item in self._pending if not item.future.done()]
-        gone = len(self._pending) - len(live)
-        if gone:
-            self._metrics.queue_rejections.labels(reason="cancelled").inc(gone)
         if not live:
             self._pending = []
             return []
@@ -166,10 +202,14 @@ class MicroBatchScheduler:
         return batch
 
     async def _execute(self, batch: list[_Item]) -> None:
+        batch = [item for item in batch if not item.future.done()]
+        if not batch:
+            return
         started = time.monotonic()
         for item in batch:
             self._metrics.queue_wait.observe(started - item.enqueued_at)
         self._metrics.batch_size.observe(len(batch))
+        self._batch_started = started
         try:
             results = await self._runner.generate([item.request for item in batch])
             if len(results) != len(batch):
@@ -177,6 +217,17 @@ class MicroBatchScheduler:
         except asyncio.CancelledError:
             self._fail(batch, EngineUnavailable("the service shut down during this batch"))
             raise
+        except OutOfMemory as error:
+            self._metrics.batch_failures.labels(code=error.code).inc()
+            if len(batch) == 1:
+                self._fail(batch, error)
+                return
+            # Retry in halves down to single texts: only a text too big alone fails.
+            half = len(batch) // 2
+            log.warning("out of memory; splitting the batch", extra={"batch_size": len(batch)})
+            await self._execute(batch[:half])
+            await self._execute(batch[half:])
+            return
         except ServiceError as error:
             self._metrics.batch_failures.labels(code=error.code).inc()
             self._fail(batch, error)
@@ -186,6 +237,8 @@ class MicroBatchScheduler:
             self._metrics.batch_failures.labels(code=GenerationFailed.code).inc()
             self._fail(batch, GenerationFailed("the model failed to generate"))
             return
+        finally:
+            self._batch_started = None
         elapsed = time.monotonic() - started
         self._metrics.inference_duration.observe(elapsed)
         self._note_drain(len(batch), elapsed)
@@ -194,6 +247,18 @@ class MicroBatchScheduler:
             self._metrics.generated_tokens.inc(result.completion_tokens)
             if not item.future.done():
                 item.future.set_result(Scheduled(result, started - item.enqueued_at, elapsed))
+
+    async def _watchdog(self) -> None:
+        """While the worker is stalled, fail queued texts at once instead of letting them wait."""
+        assert self._limits.stall_timeout_s is not None
+        period = max(0.05, self._limits.stall_timeout_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            if self.stalled and self._pending:
+                log.error("model worker stalled", extra={"queued": len(self._pending)})
+                self._fail(self._pending, EngineStalled("the model worker is stalled"))
+                self._pending = []
+                self._metrics.queue_depth.set(0)
 
     def _note_drain(self, items: int, seconds: float) -> None:
         rate = items / max(seconds, 1e-6)

@@ -25,10 +25,16 @@ class GenerationScheduler(Protocol):
         """Texts accepted and not yet answered (queued or, for continuous batching, running)."""
         ...
 
+    @property
+    def stalled(self) -> bool:
+        """Whether the engine stopped making progress (hung or dead): not ready, not live."""
+        ...
+
     def start(self) -> None: ...
 
-    async def submit(self, request: GenerationRequest) -> Scheduled:
-        """The result of ``request``; raises ``Overloaded`` at once when over capacity."""
+    async def submit(self, request: GenerationRequest, deadline: float | None = None) -> Scheduled:
+        """The result of ``request``; raises ``Overloaded`` at once when over capacity and
+        ``DeadlineExceeded`` once ``deadline`` (``time.monotonic()``) passes."""
         ...
 
     def retry_after_s(self) -> float: ...

@@ -12,12 +12,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from service.config import Settings
 from service.engine.types import Decoding, GenerationRequest, GenerationResult, PromptEncoder
-from service.errors import BatchTooLarge, InvalidInput, TextTooLong
+from service.errors import (
+    BatchTooLarge,
+    DeadlineExceeded,
+    InvalidInput,
+    ServiceError,
+    TextTooLong,
+)
 from service.metrics import Metrics
 from service.scheduling.types import GenerationScheduler
 from service.translation.cache import ResultCache
@@ -138,16 +145,31 @@ class Translator:
         self.languages = prompts.languages
 
     async def translate(
-        self, text: str, target_lang: str, source_lang: str | None = None
+        self,
+        text: str,
+        target_lang: str,
+        source_lang: str | None = None,
+        *,
+        deadline: float | None = None,
     ) -> Translation:
+        """``deadline`` is a ``time.monotonic()`` instant; past it, ``DeadlineExceeded``."""
         target, source = self._prompts.languages_of(target_lang, source_lang)
         prepared = self._prompts.prepare(text, target, source, field="text")
-        return await self._run(prepared, target)
+        return await self._run(prepared, target, deadline)
 
     async def translate_batch(
-        self, texts: Sequence[str], target_lang: str, source_lang: str | None = None
-    ) -> list[Translation]:
-        """Translations of ``texts`` in input order; fails whole if any text is invalid."""
+        self,
+        texts: Sequence[str],
+        target_lang: str,
+        source_lang: str | None = None,
+        *,
+        deadline: float | None = None,
+    ) -> list[Translation | ServiceError]:
+        """One result per text, in input order: its translation, or the error of that text alone.
+
+        Invalid input fails the whole batch before any work starts (the error names the index);
+        failures while generating (overload, deadline, out of memory) are reported per text.
+        """
         if len(texts) > self._settings.max_batch_items:
             raise BatchTooLarge(
                 f"texts: {len(texts)} texts, at most {self._settings.max_batch_items} per batch"
@@ -159,7 +181,16 @@ class Translator:
             self._prompts.prepare(text, target, source, field=f"texts[{index}]")
             for index, text in enumerate(texts)
         ]
-        return list(await asyncio.gather(*(self._run(item, target) for item in prepared)))
+        outcomes = await asyncio.gather(
+            *(self._run(item, target, deadline) for item in prepared), return_exceptions=True
+        )
+        results: list[Translation | ServiceError] = []
+        for outcome in outcomes:
+            if isinstance(outcome, Translation | ServiceError):
+                results.append(outcome)
+            else:
+                raise outcome  # a bug, not a per-text failure: the one 500 path
+        return results
 
     async def warm_up(self) -> None:
         """One generation per prompt template, bypassing the cache, before serving."""
@@ -168,15 +199,25 @@ class Translator:
             prepared = self._prompts.prepare("Hello.", target, english, field="warm-up")
             await self._scheduler.submit(prepared.request)
 
-    async def _run(self, prepared: Prepared, target: Language) -> Translation:
+    async def _run(
+        self, prepared: Prepared, target: Language, deadline: float | None
+    ) -> Translation:
         timings: list[tuple[float, float]] = []
 
         async def generate() -> GenerationResult:
-            scheduled = await self._scheduler.submit(prepared.request)
+            # A generation shared by identical requests runs under the first one's deadline.
+            scheduled = await self._scheduler.submit(prepared.request, deadline)
             timings.append((scheduled.queue_s, scheduled.inference_s))
             return scheduled.result
 
-        result, origin = await self._cache.get_or_create(prepared.key, generate)
+        lookup = self._cache.get_or_create(prepared.key, generate)
+        if deadline is None:
+            result, origin = await lookup
+        else:
+            try:
+                result, origin = await asyncio.wait_for(lookup, deadline - time.monotonic())
+            except TimeoutError:
+                raise DeadlineExceeded("the request's deadline passed") from None
         if self._settings.log_texts:
             # Opt-in only: texts are user data and stay out of logs by default.
             log.info("translated", extra={"prompt": prepared.prompt, "translation": result.text})

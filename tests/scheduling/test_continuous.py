@@ -39,6 +39,9 @@ class ManualEngine:
     def cancel(self, request_id: str) -> None:
         self.cancelled.append(request_id)
 
+    def is_alive(self) -> bool:
+        return True
+
     def close(self) -> None:
         return None
 
