@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,7 +19,6 @@ from service.config import Settings
 from service.engine.types import Decoding, GenerationRequest, GenerationResult, PromptEncoder
 from service.errors import (
     BatchTooLarge,
-    DeadlineExceeded,
     InvalidInput,
     ServiceError,
     TextTooLong,
@@ -210,14 +208,9 @@ class Translator:
             timings.append((scheduled.queue_s, scheduled.inference_s))
             return scheduled.result
 
-        lookup = self._cache.get_or_create(prepared.key, generate)
-        if deadline is None:
-            result, origin = await lookup
-        else:
-            try:
-                result, origin = await asyncio.wait_for(lookup, deadline - time.monotonic())
-            except TimeoutError:
-                raise DeadlineExceeded("the request's deadline passed") from None
+        # The scheduler enforces the deadline (and counts it); a request that joined an identical
+        # generation in flight waits under that generation's deadline.
+        result, origin = await self._cache.get_or_create(prepared.key, generate)
         if self._settings.log_texts:
             # Opt-in only: texts are user data and stay out of logs by default.
             log.info("translated", extra={"prompt": prepared.prompt, "translation": result.text})
