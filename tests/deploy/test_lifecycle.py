@@ -1,0 +1,84 @@
+"""A real server process: SIGTERM drains accepted work; a client that hangs up is dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import socket
+from pathlib import Path
+
+import httpx
+
+from tests.deploy.conftest import start_service
+
+
+def metric(url: str, series: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    match = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+async def test_sigterm_finishes_accepted_requests_then_exits_0(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    service = start_service(
+        data_dir,
+        tmp_path / "service.log",
+        HYMT_MAX_NEW_TOKENS="192",
+        HYMT_OUTPUT_TOKENS_RATIO="16",
+        HYMT_MAX_BATCH_SIZE="4",
+        HYMT_DRAIN_TIMEOUT_S="60",
+    )
+    async with httpx.AsyncClient(base_url=service.url, timeout=120) as client:
+        requests = [
+            asyncio.ensure_future(
+                client.post("/translate", json={"text": f"sentence {i}", "target_lang": "de"})
+            )
+            for i in range(24)
+        ]
+        # Accepted: wait until the service has them queued, then ask it to stop.
+        for _ in range(200):
+            if metric(service.url, "hymt_queue_depth") > 0:
+                break
+            await asyncio.sleep(0.02)
+        assert metric(service.url, "hymt_queue_depth") > 0
+        service.popen.send_signal(signal.SIGTERM)
+        responses = await asyncio.gather(*requests)
+    assert [r.status_code for r in responses] == [200] * 24
+    assert service.popen.wait(timeout=60) == 0
+
+
+async def test_a_client_that_hangs_up_is_dropped_before_the_model(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    service = start_service(
+        data_dir,
+        tmp_path / "service.log",
+        HYMT_MAX_NEW_TOKENS="512",
+        HYMT_OUTPUT_TOKENS_RATIO="64",
+        HYMT_MAX_BATCH_SIZE="1",
+    )
+    try:
+        batches_before = metric(service.url, "hymt_batch_size_count")
+        async with httpx.AsyncClient(base_url=service.url, timeout=120) as client:
+            held = asyncio.ensure_future(
+                client.post("/translate", json={"text": "a long one to hold", "target_lang": "de"})
+            )
+            await asyncio.sleep(0.1)
+            host, port = service.url.removeprefix("http://").split(":")
+            body = b'{"text": "I will hang up", "target_lang": "de"}'
+            with socket.create_connection((host, int(port))) as raw:
+                raw.sendall(
+                    b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                await asyncio.sleep(0.05)
+            assert (await held).status_code == 200
+        await asyncio.sleep(0.2)
+        assert metric(service.url, 'hymt_queue_rejections_total{reason="cancelled"}') == 1
+        # Only the held request reached the model after the warm-up.
+        assert metric(service.url, "hymt_batch_size_count") == batches_before + 1
+    finally:
+        service.stop()
