@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from service import __version__
+from service.access import AccessControl
 from service.api import native, probes
 from service.api.errors import install_error_handlers
 from service.api.middleware import RequestContextMiddleware
@@ -46,6 +47,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.runtime = runtime
+    app.state.access = AccessControl(settings)
     app.include_router(native.router)
     app.include_router(probes.router)
     install_error_handlers(app)

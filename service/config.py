@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+import limits
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
@@ -150,6 +151,25 @@ class Settings(BaseSettings):
         description="Continuous batching: share of free GPU memory for the KV cache (unset: auto).",
     )
 
+    # --- access ------------------------------------------------------------------------------
+    api_keys: list[SecretStr] = Field(
+        default_factory=list,
+        description="Accepted API keys (JSON list); with none here or in api_keys_file, no key "
+        "is required. Clients send Authorization: Bearer <key>.",
+    )
+    api_keys_file: Path | None = Field(
+        None, description="File of accepted API keys, one per line (# starts a comment)."
+    )
+    rate_limit: str | None = Field(
+        None,
+        description="Requests per client (API key, or address without keys) and window, in the "
+        "limits library's notation, e.g. '120/minute'. Unset: no limit.",
+    )
+    char_quota: str | None = Field(
+        None,
+        description="Characters of text per client and window, e.g. '200000/hour'. Unset: none.",
+    )
+
     # --- reliability -------------------------------------------------------------------------
     request_timeout_s: float = Field(
         100.0,
@@ -183,6 +203,13 @@ class Settings(BaseSettings):
     # --- result cache ------------------------------------------------------------------------
     cache_size: int = Field(10_000, ge=0, description="Most cached translations (0 = no cache).")
     cache_ttl_s: float = Field(3600.0, gt=0, description="Seconds a cached translation lives.")
+
+    @field_validator("rate_limit", "char_quota")
+    @classmethod
+    def _check_rate(cls, value: str | None) -> str | None:
+        if value is not None:
+            limits.parse(value)  # raises ValueError on a malformed rate
+        return value
 
     @model_validator(mode="after")
     def _check_batch_limits(self) -> Settings:

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
+from service.access import AccessControl, Client
 from service.runtime import Runtime
 from service.translation.translator import Translator
 
@@ -38,6 +39,25 @@ def get_deadline(
     return time.monotonic() + seconds
 
 
+def get_access(request: Request) -> AccessControl:
+    access: AccessControl = request.app.state.access
+    return access
+
+
+def get_client(
+    request: Request,
+    access: Annotated[AccessControl, Depends(get_access)],
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> Client:
+    """The authenticated caller, with one request counted against its rate."""
+    address = request.client.host if request.client else "unknown"
+    client = access.authenticate(authorization, address)
+    access.admit(client)
+    return client
+
+
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+AccessDep = Annotated[AccessControl, Depends(get_access)]
+ClientDep = Annotated[Client, Depends(get_client)]
 DeadlineDep = Annotated[float, Depends(get_deadline)]
 TranslatorDep = Annotated[Translator, Depends(get_translator)]

@@ -11,7 +11,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
 
-from service.api.dependencies import DeadlineDep, RuntimeDep, TranslatorDep
+from service.api.dependencies import AccessDep, ClientDep, DeadlineDep, RuntimeDep, TranslatorDep
 from service.api.schemas import (
     BatchTranslateRequest,
     BatchTranslateResponse,
@@ -28,9 +28,11 @@ from service.translation.translator import Translation
 _ERRORS: dict[int | str, dict[str, object]] = {
     status: {"model": ErrorResponse, "description": description}
     for status, description in (
+        (401, "API key missing (keys are configured)"),
+        (403, "API key not valid"),
         (413, "Request body too large"),
         (422, "Invalid input: empty text, unknown language, text or batch over its limit"),
-        (429, "Queue full; retry after the Retry-After header's seconds"),
+        (429, "Queue full, or this client's rate or character quota spent; see Retry-After"),
         (503, "Model loading or engine unavailable"),
         (504, "The request's deadline (X-Request-Timeout or the server's) passed"),
     )
@@ -49,9 +51,15 @@ def _timing_headers(response: Response, translations: Sequence[Translation]) -> 
 
 @router.post("/translate", response_model=TranslationOut, responses=_ERRORS)
 async def translate(
-    body: TranslateRequest, translator: TranslatorDep, response: Response, deadline: DeadlineDep
+    body: TranslateRequest,
+    translator: TranslatorDep,
+    response: Response,
+    deadline: DeadlineDep,
+    client: ClientDep,
+    access: AccessDep,
 ) -> TranslationOut:
     """Translate one text."""
+    access.charge(client, len(body.text))
     translation = await translator.translate(
         body.text, body.target_lang, body.source_lang, deadline=deadline
     )
@@ -71,6 +79,8 @@ async def translate_get(
     translator: TranslatorDep,
     runtime: RuntimeDep,
     deadline: DeadlineDep,
+    client: ClientDep,
+    access: AccessDep,
     source_lang: Annotated[str | None, Query(description="Source language code.")] = None,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
@@ -79,6 +89,7 @@ async def translate_get(
     The answer carries ``Cache-Control`` (public, for the result cache's TTL) and a strong
     ``ETag``, so a proxy or browser cache can serve repeats without reaching the GPU.
     """
+    access.charge(client, len(text))
     translation = await translator.translate(text, target_lang, source_lang, deadline=deadline)
     body = TranslationOut.of(translation).model_dump_json().encode()
     etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
@@ -100,12 +111,15 @@ async def batch_translate(
     translator: TranslatorDep,
     response: Response,
     deadline: DeadlineDep,
+    client: ClientDep,
+    access: AccessDep,
 ) -> BatchTranslateResponse:
     """Translate many texts into one language; results keep the input order.
 
     A text that fails alone (out of memory, deadline) gets an error object in its place while the
     others succeed; when every text failed, the request fails with the first text's error.
     """
+    access.charge(client, sum(len(text) for text in body.texts))
     outcomes = await translator.translate_batch(
         body.texts, body.target_lang, body.source_lang, deadline=deadline
     )
@@ -130,7 +144,7 @@ async def batch_translate(
 
 
 @router.get("/languages", response_model=list[LanguageOut])
-async def languages(translator: TranslatorDep) -> list[LanguageOut]:
+async def languages(translator: TranslatorDep, client: ClientDep) -> list[LanguageOut]:
     """The supported languages and their codes."""
     return [
         LanguageOut(code=lang.code, name=lang.english_name, chinese_name=lang.chinese_name)

@@ -1,0 +1,84 @@
+"""Who may call the service and how much: API keys, request rate and character quota.
+
+Keys come from ``HYMT_API_KEYS`` and/or a file (one per line, ``#`` comments), are compared in
+constant time against every configured key, and never appear in logs: a client is known by a
+short hash of its key (or by its address when no keys are configured). Rates and quotas use the
+``limits`` library's sliding-window counters, per client, so one client's burst spends only its
+own allowance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import time
+from dataclasses import dataclass
+
+from limits import RateLimitItem, parse
+from limits.storage import MemoryStorage
+from limits.strategies import SlidingWindowCounterRateLimiter
+
+from service.config import Settings
+from service.errors import Forbidden, RateLimited, Unauthenticated
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    """An authenticated caller: ``identity`` is safe to log and to key quotas on."""
+
+    identity: str
+
+
+class AccessControl:
+    def __init__(self, settings: Settings) -> None:
+        keys = [key.get_secret_value() for key in settings.api_keys]
+        if settings.api_keys_file is not None:
+            lines = settings.api_keys_file.read_text("utf-8").splitlines()
+            keys += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+        self._keys = [key.encode() for key in keys]
+        self._limiter = SlidingWindowCounterRateLimiter(MemoryStorage())
+        self._rate: RateLimitItem | None = (
+            parse(settings.rate_limit) if settings.rate_limit else None
+        )
+        self._chars: RateLimitItem | None = (
+            parse(settings.char_quota) if settings.char_quota else None
+        )
+
+    @property
+    def requires_keys(self) -> bool:
+        return bool(self._keys)
+
+    def authenticate(self, authorization: str | None, address: str) -> Client:
+        """The client behind an ``Authorization: Bearer KEY`` header (or its address)."""
+        if not self._keys:
+            return Client(identity=f"addr:{address}")
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise Unauthenticated("an API key is required: Authorization: Bearer <key>")
+        candidate = given.strip().encode()
+        matched = False
+        for key in self._keys:  # no early exit: the time taken does not say which key matched
+            matched |= hmac.compare_digest(candidate, key)
+        if not matched:
+            raise Forbidden("the API key is not valid")
+        return Client(identity="key:" + hashlib.sha256(candidate).hexdigest()[:12])
+
+    def admit(self, client: Client) -> None:
+        """Count one request against the client's rate; ``RateLimited`` when it is spent."""
+        if self._rate is not None:
+            self._spend(self._rate, client, 1, "request rate")
+
+    def charge(self, client: Client, characters: int) -> None:
+        """Count characters against the client's quota; ``RateLimited`` when it is spent."""
+        if self._chars is not None and characters > 0:
+            self._spend(self._chars, client, characters, "character quota")
+
+    def _spend(self, item: RateLimitItem, client: Client, cost: int, what: str) -> None:
+        if self._limiter.hit(item, client.identity, cost=cost):
+            return
+        reset = self._limiter.get_window_stats(item, client.identity).reset_time
+        raise RateLimited(
+            f"{what} of {item} spent for this client",
+            retry_after_s=max(1.0, math.ceil(reset - time.time())),
+        )
