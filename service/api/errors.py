@@ -76,6 +76,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, HTTPException)
+        if error.status_code == 400:
+            # FastAPI's answer to a body it cannot decode (invalid UTF-8): the same class of
+            # client error as malformed JSON, which it answers 422; keep one status for both.
+            return error_response(
+                422, "validation_error", "the request body is not valid UTF-8 JSON"
+            )
         code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
         return error_response(error.status_code, code, str(error.detail), error.headers)
 
