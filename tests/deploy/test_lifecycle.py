@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.deploy.conftest import start_service
+from tests.deploy.conftest import Process, start_service
 
 
 def metric(url: str, series: str) -> float:
@@ -82,3 +82,24 @@ async def test_a_client_that_hangs_up_is_dropped_before_the_model(
         assert metric(service.url, "hymt_batch_size_count") == batches_before + 1
     finally:
         service.stop()
+
+
+async def test_a_slow_client_does_not_hold_the_service(service: Process) -> None:
+    """Slowloris: a client dribbling its headers costs one idle connection, nothing more."""
+    host, port = service.url.removeprefix("http://").split(":")
+    slow = [socket.create_connection((host, int(port))) for _ in range(20)]
+    try:
+        for sock in slow:
+            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\n")
+        async with httpx.AsyncClient(base_url=service.url, timeout=30) as client:
+            for index in range(3):
+                for sock in slow:
+                    sock.sendall(f"X-Slow-{index}: y\r\n".encode())
+                began = asyncio.get_running_loop().time()
+                response = await client.post("/translate", json={"text": "hi", "target_lang": "de"})
+                assert response.status_code == 200
+                assert asyncio.get_running_loop().time() - began < 5
+                await asyncio.sleep(0.2)
+    finally:
+        for sock in slow:
+            sock.close()

@@ -1,0 +1,69 @@
+"""Named bad inputs through HTTP on the demo model: each answered, never a 5xx."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import ServiceClient
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"text": "x" * 100_000, "target_lang": "de"}, "text_too_long"),
+        ({"text": 42, "target_lang": "de"}, "validation_error"),
+        ({"text": ["a"], "target_lang": "de"}, "validation_error"),
+        ({"text": "hi", "target_lang": None}, "validation_error"),
+        ({"target_lang": "de"}, "validation_error"),
+        ({"text": "", "target_lang": "de"}, "validation_error"),
+        ({"text": " \t\n ", "target_lang": "de"}, "invalid_input"),
+        ({"text": "hi", "target_lang": "german"}, "unknown_language"),
+    ],
+)
+async def test_bad_fields_are_422(demo: ServiceClient, body: object, code: str) -> None:
+    response = await demo.http.post("/translate", json=body)
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == code
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\xff\xfe\xfa not utf-8",
+        b'{"text": "\xc3\x28", "target_lang": "de"}',
+        b'{"text": "unterminated',
+        b"",
+        b"null",
+        b"[]",
+    ],
+)
+async def test_undecodable_bodies_are_422(demo: ServiceClient, raw: bytes) -> None:
+    response = await demo.http.post(
+        "/translate", content=raw, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "validation_error"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "NUL \x00 and bell \x07 and escape \x1b[31m inside",
+        "emoji 🎉👩‍💻🇩🇪 and a zero-width joiner",
+        "مرحبا بالعالم، هذا نص من اليمين إلى اليسار",
+        "עברית\u200fמימין לשמאל",
+        "mixed \u202eoverride\u202c direction",
+        '{"json": "inside"} and <b>markup</b>',
+    ],
+)
+async def test_unusual_text_is_translated(demo: ServiceClient, text: str) -> None:
+    response = await demo.http.post("/translate", json={"text": text, "target_lang": "en"})
+    assert response.status_code == 200, response.text
+    assert isinstance(response.json()["translation"], str)
+
+
+async def test_odd_cases_of_language_codes(demo: ServiceClient) -> None:
+    for code, canonical in (("DE", "de"), ("zH-hAnT", "zh-Hant"), ("Yue", "yue")):
+        response = await demo.http.post("/translate", json={"text": "hi", "target_lang": code})
+        assert response.status_code == 200
+        assert response.json()["target_lang"] == canonical
