@@ -26,6 +26,8 @@ from service.scheduling.continuous import ContinuousScheduler
 from service.scheduling.microbatch import BatchingLimits, MicroBatchScheduler
 from service.scheduling.types import GenerationScheduler
 from service.translation.cache import ResultCache
+from service.translation.detection import LanguageDetector
+from service.translation.languages import LanguageTable
 from service.translation.translator import PromptBuilder, Translator
 
 log = logging.getLogger(__name__)
@@ -113,9 +115,17 @@ class Runtime:
             self._record_model(engine)
             self._scheduler = self._make_scheduler(engine, self._worker)
             self._scheduler.start()
+            languages = LanguageTable()
+            detector = await asyncio.to_thread(LanguageDetector, languages)
             translator = Translator(
                 self.settings,
-                prompts=PromptBuilder(self.settings, engine.encoder, info.fingerprint),
+                prompts=PromptBuilder(
+                    self.settings,
+                    engine.encoder,
+                    info.fingerprint,
+                    languages=languages,
+                    detector=detector,
+                ),
                 scheduler=self._scheduler,
                 cache=ResultCache(self.settings.cache_size, self.settings.cache_ttl_s),
                 metrics=self.metrics,

@@ -15,6 +15,8 @@ from service.api.dependencies import AccessDep, ClientDep, DeadlineDep, RuntimeD
 from service.api.schemas import (
     BatchTranslateRequest,
     BatchTranslateResponse,
+    DetectionOut,
+    DetectRequest,
     ErrorDetail,
     ErrorResponse,
     LanguageOut,
@@ -22,7 +24,7 @@ from service.api.schemas import (
     TranslationOut,
     Usage,
 )
-from service.errors import ServiceError
+from service.errors import BatchTooLarge, ServiceError
 from service.translation.translator import Translation
 
 _ERRORS: dict[int | str, dict[str, object]] = {
@@ -141,6 +143,20 @@ async def batch_translate(
             output_tokens=sum(t.output_tokens for t in done),
         ),
     )
+
+
+@router.post("/detect", response_model=list[DetectionOut], responses=_ERRORS)
+async def detect(
+    body: DetectRequest, translator: TranslatorDep, client: ClientDep, access: AccessDep
+) -> list[DetectionOut]:
+    """The language of each text, among the supported ones, with a confidence from 0 to 1."""
+    if len(body.texts) > translator.max_batch_items:
+        raise BatchTooLarge(f"texts: at most {translator.max_batch_items} per request")
+    access.charge(client, sum(len(text) for text in body.texts))
+    return [
+        DetectionOut(language=d.language.code, confidence=d.confidence)
+        for d in translator.detect(body.texts)
+    ]
 
 
 @router.get("/languages", response_model=list[LanguageOut])

@@ -20,14 +20,16 @@ class TranslateRequest(_Strict):
     text: str = Field(min_length=1, description="Text to translate.", examples=["Hello, world!"])
     target_lang: str = Field(description="Target language code (GET /languages).", examples=["de"])
     source_lang: str | None = Field(
-        None, description="Source language code; omit to let the service choose the template."
+        None, description="Source language code; omit (or auto) to detect it per text."
     )
 
 
 class BatchTranslateRequest(_Strict):
     texts: list[str] = Field(min_length=1, description="Texts to translate, one segment each.")
     target_lang: str = Field(description="Target language code (GET /languages).", examples=["fr"])
-    source_lang: str | None = Field(None, description="Source language code of every text.")
+    source_lang: str | None = Field(
+        None, description="Source language code of every text; omit (or auto) to detect each."
+    )
 
 
 class Usage(BaseModel):
@@ -37,8 +39,9 @@ class Usage(BaseModel):
 
 class TranslationOut(BaseModel):
     translation: str
-    source_lang: str | None = Field(
-        description="Source language given, or zh when the text was recognised as Chinese."
+    source_lang: str | None = Field(description="Source language given, or detected.")
+    detected_confidence: float | None = Field(
+        description="Confidence of the detection (0-1) when source_lang was detected, else null."
     )
     target_lang: str
     usage: Usage
@@ -48,6 +51,7 @@ class TranslationOut(BaseModel):
         return cls(
             translation=translation.text,
             source_lang=translation.source.code if translation.source else None,
+            detected_confidence=translation.detected_confidence,
             target_lang=translation.target.code,
             usage=Usage(
                 input_tokens=translation.input_tokens, output_tokens=translation.output_tokens
@@ -72,6 +76,15 @@ class BatchTranslateResponse(BaseModel):
         "text alone (out of memory, deadline...). Invalid input fails the whole request instead."
     )
     usage: Usage = Field(description="Totals over the translated texts.")
+
+
+class DetectRequest(_Strict):
+    texts: list[str] = Field(min_length=1, description="Texts whose language to detect.")
+
+
+class DetectionOut(BaseModel):
+    language: str
+    confidence: float
 
 
 class LanguageOut(BaseModel):

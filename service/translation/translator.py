@@ -26,6 +26,7 @@ from service.errors import (
 from service.metrics import Metrics
 from service.scheduling.types import GenerationScheduler
 from service.translation.cache import ResultCache
+from service.translation.detection import Detection, LanguageDetector
 from service.translation.languages import Language, LanguageTable
 from service.translation.prompts import PromptFormat, looks_chinese
 
@@ -39,6 +40,7 @@ class Translation:
     text: str
     source: Language | None
     target: Language
+    detected_confidence: float | None
     input_tokens: int
     output_tokens: int
     cache: str  # "hit", "shared" or "miss"
@@ -54,6 +56,8 @@ class Prepared:
     prompt: str
     key: tuple[object, ...]
     request: GenerationRequest
+    # Set when the source language was detected rather than given.
+    detected_confidence: float | None = None
 
 
 def token_budget(source_tokens: int, settings: Settings) -> int:
@@ -81,9 +85,11 @@ class PromptBuilder:
         model_fingerprint: str,
         languages: LanguageTable | None = None,
         prompt_format: PromptFormat | None = None,
+        detector: LanguageDetector | None = None,
     ) -> None:
         self._settings = settings
         self._encoder = encoder
+        self._detector = detector
         self._fingerprint = model_fingerprint
         self.languages = languages or LanguageTable()
         self._format = prompt_format or PromptFormat()
@@ -92,9 +98,16 @@ class PromptBuilder:
     def languages_of(
         self, target_lang: str, source_lang: str | None
     ) -> tuple[Language, Language | None]:
+        """``source_lang`` None or ``auto``: detect it per text."""
         target = self.languages.resolve(target_lang, field="target_lang")
-        source = self.languages.resolve(source_lang, field="source_lang") if source_lang else None
-        return target, source
+        if not source_lang or source_lang.lower() == "auto":
+            return target, None
+        return target, self.languages.resolve(source_lang, field="source_lang")
+
+    def detect(self, text: str) -> Detection:
+        if self._detector is None:
+            raise InvalidInput("language detection is not available")
+        return self._detector.detect(text)
 
     def prepare(
         self, text: str, target: Language, source: Language | None, *, field: str
@@ -111,8 +124,12 @@ class PromptBuilder:
             raise TextTooLong(
                 f"{field}: {source_tokens} tokens, at most {self._settings.max_input_tokens}"
             )
-        if source is None and looks_chinese(text):
-            source = self.languages["zh"]
+        confidence = None
+        if source is None and self._detector is not None:
+            detection = self._detector.detect(text)
+            source, confidence = detection.language, detection.confidence
+        elif source is None and looks_chinese(text):
+            source = self.languages["zh"]  # without a detector, at least pick the right template
         prompt = self._format.render(text, target, source)
         request = GenerationRequest(
             prompt_ids=self._encoder.encode_chat(prompt),
@@ -120,7 +137,7 @@ class PromptBuilder:
             decoding=self.decoding,
         )
         key = (self._fingerprint, self._format.name, prompt, self.decoding, request.max_new_tokens)
-        return Prepared(source=source, prompt=prompt, key=key, request=request)
+        return Prepared(source, prompt, key, request, detected_confidence=confidence)
 
 
 class Translator:
@@ -141,6 +158,7 @@ class Translator:
         self._cache = cache
         self._metrics = metrics
         self.languages = prompts.languages
+        self.max_batch_items = settings.max_batch_items
 
     async def translate(
         self,
@@ -190,6 +208,10 @@ class Translator:
                 raise outcome  # a bug, not a per-text failure: the one 500 path
         return results
 
+    def detect(self, texts: Sequence[str]) -> list[Detection]:
+        """The detected language of each text (no model work)."""
+        return [self._prompts.detect(text) for text in texts]
+
     async def warm_up(self) -> None:
         """One generation per prompt template, bypassing the cache, before serving."""
         english = self.languages["en"]
@@ -226,6 +248,7 @@ class Translator:
             text=result.text,
             source=prepared.source,
             target=target,
+            detected_confidence=prepared.detected_confidence,
             input_tokens=result.prompt_tokens,
             output_tokens=result.completion_tokens,
             cache=origin,

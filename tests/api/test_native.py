@@ -17,7 +17,14 @@ async def test_translate_returns_translation_languages_and_usage(demo: ServiceCl
     )
     assert response.status_code == 200, response.text
     body = response.json()
-    assert set(body) == {"translation", "source_lang", "target_lang", "usage"}
+    assert set(body) == {
+        "translation",
+        "source_lang",
+        "detected_confidence",
+        "target_lang",
+        "usage",
+    }
+    assert body["detected_confidence"] is None  # given, not detected
     assert isinstance(body["translation"], str)
     assert body["source_lang"] == "en"
     assert body["target_lang"] == "de"
@@ -38,14 +45,30 @@ async def test_language_codes_are_case_insensitive(demo: ServiceClient) -> None:
     assert response.json()["source_lang"] == "en"
 
 
-async def test_chinese_text_without_source_is_recognised(demo: ServiceClient) -> None:
+async def test_source_language_is_detected_per_text(demo: ServiceClient) -> None:
     response = await demo.http.post(
         "/translate", json={"text": "今天天气很好", "target_lang": "en"}
     )
     assert response.status_code == 200
     assert response.json()["source_lang"] == "zh"
-    response = await demo.http.post("/translate", json={"text": "Bonjour", "target_lang": "en"})
-    assert response.json()["source_lang"] is None
+    assert 0 < response.json()["detected_confidence"] <= 1
+    batch = await demo.http.post(
+        "/batch_translate",
+        json={
+            "texts": ["Bonjour tout le monde, comment allez-vous ?", "Guten Morgen, wie geht es?"],
+            "target_lang": "en",
+            "source_lang": "auto",
+        },
+    )
+    assert [item["source_lang"] for item in batch.json()["translations"]] == ["fr", "de"]
+
+
+async def test_detect_route(demo: ServiceClient) -> None:
+    response = await demo.http.post(
+        "/detect", json={"texts": ["Привет, как дела?", "東京は日本の首都です", "བོད་ཡིག"]}
+    )
+    assert response.status_code == 200
+    assert [item["language"] for item in response.json()] == ["ru", "ja", "bo"]
 
 
 async def test_batch_keeps_input_order_and_matches_single_results(demo: ServiceClient) -> None:
