@@ -20,7 +20,7 @@ from limits.storage import MemoryStorage
 from limits.strategies import SlidingWindowCounterRateLimiter
 
 from service.config import Settings
-from service.errors import Forbidden, RateLimited, Unauthenticated
+from service.errors import Forbidden, QuotaExceeded, RateLimited, Unauthenticated
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,11 +74,19 @@ class AccessControl:
         if self._chars is not None and characters > 0:
             self._spend(self._chars, client, characters, "character quota")
 
+    def character_usage(self, client: Client) -> tuple[int, int | None]:
+        """Characters used in the current window and the quota (None: unlimited)."""
+        if self._chars is None:
+            return 0, None
+        stats = self._limiter.get_window_stats(self._chars, client.identity)
+        return self._chars.amount - stats.remaining, self._chars.amount
+
     def _spend(self, item: RateLimitItem, client: Client, cost: int, what: str) -> None:
         if self._limiter.hit(item, client.identity, cost=cost):
             return
         reset = self._limiter.get_window_stats(item, client.identity).reset_time
-        raise RateLimited(
+        error = QuotaExceeded if item is self._chars else RateLimited
+        raise error(
             f"{what} of {item} spent for this client",
             retry_after_s=max(1.0, math.ceil(reset - time.time())),
         )

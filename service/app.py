@@ -15,7 +15,9 @@ from fastapi.middleware.cors import CORSMiddleware
 from service import __version__
 from service.access import AccessControl
 from service.api import native, probes
+from service.api.deepl import create_deepl_app
 from service.api.errors import install_error_handlers
+from service.api.libretranslate import create_libretranslate_app
 from service.api.middleware import RequestContextMiddleware
 from service.config import Settings
 from service.metrics import Metrics
@@ -46,10 +48,14 @@ def create_app(
         root_path=settings.root_path,
         lifespan=lifespan,
     )
+    access = AccessControl(settings)
     app.state.runtime = runtime
-    app.state.access = AccessControl(settings)
+    app.state.access = access
     app.include_router(native.router)
     app.include_router(probes.router)
+    # Compatibility dialects: thin routers over the same runtime, each with its own error shape.
+    app.mount("/libretranslate", create_libretranslate_app(runtime, access))
+    app.mount("/v2", create_deepl_app(runtime, access))
     install_error_handlers(app)
     if settings.cors_origins:
         app.add_middleware(

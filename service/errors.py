@@ -56,6 +56,18 @@ class RateLimited(Overloaded):
     code = "rate_limited"
 
 
+class QuotaExceeded(RateLimited):
+    """This client used its character quota for the current window."""
+
+    code = "quota_exceeded"
+
+
+class Unsupported(InvalidInput):
+    """The request asks for an option this service cannot honour."""
+
+    code = "unsupported"
+
+
 class DeadlineExceeded(ServiceError):
     """The request's deadline passed before its translation was ready."""
 

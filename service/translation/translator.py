@@ -28,6 +28,7 @@ from service.scheduling.types import GenerationScheduler
 from service.translation.cache import ResultCache
 from service.translation.detection import Detection, LanguageDetector
 from service.translation.languages import Language, LanguageTable
+from service.translation.markup import segment
 from service.translation.prompts import PromptFormat, looks_chinese
 
 log = logging.getLogger(__name__)
@@ -191,7 +192,7 @@ class Translator:
                 f"texts: {len(texts)} texts, at most {self._settings.max_batch_items} per batch"
             )
         if not texts:
-            raise InvalidInput("texts: at least one text is required")
+            return []
         target, source = self._prompts.languages_of(target_lang, source_lang)
         prepared = [
             self._prompts.prepare(text, target, source, field=f"texts[{index}]")
@@ -206,6 +207,44 @@ class Translator:
                 results.append(outcome)
             else:
                 raise outcome  # a bug, not a per-text failure: the one 500 path
+        return results
+
+    async def translate_markup(
+        self,
+        documents: Sequence[str],
+        target_lang: str,
+        source_lang: str | None = None,
+        *,
+        deadline: float | None = None,
+    ) -> list[Translation | ServiceError]:
+        """Translate HTML or XML documents: tags kept, the text between them translated."""
+        target, _ = self._prompts.languages_of(target_lang, source_lang)
+        segmented = [segment(document) for document in documents]
+        runs = [s.parts[i] for s in segmented for i in s.texts]
+        outcomes = await self.translate_batch(runs, target_lang, source_lang, deadline=deadline)
+        results: list[Translation | ServiceError] = []
+        position = 0
+        for document in segmented:
+            mine = outcomes[position : position + len(document.texts)]
+            position += len(document.texts)
+            failure = next((o for o in mine if isinstance(o, ServiceError)), None)
+            if failure is not None:
+                results.append(failure)
+                continue
+            done = [o for o in mine if isinstance(o, Translation)]
+            results.append(
+                Translation(
+                    text=document.rebuild([t.text for t in done]),
+                    source=done[0].source if done else None,
+                    target=target,
+                    detected_confidence=done[0].detected_confidence if done else None,
+                    input_tokens=sum(t.input_tokens for t in done),
+                    output_tokens=sum(t.output_tokens for t in done),
+                    cache="hit" if all(t.cache == "hit" for t in done) else "miss",
+                    queue_s=max((t.queue_s for t in done), default=0.0),
+                    inference_s=max((t.inference_s for t in done), default=0.0),
+                )
+            )
         return results
 
     def detect(self, texts: Sequence[str]) -> list[Detection]:
