@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from service.access import AccessControl, Client
-from service.api.errors import status_of
+from service.api.errors import install_dialect_errors
 from service.api.params import Params, optional_text, read_params, text_list
 from service.errors import (
     Forbidden,
@@ -53,24 +53,10 @@ def our_code(deepl: str) -> str:
     return _TO_OURS.get(upper, upper.lower() if upper != "ZH-HANT" else "zh-Hant")
 
 
-def _error(error: ServiceError) -> JSONResponse:
-    status = next((s for kind, s in _STATUS.items() if isinstance(error, kind)), None)
-    headers = {}
-    if hasattr(error, "retry_after_s"):
-        headers["Retry-After"] = str(int(error.retry_after_s))
-    return JSONResponse(
-        {"message": error.message}, status_code=status or status_of(error), headers=headers
-    )
-
-
 def create_deepl_app(runtime: Runtime, access: AccessControl) -> FastAPI:
     app = FastAPI(title="DeepL-compatible API v2", docs_url=None, redoc_url=None)
 
-    async def on_error(request: Request, error: Exception) -> JSONResponse:
-        assert isinstance(error, ServiceError)
-        return _error(error)
-
-    app.add_exception_handler(ServiceError, on_error)
+    install_dialect_errors(app, _STATUS, lambda error: {"message": error.message})
 
     def client_of(request: Request, params: Params | None = None) -> Client:
         header = request.headers.get("authorization", "")

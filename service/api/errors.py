@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -35,10 +35,16 @@ STATUS_BY_ERROR: tuple[tuple[type[errors.ServiceError], int], ...] = (
 )
 
 
-def status_of(error: errors.ServiceError) -> int:
-    for kind, status in STATUS_BY_ERROR:
-        if isinstance(error, kind):
-            return status
+StatusOverrides = Mapping[type[errors.ServiceError], int]
+ErrorBody = Callable[[errors.ServiceError], object]
+
+
+def status_of(error: errors.ServiceError, overrides: StatusOverrides | None = None) -> int:
+    """The status of ``error``: a dialect's override for its type, else the shared table."""
+    for table in ((overrides or {}).items(), STATUS_BY_ERROR):
+        for kind, status in table:
+            if isinstance(error, kind):
+                return status
     return 500
 
 
@@ -50,7 +56,12 @@ def error_response(
     )
 
 
-def service_error_response(error: errors.ServiceError) -> JSONResponse:
+def service_error_response(
+    error: errors.ServiceError,
+    overrides: StatusOverrides | None = None,
+    body: ErrorBody | None = None,
+) -> JSONResponse:
+    """The response for a domain error: native shape, or a dialect's ``body`` and statuses."""
     headers: dict[str, str] = {}
     if isinstance(error, errors.Overloaded):
         headers["Retry-After"] = str(math.ceil(error.retry_after_s))
@@ -58,7 +69,19 @@ def service_error_response(error: errors.ServiceError) -> JSONResponse:
         headers["Retry-After"] = "5"
     elif isinstance(error, errors.Unauthenticated):
         headers["WWW-Authenticate"] = "Bearer"
-    return error_response(status_of(error), error.code, error.message, headers)
+    if body is not None:
+        return JSONResponse(body(error), status_code=status_of(error, overrides), headers=headers)
+    return error_response(status_of(error, overrides), error.code, error.message, headers)
+
+
+def install_dialect_errors(app: FastAPI, overrides: StatusOverrides, body: ErrorBody) -> None:
+    """Answer a compatibility dialect's domain errors in that API's own shape and statuses."""
+
+    async def on_service_error(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, errors.ServiceError)
+        return service_error_response(error, overrides, body)
+
+    app.add_exception_handler(errors.ServiceError, on_service_error)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -20,7 +20,7 @@ from transformers.generation.continuous_batching.requests import GenerationOutpu
 
 from service.config import Settings
 from service.engine.generation import Detokenizer, eos_ids, generation_config
-from service.engine.loading import LoadedModel, cuda_memory
+from service.engine.loading import LoadedModel, engine_info, memory_by_kind
 from service.engine.tokenization import ChatPromptEncoder
 from service.engine.types import (
     Completion,
@@ -66,15 +66,7 @@ class ContinuousBatchingEngine:
         # CUDA graph capture and compilation happen here, before the service reports ready.
         self._manager.warmup()
         self._manager.start()
-        self._info = EngineInfo(
-            model=loaded.name,
-            revision=loaded.revision,
-            dtype=str(loaded.dtype).removeprefix("torch."),
-            quantization=loaded.quantization,
-            device=str(loaded.device),
-            load_seconds=loaded.load_seconds,
-            weights_bytes=int(loaded.model.get_memory_footprint()),
-        )
+        self._info = engine_info(loaded)
 
     @property
     def info(self) -> EngineInfo:
@@ -85,10 +77,7 @@ class ContinuousBatchingEngine:
         return self._encoder
 
     def memory_bytes(self) -> dict[str, int]:
-        return {
-            key.removeprefix("cuda_").removesuffix("_bytes"): value
-            for key, value in cuda_memory(self._device).items()
-        }
+        return memory_by_kind(self._device)
 
     def submit(self, request_id: str, request: GenerationRequest, on_done: Completion) -> None:
         """Add ``request`` to the running batch; ``on_done`` is called on this event loop."""

@@ -13,9 +13,6 @@ renamed into it, so a crash never leaves a half-built model behind.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -27,6 +24,8 @@ from transformers import (
     HunYuanDenseV1ForCausalLM,
     PreTrainedTokenizerFast,
 )
+
+from service.engine.folders import build_once
 
 log = logging.getLogger(__name__)
 
@@ -75,22 +74,9 @@ def corpus_texts() -> list[str]:
 def ensure_demo_model(data_dir: Path) -> Path:
     """The path of the demo model under ``data_dir``, building it first if it is missing."""
     target = data_dir / DEMO_VERSION
-    if (target / "config.json").is_file():
-        return target
-    data_dir.mkdir(parents=True, exist_ok=True)
-    log.info("building demo model", extra={"path": str(target)})
-    staging = Path(tempfile.mkdtemp(prefix=f".{DEMO_VERSION}-", dir=data_dir))
-    try:
-        _build(staging)
-        try:
-            os.rename(staging, target)
-        except OSError:
-            # Another process built it first: theirs is as good as ours.
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    if not (target / "config.json").is_file():
+        log.info("building demo model", extra={"path": str(target)})
+    return build_once(target, _build)
 
 
 def _build(folder: Path) -> None:

@@ -16,15 +16,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from importlib import resources
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+from service.engine.folders import build_once
 
 log = logging.getLogger(__name__)
 
@@ -70,22 +69,16 @@ def materialized_checkpoint(
     target = data_dir / f"dummy-{digest}"
     if (target / "config.json").is_file():
         return target
-    data_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    staging = Path(tempfile.mkdtemp(prefix=f".dummy-{digest}-", dir=data_dir))
-    try:
+
+    def build(folder: Path) -> None:
         model = random_model(config, dtype, device)
-        model.save_pretrained(staging)
+        model.save_pretrained(folder)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        try:
-            os.rename(staging, target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+    build_once(target, build)
     log.info(
         "dummy checkpoint written",
         extra={"path": str(target), "seconds": round(time.perf_counter() - started, 3)},

@@ -24,6 +24,7 @@ from transformers import (
 from service.config import Settings
 from service.engine.demo import DEMO_VERSION, ensure_demo_model
 from service.engine.dummy import dummy_config, materialized_checkpoint, random_model
+from service.engine.types import EngineInfo
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,26 @@ def _log_loading(name: str, device: torch.device, dtype: torch.dtype, quantizati
             "quantization": quantization,
         },
     )
+
+
+def engine_info(loaded: LoadedModel) -> EngineInfo:
+    return EngineInfo(
+        model=loaded.name,
+        revision=loaded.revision,
+        dtype=str(loaded.dtype).removeprefix("torch."),
+        quantization=loaded.quantization,
+        device=str(loaded.device),
+        load_seconds=loaded.load_seconds,
+        weights_bytes=int(loaded.model.get_memory_footprint()),
+    )
+
+
+def memory_by_kind(device: torch.device) -> dict[str, int]:
+    """Accelerator memory by kind (allocated, reserved), for the GPU memory gauge."""
+    return {
+        key.removeprefix("cuda_").removesuffix("_bytes"): value
+        for key, value in cuda_memory(device).items()
+    }
 
 
 def cuda_memory(device: torch.device) -> dict[str, int]:

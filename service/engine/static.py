@@ -15,7 +15,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from service.engine.generation import Detokenizer, eos_ids, generation_config
-from service.engine.loading import LoadedModel, cuda_memory
+from service.engine.loading import LoadedModel, engine_info, memory_by_kind
 from service.engine.tokenization import ChatPromptEncoder
 from service.engine.types import (
     EngineInfo,
@@ -54,15 +54,7 @@ class StaticBatchEngine:
         self._detokenizer = Detokenizer(loaded.tokenizer, self._eos_ids)
         pad = loaded.tokenizer.pad_token_id
         self._pad_id: int = pad if pad is not None else min(self._eos_ids)
-        self._info = EngineInfo(
-            model=loaded.name,
-            revision=loaded.revision,
-            dtype=str(loaded.dtype).removeprefix("torch."),
-            quantization=loaded.quantization,
-            device=str(loaded.device),
-            load_seconds=loaded.load_seconds,
-            weights_bytes=int(self._model.get_memory_footprint()),
-        )
+        self._info = engine_info(loaded)
 
     @property
     def info(self) -> EngineInfo:
@@ -73,10 +65,7 @@ class StaticBatchEngine:
         return self._encoder
 
     def memory_bytes(self) -> dict[str, int]:
-        return {
-            key.removeprefix("cuda_").removesuffix("_bytes"): value
-            for key, value in cuda_memory(self._device).items()
-        }
+        return memory_by_kind(self._device)
 
     def close(self) -> None:
         return None
