@@ -6,8 +6,11 @@ text plus the queued texts nearest to it in prompt length (less padding), within
 token bounds, and hands them to the worker. While the worker runs a batch the queue fills, so
 under load batches form without waiting. Items whose caller has gone (their future was cancelled)
 are dropped before they reach the model. A failed batch fails each of its items with a typed
-error and the loop goes on. The queue is bounded: beyond ``max_queue_size`` ``submit`` refuses at
-once with ``Overloaded`` and a retry delay computed from the recent drain rate.
+error and the loop goes on; a batch that runs out of memory is retried in halves down to single
+texts. The queue is bounded: beyond ``max_queue_size`` ``submit`` refuses at once with
+``Overloaded`` and a retry delay computed from the recent drain rate. A text whose deadline passes
+while queued is dropped (``DeadlineExceeded``). A watchdog marks the worker stalled when one batch
+runs past ``stall_timeout_s`` and fails queued texts at once while it is.
 """
 
 from __future__ import annotations
