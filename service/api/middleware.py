@@ -174,6 +174,9 @@ def _request_id(scope: Scope) -> str:
 
 
 def _route_template(scope: Scope) -> str:
+    """The matched route's template; mounted dialects keep their prefix (``/v2/translate``)."""
     route: Any = scope.get("route")
     path = getattr(route, "path", None)
-    return str(path) if path else "unmatched"
+    if not path:
+        return "unmatched"
+    return f"{scope.get('root_path', '')}{path}"

@@ -281,3 +281,13 @@ async def test_unknown_route_and_bad_json_use_the_error_shape(demo: ServiceClien
     )
     assert broken.status_code == 422
     assert broken.json()["error"]["code"] == "validation_error"
+
+
+async def test_metrics_label_each_dialect_by_its_own_route(demo: ServiceClient) -> None:
+    await demo.http.post(
+        "/libretranslate/translate", json={"q": "hi", "source": "en", "target": "de"}
+    )
+    await demo.http.post("/v2/translate", json={"text": ["hi"], "target_lang": "DE"})
+    text = (await demo.http.get("/metrics")).text
+    assert 'route="/libretranslate/translate"' in text
+    assert 'route="/v2/translate"' in text
