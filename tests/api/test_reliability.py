@@ -157,7 +157,7 @@ async def test_a_stalled_worker_turns_health_red_and_fails_fast(start_app: Start
     began = time.monotonic()
     fresh = await client.http.post("/translate", json={"text": "new", "target_lang": "de"})
     assert fresh.status_code == 503
-    assert time.monotonic() - began < 0.2
+    assert time.monotonic() - began < 1  # refused at once, not after the stalled batch
     gate.set()
     await held
     assert (await client.http.get("/health")).status_code == 200  # recovered
