@@ -1,11 +1,13 @@
 """One benchmark run end to end: service vs the naive baseline, on the same machine, same texts.
 
-1. Start ``python -m service`` with the environment given (e.g. ``HYMT_LOAD_FORMAT=dummy``), and
+1. The naive baseline first, in its own process (so its GPU memory is gone before the service
+   starts) with the same environment and texts.
+2. Start ``python -m service`` with the environment given (e.g. ``HYMT_LOAD_FORMAT=dummy``), and
    time process start -> ready (``/health`` 200) -> first translation.
-2. Throughput: the load generator, closed loop, through HTTP.
-3. Lone-request latency: one client, one request at a time.
-4. Stop the service (SIGTERM), then run the naive baseline in this process on the same texts.
-5. Write ``bench.json`` with everything and the ratio of the two throughputs.
+3. Throughput: the load generator, closed loop, through HTTP.
+4. Lone-request latency: one client, one request at a time.
+5. Stop the service (SIGTERM). ``LABEL.json`` is rewritten after every step, so a run cut short by
+   a time limit still leaves what it measured, the ratio as soon as both sides exist.
 
     python -m loadtests.bench --out results/ --requests 1024 --concurrency 1024 \\
         --env HYMT_LOAD_FORMAT=dummy --env HYMT_CACHE_SIZE=0
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from loadtests import baseline, loadgen
+from loadtests import loadgen
 
 
 def free_port() -> int:
@@ -108,37 +110,55 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     env = dict(item.split("=", 1) for item in args.env)
     result: dict[str, object] = {"label": args.label, "env": env}
 
+    report = args.out / f"{args.label}.json"
+
+    def save() -> None:
+        naive = result.get("baseline")
+        served = result.get("throughput")
+        if isinstance(naive, dict) and isinstance(served, dict):
+            result["ratio_vs_baseline"] = round(
+                served["output_tokens_per_s"] / naive["output_tokens_per_s"], 1
+            )
+        report.write_text(json.dumps(result, indent=2) + "\n")
+
+    if args.baseline_requests:
+        result["baseline"] = run_baseline(env, args.baseline_requests, args.out / "baseline.json")
+        save()
     process, url, timings = start_service(env, args.out / f"{args.label}.log")
     result.update(timings)
     try:
         result["weights_bytes"] = metric(url, "hymt_model_weights_bytes")
         result["load_seconds"] = metric(url, "hymt_model_load_seconds")
+        save()
         throughput = loadgen.main(
             ["--url", url, "--requests", str(args.requests), "--concurrency",
              str(args.concurrency), "--warmup", "8", "--quiet"]
         )  # fmt: skip
         result["throughput"] = asdict(throughput)
+        save()
         lone = loadgen.main(
             ["--url", url, "--requests", str(args.lone_requests), "--concurrency", "1",
              "--warmup", "2", "--quiet", "--seed", "7"]
         )  # fmt: skip
         result["lone"] = asdict(lone)
         result["gpu_memory_allocated_bytes"] = metric(url, "hymt_gpu_memory_bytes")
+        save()
     finally:
         stop_service(process)
-
-    if args.baseline_requests:
-        os.environ.update(env)
-        from service.config import Settings
-
-        naive = baseline.run(Settings(), args.baseline_requests, seed=3)
-        result["baseline"] = asdict(naive)
-        result["ratio_vs_baseline"] = round(
-            throughput.output_tokens_per_s / naive.output_tokens_per_s, 1
-        )
-    (args.out / f"{args.label}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return result
+
+
+def run_baseline(env: dict[str, str], requests: int, report: Path) -> dict[str, object]:
+    """``loadtests.baseline`` in a child process with the service's environment."""
+    subprocess.run(
+        [sys.executable, "-m", "loadtests.baseline", "--requests", str(requests),
+         "--seed", "3", "--report", str(report)],
+        env={**os.environ, **env},
+        check=True,
+    )  # fmt: skip
+    loaded: dict[str, object] = json.loads(report.read_text())
+    return loaded
 
 
 if __name__ == "__main__":

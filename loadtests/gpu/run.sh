@@ -25,8 +25,8 @@ for variant in "$@"; do
   timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.bench --label "$variant" --requests "$requests" \
     --concurrency "$requests" --lone-requests "${LONE:-6}" "${common[@]}" "${args[@]}" > "$work/$variant.out" 2>&1
   echo "exit $?"
-  grep -E '"(output_tokens_per_s|ms_per_output_token_p50|start_to_ready_s|start_to_first_translation_s|ratio_vs_baseline|weights_bytes|ok)"' "$work/$variant.out" || tail -c 3000 "$work/$variant.out"
+  grep -E '"(output_tokens_per_s|ms_per_output_token_p50|start_to_ready_s|start_to_first_translation_s|ratio_vs_baseline|weights_bytes|ok)"' "$work/$variant.json" || tail -c 3000 "$work/$variant.out"
   grep -vE '"service.access"' "$work/$variant.log" 2>/dev/null | tail -n 15 | cut -c1-400
-  cp "$work/$variant.json" "$out/" 2>/dev/null
+  cp "$work/$variant.json" "$out/" 2>/dev/null  # written after every step: partial results survive
 done
 tar czf "$out/bench.tgz" -C "$work" --exclude=data .
