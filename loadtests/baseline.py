@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from loadtests.loadgen import emit
 from loadtests.texts import make_jobs
 from service.config import Settings
 from service.engine.generation import eos_ids, generation_config
@@ -90,10 +90,7 @@ def main(argv: list[str] | None = None) -> BaselineReport:
     parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)
     report = run(Settings(), args.requests, args.seed)
-    text = json.dumps(asdict(report), indent=2)
-    if args.report:
-        args.report.write_text(text + "\n")
-    print(text)
+    emit(report, args.report)
     return report
 
 

@@ -203,13 +203,18 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def emit(report: object, path: Path | None) -> None:
+    """Print a report dataclass as JSON, and write it to ``path`` when one is given."""
+    text = json.dumps(asdict(report), indent=2)  # type: ignore[call-overload]
+    if path is not None:
+        path.write_text(text + "\n")
+    print(text)
+
+
 def main(argv: list[str] | None = None) -> Report:
     args = parser().parse_args(argv)
     report = asyncio.run(run(args))
-    text = json.dumps(asdict(report), indent=2)
-    if args.report:
-        args.report.write_text(text + "\n")
-    print(text)
+    emit(report, args.report)
     return report
 
 

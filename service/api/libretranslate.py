@@ -87,7 +87,12 @@ def create_libretranslate_app(runtime: Runtime, access: AccessControl) -> FastAP
         access.charge(client, len(text))
         (detection,) = runtime.translator.detect([text])
         return JSONResponse(
-            [{"confidence": round(detection.confidence * 100, 1), "language": _code(detection)}]
+            [
+                {
+                    "confidence": round(detection.confidence * 100, 1),
+                    "language": detection.language.code,
+                }
+            ]
         )
 
     @app.get("/languages")
@@ -120,10 +125,6 @@ def create_libretranslate_app(runtime: Runtime, access: AccessControl) -> FastAP
         )
 
     return app
-
-
-def _code(detection: Any) -> str:
-    return str(detection.language.code)
 
 
 def _detected(translation: Translation) -> dict[str, object]:

@@ -19,37 +19,30 @@ from transformers import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.requests import GenerationOutput
 
 from service.config import Settings
-from service.engine.generation import Detokenizer, eos_ids, generation_config
-from service.engine.loading import LoadedModel, engine_info, memory_by_kind
-from service.engine.tokenization import ChatPromptEncoder
+from service.engine.generation import LoadedEngine, generation_config
+from service.engine.loading import LoadedModel
 from service.engine.types import (
     Completion,
     Decoding,
-    EngineInfo,
     GenerationRequest,
     GenerationResult,
-    PromptEncoder,
 )
 from service.errors import EngineUnavailable, GenerationFailed, OutOfMemory, ServiceError
 
 log = logging.getLogger(__name__)
 
 
-class ContinuousBatchingEngine:
+class ContinuousBatchingEngine(LoadedEngine):
     """Implements ``ContinuousEngine`` with transformers' continuous batching manager."""
 
     def __init__(self, loaded: LoadedModel, settings: Settings, decoding: Decoding) -> None:
-        self._device = loaded.device
+        super().__init__(loaded)
         self._decoding = decoding
-        self._encoder = ChatPromptEncoder(loaded.tokenizer)
-        self._eos_ids = eos_ids(loaded.model)
-        self._detokenizer = Detokenizer(loaded.tokenizer, self._eos_ids)
-        pad = loaded.tokenizer.pad_token_id
         config = generation_config(
             # Dropped by the manager anyway (no continuous-batching version of the processor).
             dataclasses.replace(decoding, repetition_penalty=1.0),
             settings.max_new_tokens,
-            pad if pad is not None else min(self._eos_ids, default=0),
+            self._pad_id,
             tuple(sorted(self._eos_ids)),
         )
         cuda_graph = {"auto": None, "on": True, "off": False}[settings.cb_cuda_graph]
@@ -66,18 +59,6 @@ class ContinuousBatchingEngine:
         # CUDA graph capture and compilation happen here, before the service reports ready.
         self._manager.warmup()
         self._manager.start()
-        self._info = engine_info(loaded)
-
-    @property
-    def info(self) -> EngineInfo:
-        return self._info
-
-    @property
-    def encoder(self) -> PromptEncoder:
-        return self._encoder
-
-    def memory_bytes(self) -> dict[str, int]:
-        return memory_by_kind(self._device)
 
     def submit(self, request_id: str, request: GenerationRequest, on_done: Completion) -> None:
         """Add ``request`` to the running batch; ``on_done`` is called on this event loop."""

@@ -1,4 +1,5 @@
-"""What both engines share around ``generate``: its configuration and turning tokens into text."""
+"""What both engines share: the loaded model's identity and tokenizer side, the generation
+configuration, and turning tokens into text."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from functools import lru_cache
 
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from service.engine.types import Decoding, GenerationResult
+from service.engine.loading import LoadedModel, engine_info, memory_by_kind
+from service.engine.tokenization import ChatPromptEncoder
+from service.engine.types import Decoding, EngineInfo, GenerationResult, PromptEncoder
 
 
 def eos_ids(model: PreTrainedModel) -> frozenset[int]:
@@ -70,3 +73,27 @@ class Detokenizer:
                 prompt_lengths, kept, texts, stopped, strict=True
             )
         ]
+
+
+class LoadedEngine:
+    """Base of the engines: what a loaded model exposes whichever way it is driven."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self._device = loaded.device
+        self._encoder = ChatPromptEncoder(loaded.tokenizer)
+        self._eos_ids = eos_ids(loaded.model)
+        self._detokenizer = Detokenizer(loaded.tokenizer, self._eos_ids)
+        pad = loaded.tokenizer.pad_token_id
+        self._pad_id: int = pad if pad is not None else min(self._eos_ids, default=0)
+        self._info = engine_info(loaded)
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    @property
+    def encoder(self) -> PromptEncoder:
+        return self._encoder
+
+    def memory_bytes(self) -> dict[str, int]:
+        return memory_by_kind(self._device)

@@ -14,14 +14,11 @@ from collections.abc import Sequence
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from service.engine.generation import Detokenizer, eos_ids, generation_config
-from service.engine.loading import LoadedModel, engine_info, memory_by_kind
-from service.engine.tokenization import ChatPromptEncoder
+from service.engine.generation import LoadedEngine, generation_config
+from service.engine.loading import LoadedModel
 from service.engine.types import (
-    EngineInfo,
     GenerationRequest,
     GenerationResult,
-    PromptEncoder,
 )
 from service.errors import GenerationFailed, OutOfMemory
 
@@ -42,30 +39,13 @@ class _RowBudgets(StoppingCriteria):
         return self._budgets <= generated  # type: ignore[return-value]
 
 
-class StaticBatchEngine:
+class StaticBatchEngine(LoadedEngine):
     """Implements ``Engine`` with transformers' ``generate`` on padded batches."""
 
     def __init__(self, loaded: LoadedModel) -> None:
         self._loaded = loaded
+        super().__init__(loaded)
         self._model = loaded.model
-        self._device = loaded.device
-        self._encoder = ChatPromptEncoder(loaded.tokenizer)
-        self._eos_ids = eos_ids(self._model)
-        self._detokenizer = Detokenizer(loaded.tokenizer, self._eos_ids)
-        pad = loaded.tokenizer.pad_token_id
-        self._pad_id: int = pad if pad is not None else min(self._eos_ids)
-        self._info = engine_info(loaded)
-
-    @property
-    def info(self) -> EngineInfo:
-        return self._info
-
-    @property
-    def encoder(self) -> PromptEncoder:
-        return self._encoder
-
-    def memory_bytes(self) -> dict[str, int]:
-        return memory_by_kind(self._device)
 
     def close(self) -> None:
         return None
