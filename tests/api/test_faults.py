@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -19,17 +20,25 @@ async def test_full_queue_answers_429_with_retry_after(start_app: StartApp) -> N
     client = await start_app(
         loader=fake_loader(engine), warmup=False, max_batch_size=1, max_queue_size=2, max_wait_ms=0
     )
-    held = [
-        asyncio.ensure_future(
-            client.http.post("/translate", json={"text": f"t{i}", "target_lang": "de"})
+
+    def send(text: str) -> asyncio.Task[httpx.Response]:
+        return asyncio.ensure_future(
+            client.http.post("/translate", json={"text": text, "target_lang": "de"})
         )
-        for i in range(3)
-    ]
-    # One running (held by the gate), two queued.
-    for _ in range(500):
-        if client.runtime.queue_depth == 2 and engine.batches:
-            break
-        await asyncio.sleep(0.01)
+
+    async def until(condition: Callable[[], bool]) -> None:
+        for _ in range(500):
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("condition not reached")
+
+    # One running (held by the gate) first, then two queued: sent together, the three could all
+    # reach the queue before the worker takes one, and the third would rightly be refused.
+    held = [send("t0")]
+    await until(lambda: bool(engine.batches))
+    held += [send("t1"), send("t2")]
+    await until(lambda: client.runtime.queue_depth == 2)
     refused = await client.http.post("/translate", json={"text": "late", "target_lang": "de"})
     assert refused.status_code == 429
     assert refused.json()["error"]["code"] == "overloaded"
