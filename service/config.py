@@ -132,6 +132,13 @@ class Settings(BaseSettings):
         "continuous batching (requests join and leave the running batch at every step); "
         "auto = continuous on CUDA, static on CPU.",
     )
+    cb_attention: Literal["auto", "varlen", "sdpa"] = Field(
+        "auto",
+        description="Continuous batching: attention kernel. varlen = torch's built-in "
+        "FlashAttention-2 varlen kernel, each request attending to its own keys only (CUDA; a "
+        "per-request SDPA loop elsewhere); sdpa = transformers' default, one masked attention over "
+        "every request's keys; auto = varlen on CUDA, sdpa elsewhere.",
+    )
     cb_cuda_graph: Literal["auto", "on", "off"] = Field(
         "auto", description="Continuous batching: CUDA graphs for the decode and prefill steps."
     )

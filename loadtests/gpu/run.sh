@@ -2,9 +2,10 @@
 # Benchmarks on a GPU machine without internet (the H200 of docs/benchmarks.md).
 # Usage, from the repository root, with the web stack on PYTHONPATH (see docs/benchmarks.md):
 #   OUT=results bash loadtests/gpu/run.sh VARIANT...
-# Variants: cb (continuous batching, default knobs, plus the naive baseline), cb-graph (CUDA
-# graphs), cb-compile (compile level 1 + graphs), static (micro-batches of 128), nf4 (continuous
-# batching on NF4 weights, plus weights memory). Each writes VARIANT.json and VARIANT.log.
+# Variants: cb (continuous batching, default knobs: varlen attention on CUDA, plus the naive
+# baseline), cb-sdpa (transformers' masked SDPA attention instead), cb-graph (CUDA graphs),
+# cb-compile (compile level 1 + graphs), static (micro-batches of 128), nf4 (continuous batching
+# on NF4 weights, plus weights memory). Each writes VARIANT.json and VARIANT.log.
 set -uo pipefail
 out=${OUT:?set OUT}; work=${WORK:-/tmp/hymt-bench}; mkdir -p "$work" "$out"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -15,6 +16,7 @@ for variant in "$@"; do
   echo "=== $variant $(date +%T)"
   case $variant in
     cb)         args=(--env HYMT_ENGINE=continuous --baseline-requests "${BASELINE:-12}") ;;
+    cb-sdpa)    args=(--env HYMT_ENGINE=continuous --env HYMT_CB_ATTENTION=sdpa --baseline-requests 0) ;;
     cb-graph)   args=(--env HYMT_ENGINE=continuous --env HYMT_CB_CUDA_GRAPH=on --baseline-requests 0) ;;
     cb-compile) args=(--env HYMT_ENGINE=continuous --env HYMT_CB_CUDA_GRAPH=on --env HYMT_CB_COMPILE_LEVEL=1 --baseline-requests 0) ;;
     cb-r512)    args=(--env HYMT_ENGINE=continuous --env HYMT_CB_CUDA_GRAPH=on --env HYMT_CB_MAX_REQUESTS_PER_BATCH=512 --baseline-requests 0) ;;

@@ -32,6 +32,7 @@ async def health(runtime: RuntimeDep) -> HealthOut | JSONResponse:
         model=info.model if info else None,
         device=info.device if info else None,
         quantization=info.quantization if info else None,
+        attention=info.attention if info else None,
         queue_depth=runtime.queue_depth,
     )
 

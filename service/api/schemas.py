@@ -98,4 +98,5 @@ class HealthOut(BaseModel):
     model: str | None = None
     device: str | None = None
     quantization: str | None = None
+    attention: str | None = None
     queue_depth: int = 0

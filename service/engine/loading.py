@@ -202,6 +202,7 @@ def engine_info(loaded: LoadedModel) -> EngineInfo:
         device=str(loaded.device),
         load_seconds=loaded.load_seconds,
         weights_bytes=int(loaded.model.get_memory_footprint()),
+        attention=str(loaded.model.config._attn_implementation),
     )
 
 

@@ -70,6 +70,7 @@ class EngineInfo:
     device: str
     load_seconds: float
     weights_bytes: int
+    attention: str = "sdpa"
 
     @property
     def fingerprint(self) -> str:

@@ -1,0 +1,132 @@
+"""Packed variable-length attention for continuous batching, on the kernel torch ships.
+
+transformers' continuous batching packs every request of a step into one sequence. With SDPA it
+then builds a block-diagonal mask over *all* keys of the step and attends every query to every
+key of every request: work and memory grow with (tokens in the step) x (KV tokens of all running
+requests), which is what caps it near 1,100-1,500 tokens/s on an H200. With a flash
+implementation it instead calls a varlen kernel that sees each request's own keys only
+(``cu_seq_lens``), the path transformers' own benchmarks put 3x ahead. That path normally needs the
+``flash-attn`` package (a CUDA build per torch version, absent on machines without internet), but
+torch itself contains the FlashAttention-2 varlen kernel (``aten._flash_attention_forward``, GQA
+native, causal masks aligned bottom-right as a decode step needs). This module plugs that kernel
+into transformers' attention interface. Off CUDA it computes the same thing one request at a time
+with SDPA, so the path is testable on a CPU and doubles as the reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface
+
+# The name must contain "flash": that is how transformers' continuous batching decides to pack
+# requests without a dense mask and to pass ``cu_seq_lens_*`` (``is_flash_attention_requested``).
+VARLEN_ATTENTION = "flash_varlen_torch"
+
+
+def use_varlen_attention(model: PreTrainedModel) -> None:
+    """Make ``model`` compute attention with :func:`varlen_attention_forward`.
+
+    The function is registered in transformers' attention and mask registries (process-wide
+    tables by transformers' design; registering twice is harmless). ``set_attn_implementation``
+    is not used: for any name containing "flash" it insists on importing the ``flash-attn``
+    package, which this implementation exists to do without.
+    """
+    AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
+    # Packed sequences carry no padding mask: the flash mask builder returns none.
+    AttentionMaskInterface.register(
+        VARLEN_ATTENTION,
+        AttentionMaskInterface._global_mapping["flash_attention_2"],  # type: ignore[arg-type]
+    )
+    model.config._attn_implementation_internal = VARLEN_ATTENTION
+
+
+def varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    scaling: float | None = None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    cu_seq_lens_k: torch.Tensor | None = None,
+    max_length_q: int | None = None,
+    max_length_k: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Causal attention of packed sequences; the signature of transformers' attention interface.
+
+    ``query`` is ``[1, heads, tokens, head_dim]``, ``key``/``value`` ``[1, kv_heads, kv_tokens,
+    head_dim]`` (the cache has already been updated by the model). Returns ``[1, tokens, heads,
+    head_dim]`` as every transformers attention function does.
+    """
+    if cu_seq_lens_q is None or cu_seq_lens_k is None:
+        raise ValueError(f"{VARLEN_ATTENTION} serves packed (continuous batching) inputs only")
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [tokens, heads, dim]
+    if q.is_cuda:
+        out = _flash_varlen(
+            q, k, v, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, scaling
+        )
+    else:
+        out = _reference_varlen(q, k, v, cu_seq_lens_q, cu_seq_lens_k, scaling)
+    return out.unsqueeze(0), None
+
+
+def _flash_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int | None,
+    max_k: int | None,
+    scale: float | None,
+) -> torch.Tensor:
+    # The aten op rather than torch.nn.attention.varlen.varlen_attn: the public wrapper prefers
+    # cuDNN on some GPUs, and its cuDNN path refuses grouped-query attention (32 heads, 8 KV).
+    output = torch.ops.aten._flash_attention_forward(
+        q,
+        k,
+        v,
+        cu_q.to(torch.int32),
+        cu_k.to(torch.int32),
+        max_q if max_q is not None else int((cu_q[1:] - cu_q[:-1]).max()),
+        max_k if max_k is not None else int((cu_k[1:] - cu_k[:-1]).max()),
+        0.0,  # dropout
+        True,  # causal, aligned to the end of each key sequence
+        False,  # return_debug_mask
+        scale=scale,
+    )[0]
+    return output  # type: ignore[no-any-return]
+
+
+def _reference_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    scale: float | None,
+) -> torch.Tensor:
+    starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
+    outputs = []
+    for i in range(len(starts_q) - 1):
+        qi = q[starts_q[i] : starts_q[i + 1]].transpose(0, 1)
+        ki = k[starts_k[i] : starts_k[i + 1]].transpose(0, 1)
+        vi = v[starts_k[i] : starts_k[i + 1]].transpose(0, 1)
+        new, total = qi.shape[1], ki.shape[1]
+        # The queries are the last ``new`` positions of the sequence: causal from there.
+        mask = torch.ones(new, total, dtype=torch.bool, device=q.device).tril(total - new)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True
+        )
+        outputs.append(out.transpose(0, 1))
+    # Rows past the last sequence are padding (transformers pads steps to fixed sizes for CUDA
+    # graphs); their output is never read.
+    padding = q.shape[0] - starts_q[-1]
+    if padding:
+        outputs.append(q.new_zeros(padding, *q.shape[1:]))
+    return torch.cat(outputs)

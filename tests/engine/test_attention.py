@@ -1,0 +1,77 @@
+"""The packed varlen attention against plain causal attention of each request alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from service.engine.attention import varlen_attention_forward
+
+
+def _alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of one request whose queries are its last ``len(q)`` positions."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    k, v = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (k, v))
+    scores = torch.einsum("qhd,khd->hqk", q, k) / q.shape[-1] ** 0.5
+    offset = k.shape[0] - q.shape[0]
+    allowed = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool).tril(offset)
+    weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+    return torch.einsum("hqk,khd->qhd", weights, v)
+
+
+def test_each_request_attends_to_its_own_keys_only() -> None:
+    torch.manual_seed(0)
+    heads, kv_heads, dim = 4, 2, 8
+    # A prefill of 5 tokens, a decode step after 9 cached tokens, a chunk of 3 after 4.
+    new, total = [5, 1, 3], [5, 10, 7]
+    padding = 2  # rows transformers adds to reach a captured graph size
+    q = torch.randn(sum(new) + padding, heads, dim)
+    k = torch.randn(sum(total), kv_heads, dim)
+    v = torch.randn(sum(total), kv_heads, dim)
+    cu_q = torch.tensor([0, 5, 6, 9])
+    cu_k = torch.tensor([0, 5, 15, 22])
+
+    out, weights = varlen_attention_forward(
+        torch.nn.Module(),
+        q.transpose(0, 1).unsqueeze(0),
+        k.transpose(0, 1).unsqueeze(0),
+        v.transpose(0, 1).unsqueeze(0),
+        None,
+        cu_seq_lens_q=cu_q,
+        cu_seq_lens_k=cu_k,
+        max_length_q=5,
+        max_length_k=10,
+    )
+
+    assert weights is None
+    assert out.shape == (1, sum(new) + padding, heads, dim)
+    for i in range(3):
+        keys = slice(int(cu_k[i]), int(cu_k[i + 1]))
+        expected = _alone(q[cu_q[i] : cu_q[i + 1]], k[keys], v[keys])
+        torch.testing.assert_close(out[0, cu_q[i] : cu_q[i + 1]], expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the flash kernel needs CUDA")
+def test_flash_kernel_matches_the_reference() -> None:
+    torch.manual_seed(0)
+    heads, kv_heads, dim = 32, 8, 128
+    cu_q = torch.tensor([0, 40, 41, 42, 50], device="cuda")
+    cu_k = torch.tensor([0, 40, 140, 303, 380], device="cuda")
+    q = torch.randn(50, heads, dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(380, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(380, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
+    args = [x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)]
+    flash, _ = varlen_attention_forward(
+        torch.nn.Module(),
+        *args,
+        None,
+        cu_seq_lens_q=cu_q,
+        cu_seq_lens_k=cu_k,
+        max_length_q=40,
+        max_length_k=163,
+    )
+    cpu = [x.float().cpu() for x in args]
+    reference, _ = varlen_attention_forward(
+        torch.nn.Module(), *cpu, None, cu_seq_lens_q=cu_q.cpu(), cu_seq_lens_k=cu_k.cpu()
+    )
+    torch.testing.assert_close(flash.float().cpu(), reference, atol=2e-2, rtol=2e-2)
