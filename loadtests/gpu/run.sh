@@ -5,7 +5,8 @@
 # Variants: cb (continuous batching, default knobs: varlen attention on CUDA, plus the naive
 # baseline), cb-sdpa (transformers' masked SDPA attention instead), cb-graph (CUDA graphs),
 # cb-compile (compile level 1 + graphs), static (micro-batches of 128), nf4 (continuous batching
-# on NF4 weights, plus weights memory). Each writes VARIANT.json and VARIANT.log.
+# on NF4 weights, plus weights memory), nf4-head (the same with lm_head quantized too), cb-kvN
+# (key/value padding of N tokens for CUDA graphs, e.g. cb-kv1024). Each writes VARIANT.json and VARIANT.log.
 set -uo pipefail
 out=${OUT:?set OUT}; work=${WORK:-/tmp/hymt-bench}; mkdir -p "$work" "$out"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -17,6 +18,8 @@ for variant in "$@"; do
   case $variant in
     cb)         args=(--env HYMT_ENGINE=continuous --baseline-requests "${BASELINE:-12}") ;;
     cb-sdpa)    args=(--env HYMT_ENGINE=continuous --env HYMT_CB_ATTENTION=sdpa --baseline-requests 0) ;;
+    cb-kv*)     args=(--env HYMT_ENGINE=continuous --env HYMT_CB_KV_PADDING="${variant#cb-kv}" --baseline-requests 0) ;;
+    nf4-head)   args=(--env HYMT_ENGINE=continuous --env HYMT_QUANTIZATION=nf4 --env HYMT_QUANTIZE_LM_HEAD=true --baseline-requests 0) ;;
     cb-graph)   args=(--env HYMT_ENGINE=continuous --env HYMT_CB_CUDA_GRAPH=on --baseline-requests 0) ;;
     cb-compile) args=(--env HYMT_ENGINE=continuous --env HYMT_CB_CUDA_GRAPH=on --env HYMT_CB_COMPILE_LEVEL=1 --baseline-requests 0) ;;
     cb-r512)    args=(--env HYMT_ENGINE=continuous --env HYMT_CB_CUDA_GRAPH=on --env HYMT_CB_MAX_REQUESTS_PER_BATCH=512 --baseline-requests 0) ;;

@@ -52,6 +52,7 @@ class ContinuousBatchingEngine(LoadedEngine):
         cuda_graph = {"auto": None, "on": True, "off": False}[settings.cb_cuda_graph]
         batching_config = ContinuousBatchingConfig(
             max_batch_tokens=settings.cb_max_batch_tokens,
+            kv_padding_interval_size=settings.cb_kv_padding or 0,
             max_requests_per_batch=settings.cb_max_requests_per_batch,
             use_cuda_graph=cuda_graph,
             default_compile_level=settings.cb_compile_level,

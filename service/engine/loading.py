@@ -60,17 +60,29 @@ def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def quantization_config(kind: str, dtype: torch.dtype) -> BitsAndBytesConfig | None:
+def quantization_config(
+    kind: str, dtype: torch.dtype, quantize_lm_head: bool = False
+) -> BitsAndBytesConfig | None:
+    # None = transformers' default skips (the output layer and tied weights); [] = skip nothing.
+    skip: list[str] | None = [] if quantize_lm_head else None
     if kind == "nf4":
         return BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",
             bnb_4bit_compute_dtype=dtype,
             bnb_4bit_use_double_quant=True,
+            llm_int8_skip_modules=skip,
         )
     if kind == "int8":
-        return BitsAndBytesConfig(load_in_8bit=True)
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
     return None
+
+
+def quantization_label(settings: Settings) -> str:
+    """The quantization as reported and as part of the cache fingerprint."""
+    if settings.quantization != "none" and settings.quantize_lm_head:
+        return f"{settings.quantization}+lm_head"
+    return settings.quantization
 
 
 def load_model(settings: Settings) -> LoadedModel:
@@ -78,7 +90,7 @@ def load_model(settings: Settings) -> LoadedModel:
     started = time.perf_counter()
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
-    quantization = quantization_config(settings.quantization, dtype)
+    quantization = quantization_config(settings.quantization, dtype, settings.quantize_lm_head)
     revision = settings.model_revision
     if settings.load_format == "dummy" or settings.model_id is None:
         tokenizer_source: str | Path = ensure_demo_model(settings.data_dir)
@@ -95,7 +107,7 @@ def load_model(settings: Settings) -> LoadedModel:
     if settings.load_format == "dummy":
         config, name = dummy_config(settings.model_id, _special_ids(tokenizer))
         revision = None
-        _log_loading(name, device, dtype, settings.quantization)
+        _log_loading(name, device, dtype, quantization_label(settings))
         if quantization is None:
             model = random_model(config, dtype, device)
         else:
@@ -107,10 +119,12 @@ def load_model(settings: Settings) -> LoadedModel:
             source, name, revision = tokenizer_source, f"hunyuan-mt-{DEMO_VERSION}", None
         else:
             source, name = settings.model_id, settings.model_id
-        _log_loading(name, device, dtype, settings.quantization)
+        _log_loading(name, device, dtype, quantization_label(settings))
         model = _from_pretrained(source, revision, dtype, quantization, device)
     model.eval()
     freeze_alpha_rope(model)
+    if device.type == "cpu" and quantization_label(settings) == "nf4+lm_head":
+        _check_cpu_nf4_output_layer(model)
     seconds = time.perf_counter() - started
     log.info(
         "model loaded",
@@ -127,7 +141,7 @@ def load_model(settings: Settings) -> LoadedModel:
         revision=revision,
         device=device,
         dtype=dtype,
-        quantization=settings.quantization,
+        quantization=quantization_label(settings),
         load_seconds=seconds,
     )
 
@@ -167,6 +181,17 @@ def _from_pretrained(
         device_map={"": str(device)},
     )
     return model
+
+
+def _check_cpu_nf4_output_layer(model: PreTrainedModel) -> None:
+    # bitsandbytes' CPU 4-bit kernel repacks weights in blocks of 32 output rows and fails at the
+    # first forward otherwise; say so at load instead of at the first translation.
+    rows = model.get_output_embeddings().weight.quant_state.shape[0]
+    if rows % 32:
+        raise RuntimeError(
+            f"quantize_lm_head with nf4 on CPU: bitsandbytes' CPU kernel needs the output layer's "
+            f"size divisible by 32 and this model's is {rows}; use int8 or keep lm_head unquantized"
+        )
 
 
 def _special_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:

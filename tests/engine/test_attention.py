@@ -60,18 +60,26 @@ def test_flash_kernel_matches_the_reference() -> None:
     q = torch.randn(50, heads, dim, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(380, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(380, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
-    args = [x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)]
+    packed = [x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)]
     flash, _ = varlen_attention_forward(
         torch.nn.Module(),
-        *args,
+        packed[0],
+        packed[1],
+        packed[2],
         None,
         cu_seq_lens_q=cu_q,
         cu_seq_lens_k=cu_k,
         max_length_q=40,
         max_length_k=163,
     )
-    cpu = [x.float().cpu() for x in args]
+    cpu = [x.float().cpu() for x in packed]
     reference, _ = varlen_attention_forward(
-        torch.nn.Module(), *cpu, None, cu_seq_lens_q=cu_q.cpu(), cu_seq_lens_k=cu_k.cpu()
+        torch.nn.Module(),
+        cpu[0],
+        cpu[1],
+        cpu[2],
+        None,
+        cu_seq_lens_q=cu_q.cpu(),
+        cu_seq_lens_k=cu_k.cpu(),
     )
     torch.testing.assert_close(flash.float().cpu(), reference, atol=2e-2, rtol=2e-2)

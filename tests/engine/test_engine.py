@@ -133,6 +133,27 @@ def test_quantized_demo_model_loads_and_translates(
     (result,) = engine.generate([request])
     assert result.completion_tokens > 0
     assert isinstance(result.text, str)
+    assert type(loaded.model.lm_head).__name__ == "Linear"  # bitsandbytes' default skip
+
+
+def test_the_output_layer_can_be_quantized_too(make_settings: MakeSettings) -> None:
+    default = load_model(make_settings(quantization="int8"))
+    loaded = load_model(make_settings(quantization="int8", quantize_lm_head=True))
+    assert type(loaded.model.lm_head).__name__ == "Linear8bitLt"
+    footprint = loaded.model.get_memory_footprint()  # type: ignore[no-untyped-call]
+    assert footprint < default.model.get_memory_footprint()  # type: ignore[no-untyped-call]
+    engine = StaticBatchEngine(loaded)
+    assert engine.info.quantization == "int8+lm_head"
+    request = GenerationRequest(engine.encoder.encode_chat("Quantized hello"), 6, GREEDY)
+    (result,) = engine.generate([request])
+    assert result.completion_tokens > 0
+
+
+def test_nf4_output_layer_the_cpu_kernel_cannot_run_is_refused(make_settings: MakeSettings) -> None:
+    # bitsandbytes' CPU 4-bit kernel needs output sizes divisible by 32; the demo vocabulary
+    # (like Hunyuan-MT's 128,167) is not. Refuse at load, not at the first translation.
+    with pytest.raises(RuntimeError, match="divisible by 32"):
+        load_model(make_settings(quantization="nf4", quantize_lm_head=True))
 
 
 TINY_CONFIG = {
