@@ -20,6 +20,7 @@ for variant in "$@"; do
     cb-sdpa)    args=(--env HYMT_ENGINE=continuous --env HYMT_CB_ATTENTION=sdpa --baseline-requests 0) ;;
     cb-kv*)     args=(--env HYMT_ENGINE=continuous --env HYMT_CB_KV_PADDING="${variant#cb-kv}" --baseline-requests 0) ;;
     nf4-head)   args=(--env HYMT_ENGINE=continuous --env HYMT_QUANTIZATION=nf4 --env HYMT_QUANTIZE_LM_HEAD=true --baseline-requests 0) ;;
+    nf4-head-sdpa) args=(--env HYMT_ENGINE=continuous --env HYMT_QUANTIZATION=nf4 --env HYMT_QUANTIZE_LM_HEAD=true --env HYMT_CB_ATTENTION=sdpa --env HYMT_CB_CUDA_GRAPH=off --baseline-requests 0) ;;
     cb-graph)   args=(--env HYMT_ENGINE=continuous --env HYMT_CB_CUDA_GRAPH=on --baseline-requests 0) ;;
     cb-compile) args=(--env HYMT_ENGINE=continuous --env HYMT_CB_CUDA_GRAPH=on --env HYMT_CB_COMPILE_LEVEL=1 --baseline-requests 0) ;;
     cb-r512)    args=(--env HYMT_ENGINE=continuous --env HYMT_CB_CUDA_GRAPH=on --env HYMT_CB_MAX_REQUESTS_PER_BATCH=512 --baseline-requests 0) ;;
