@@ -1,6 +1,6 @@
 """Loading the model and tokenizer once, as the settings say.
 
-Resolves device and dtype, builds the bitsandbytes configuration for ``nf4``/``int8``, loads the
+Resolves device and dtype, takes the bitsandbytes configuration from ``quantization``, loads the
 tokenizer (fast only) and the weights, and reports each stage with the time and memory it took.
 Runs on the engine's worker thread, never on the event loop.
 """
@@ -24,6 +24,11 @@ from transformers import (
 from service.config import Settings
 from service.engine.demo import DEMO_VERSION, ensure_demo_model
 from service.engine.dummy import dummy_config, materialized_checkpoint, random_model
+from service.engine.quantization import (
+    quantization_config,
+    quantization_label,
+    quantize_output_layer,
+)
 from service.engine.types import EngineInfo
 
 log = logging.getLogger(__name__)
@@ -60,37 +65,12 @@ def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def quantization_config(
-    kind: str, dtype: torch.dtype, quantize_lm_head: bool = False
-) -> BitsAndBytesConfig | None:
-    # None = transformers' default skips (the output layer and tied weights); [] = skip nothing.
-    skip: list[str] | None = [] if quantize_lm_head else None
-    if kind == "nf4":
-        return BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_compute_dtype=dtype,
-            bnb_4bit_use_double_quant=True,
-            llm_int8_skip_modules=skip,
-        )
-    if kind == "int8":
-        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
-    return None
-
-
-def quantization_label(settings: Settings) -> str:
-    """The quantization as reported and as part of the cache fingerprint."""
-    if settings.quantization != "none" and settings.quantize_lm_head:
-        return f"{settings.quantization}+lm_head"
-    return settings.quantization
-
-
 def load_model(settings: Settings) -> LoadedModel:
     """Load tokenizer and model for ``settings``; builds the demo model first if none is set."""
     started = time.perf_counter()
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
-    quantization = quantization_config(settings.quantization, dtype, settings.quantize_lm_head)
+    quantization = quantization_config(settings.quantization, dtype)
     revision = settings.model_revision
     if settings.load_format == "dummy" or settings.model_id is None:
         tokenizer_source: str | Path = ensure_demo_model(settings.data_dir)
@@ -123,8 +103,8 @@ def load_model(settings: Settings) -> LoadedModel:
         model = _from_pretrained(source, revision, dtype, quantization, device)
     model.eval()
     freeze_alpha_rope(model)
-    if device.type == "cpu" and quantization_label(settings) == "nf4+lm_head":
-        _check_cpu_nf4_output_layer(model)
+    if settings.quantization != "none" and settings.quantize_lm_head:
+        quantize_output_layer(model, settings.quantization, dtype)
     seconds = time.perf_counter() - started
     log.info(
         "model loaded",
@@ -181,17 +161,6 @@ def _from_pretrained(
         device_map={"": str(device)},
     )
     return model
-
-
-def _check_cpu_nf4_output_layer(model: PreTrainedModel) -> None:
-    # bitsandbytes' CPU 4-bit kernel repacks weights in blocks of 32 output rows and fails at the
-    # first forward otherwise; say so at load instead of at the first translation.
-    rows = model.get_output_embeddings().weight.quant_state.shape[0]
-    if rows % 32:
-        raise RuntimeError(
-            f"quantize_lm_head with nf4 on CPU: bitsandbytes' CPU kernel needs the output layer's "
-            f"size divisible by 32 and this model's is {rows}; use int8 or keep lm_head unquantized"
-        )
 
 
 def _special_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
