@@ -23,8 +23,9 @@ from loadtests.loadgen import emit
 from loadtests.texts import make_jobs
 from service.config import Settings
 from service.engine.generation import eos_ids, generation_config
-from service.engine.loading import load_model
+from service.engine.loading import LoadedModel, load_model
 from service.engine.tokenization import ChatPromptEncoder
+from service.engine.types import GenerationRequest
 from service.translation.translator import PromptBuilder
 
 
@@ -38,17 +39,24 @@ class BaselineReport:
     load_s: float
 
 
+def service_requests(
+    settings: Settings, loaded: LoadedModel, count: int, seed: int
+) -> list[GenerationRequest]:
+    """The engine requests the service builds for the load generator's first ``count`` texts."""
+    prompts = PromptBuilder(settings, ChatPromptEncoder(loaded.tokenizer), "baseline")
+    prepared = []
+    for job in make_jobs(count, seed=seed):
+        target, source = prompts.languages_of(job.target_lang, None)
+        prepared.append(prompts.prepare(job.texts[0], target, source, field="text").request)
+    return prepared
+
+
 def run(settings: Settings, requests: int, seed: int) -> BaselineReport:
     loaded = load_model(settings)
     model, tokenizer = loaded.model, loaded.tokenizer
-    prompts = PromptBuilder(settings, ChatPromptEncoder(tokenizer), "baseline")
     eos = eos_ids(model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
-    jobs = make_jobs(requests + 1, seed=seed)
-    prepared = []
-    for job in jobs:
-        target, source = prompts.languages_of(job.target_lang, None)
-        prepared.append(prompts.prepare(job.texts[0], target, source, field="text").request)
+    prepared = service_requests(settings, loaded, requests + 1, seed)
 
     def generate_one(index: int) -> int:
         request = prepared[index]

@@ -6,7 +6,8 @@
 # baseline), cb-sdpa (transformers' masked SDPA attention instead), cb-graph (CUDA graphs),
 # cb-compile (compile level 1 + graphs), static (micro-batches of 128), nf4 (continuous batching
 # on NF4 weights, plus weights memory), nf4-head (the same with lm_head quantized too), cb-kvN
-# (key/value padding of N tokens for CUDA graphs, e.g. cb-kv1024). Each writes VARIANT.json and VARIANT.log.
+# (key/value padding of N tokens for CUDA graphs, e.g. cb-kv1024), profile (loadtests.profile:
+# the engine alone, lone and loaded, with a torch.profiler trace of one lone request). Each writes VARIANT.json and VARIANT.log.
 set -uo pipefail
 out=${OUT:?set OUT}; work=${WORK:-/tmp/hymt-bench}; mkdir -p "$work" "$out"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -15,6 +16,13 @@ common=(--env HYMT_LOAD_FORMAT=dummy --env HYMT_CACHE_SIZE=0 --env HYMT_DATA_DIR
 requests=${REQUESTS:-1024}
 for variant in "$@"; do
   echo "=== $variant $(date +%T)"
+  if [ "$variant" = profile ]; then  # the engine without HTTP, and a torch.profiler trace
+    HYMT_LOAD_FORMAT=dummy HYMT_DATA_DIR="$work/data" timeout "${VARIANT_TIMEOUT:-280}" \
+      python3 -m loadtests.profile --requests "$requests" --report "$work/profile.json" \
+      > "$work/profile.out" 2>&1
+    echo "exit $?"; cat "$work/profile.json" 2>/dev/null || tail -c 3000 "$work/profile.out"
+    cp "$work/profile.json" "$out/" 2>/dev/null; continue
+  fi
   case $variant in
     cb)         args=(--env HYMT_ENGINE=continuous --baseline-requests "${BASELINE:-12}") ;;
     cb-sdpa)    args=(--env HYMT_ENGINE=continuous --env HYMT_CB_ATTENTION=sdpa --baseline-requests 0) ;;
@@ -35,4 +43,3 @@ for variant in "$@"; do
   grep -vE '"service.access"' "$work/$variant.log" 2>/dev/null | tail -n 15 | cut -c1-400
   cp "$work/$variant.json" "$out/" 2>/dev/null  # written after every step: partial results survive
 done
-tar czf "$out/bench.tgz" -C "$work" --exclude=data .

@@ -1,0 +1,140 @@
+"""Where the time goes: the continuous-batching engine measured without HTTP, and profiled.
+
+Loads the model as the service does (``HYMT_*`` settings), builds the service's own engine and the
+exact requests the load generator's texts become, and measures, in one process:
+
+- ``lone``: requests one at a time on the idle engine: wall time per output token, and with
+  ``torch.profiler`` around one of them, the time the GPU was busy (sum of kernel times) per
+  token. Wall minus GPU is host-side time in which the GPU waited.
+- ``throughput``: all requests submitted at once: output tokens/s of the engine alone. Set beside
+  the HTTP figure of ``loadtests.bench`` for the same requests, the difference is what HTTP, JSON,
+  the translator and the scheduler cost.
+- the profile's top kernels by GPU time, for the report.
+
+    HYMT_LOAD_FORMAT=dummy python -m loadtests.profile --requests 1024 --report profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch._C._autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from loadtests.baseline import service_requests
+from loadtests.loadgen import emit
+from service.config import Settings
+from service.engine.continuous import ContinuousBatchingEngine
+from service.engine.loading import load_model
+from service.engine.types import Decoding, GenerationRequest, GenerationResult
+from service.errors import ServiceError
+
+
+@dataclass
+class ProfileReport:
+    attention: str
+    lone_requests: int
+    lone_output_tokens: int
+    lone_wall_ms_per_token: float
+    profiled_output_tokens: int
+    profiled_wall_ms_per_token: float
+    profiled_gpu_busy_ms_per_token: float
+    throughput_requests: int
+    throughput_output_tokens: int
+    throughput_duration_s: float
+    throughput_output_tokens_per_s: float
+    top_kernels_ms: dict[str, float] = field(default_factory=dict)
+
+
+def _resolver(
+    future: asyncio.Future[GenerationResult | ServiceError],
+) -> Callable[[GenerationResult | ServiceError, float, float], None]:
+    def resolve(result: GenerationResult | ServiceError, _queued: float, _ran: float) -> None:
+        future.set_result(result)
+
+    return resolve
+
+
+async def _generate(
+    engine: ContinuousBatchingEngine, requests: list[GenerationRequest], prefix: str
+) -> int:
+    """Submit ``requests`` at once; the output tokens of all of them."""
+    loop = asyncio.get_running_loop()
+    futures: list[asyncio.Future[GenerationResult | ServiceError]] = []
+    for index, request in enumerate(requests):
+        future: asyncio.Future[GenerationResult | ServiceError] = loop.create_future()
+        futures.append(future)
+        engine.submit(f"{prefix}-{index}", request, _resolver(future))
+    tokens = 0
+    for result in await asyncio.gather(*futures):
+        if isinstance(result, ServiceError):
+            raise result
+        tokens += result.completion_tokens
+    return tokens
+
+
+async def run(settings: Settings, requests: int, lone: int, seed: int) -> ProfileReport:
+    loaded = load_model(settings)
+    engine = ContinuousBatchingEngine(loaded, settings, Decoding.from_settings(settings))
+    cuda = loaded.device.type == "cuda"
+    prepared = service_requests(settings, loaded, requests + lone + 2, seed)
+    try:
+        await _generate(engine, prepared[:1], "warm")
+
+        started, tokens = time.perf_counter(), 0
+        for index in range(lone):
+            tokens += await _generate(engine, [prepared[1 + index]], f"lone{index}")
+        lone_wall = time.perf_counter() - started
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities) as trace:
+            started = time.perf_counter()
+            profiled_tokens = await _generate(engine, [prepared[1 + lone]], "profiled")
+            profiled_wall = time.perf_counter() - started
+        # Kernels only: a CPU operator's device time repeats the time of the kernels it launched.
+        kernels = [event for event in trace.key_averages() if event.device_type == DeviceType.CUDA]
+        busy_us = sum(event.self_device_time_total for event in kernels)
+        kernels.sort(key=lambda event: event.self_device_time_total, reverse=True)
+        top = {e.key[:80]: round(e.self_device_time_total / 1000, 2) for e in kernels[:12]}
+
+        batch = prepared[2 + lone :]
+        started = time.perf_counter()
+        batch_tokens = await _generate(engine, batch, "load")
+        batch_wall = time.perf_counter() - started
+    finally:
+        engine.close()
+    return ProfileReport(
+        attention=engine.info.attention,
+        lone_requests=lone,
+        lone_output_tokens=tokens,
+        lone_wall_ms_per_token=round(1000 * lone_wall / max(tokens, 1), 2),
+        profiled_output_tokens=profiled_tokens,
+        profiled_wall_ms_per_token=round(1000 * profiled_wall / max(profiled_tokens, 1), 2),
+        profiled_gpu_busy_ms_per_token=round(busy_us / 1000 / max(profiled_tokens, 1), 2),
+        throughput_requests=len(batch),
+        throughput_output_tokens=batch_tokens,
+        throughput_duration_s=round(batch_wall, 3),
+        throughput_output_tokens_per_s=round(batch_tokens / batch_wall, 1),
+        top_kernels_ms=top,
+    )
+
+
+def main(argv: list[str] | None = None) -> ProfileReport:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.profile", description=__doc__)
+    parser.add_argument("--requests", type=int, default=1024)
+    parser.add_argument("--lone", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--report", type=Path)
+    args = parser.parse_args(argv)
+    report = asyncio.run(run(Settings(), args.requests, args.lone, args.seed))
+    emit(report, args.report)
+    return report
+
+
+if __name__ == "__main__":
+    main()
