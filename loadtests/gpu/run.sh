@@ -43,3 +43,4 @@ for variant in "$@"; do
   grep -vE '"service.access"' "$work/$variant.log" 2>/dev/null | tail -n 15 | cut -c1-400
   cp "$work/$variant.json" "$out/" 2>/dev/null  # written after every step: partial results survive
 done
+tar czf "$out/bench.tgz" -C "$work" --exclude=data .
