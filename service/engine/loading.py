@@ -24,11 +24,8 @@ from transformers import (
 from service.config import Settings
 from service.engine.demo import DEMO_VERSION, ensure_demo_model
 from service.engine.dummy import dummy_config, materialized_checkpoint, random_model
-from service.engine.quantization import (
-    quantization_config,
-    quantization_label,
-    quantize_output_layer,
-)
+from service.engine.output_layer import prepare_output_layer
+from service.engine.quantization import quantization_config, quantization_label
 from service.engine.types import EngineInfo
 
 log = logging.getLogger(__name__)
@@ -103,8 +100,9 @@ def load_model(settings: Settings) -> LoadedModel:
         model = _from_pretrained(source, revision, dtype, quantization, device)
     model.eval()
     freeze_alpha_rope(model)
-    if settings.quantization != "none" and settings.quantize_lm_head:
-        quantize_output_layer(model, settings.quantization, dtype)
+    # The output layer stays in the model's dtype unless quantize_lm_head asks otherwise.
+    head = settings.quantization if settings.quantize_lm_head else "none"
+    prepare_output_layer(model, head, dtype)
     seconds = time.perf_counter() - started
     log.info(
         "model loaded",

@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from service.config import Settings
 from service.engine.demo import SPECIAL_TOKENS, ensure_demo_model
 from service.engine.loading import load_model
+from service.engine.output_layer import PaddedOutputLayer
 from service.engine.static import StaticBatchEngine
 from service.engine.tokenization import ChatPromptEncoder
 from service.engine.types import Decoding, GenerationRequest
@@ -134,7 +135,8 @@ def test_quantized_demo_model_loads_and_translates(
     (result,) = engine.generate([request])
     assert result.completion_tokens > 0
     assert isinstance(result.text, str)
-    assert type(loaded.model.lm_head).__name__ == "Linear"  # bitsandbytes' default skip
+    # bitsandbytes' default skip: the output layer stays in the model's dtype (padded rows).
+    assert type(loaded.model.lm_head.inner).__name__ == "Linear"
 
 
 @pytest.mark.parametrize("quantization", ["nf4", "int8"])
@@ -223,3 +225,21 @@ def test_alpha_rope_is_frozen_without_changing_output(data_dir: Path) -> None:
     )
     assert torch.equal(frozen, dynamic)
     assert freeze_alpha_rope(loaded.model) == len(rotary)
+
+
+def test_output_layer_is_padded_to_aligned_rows_with_the_same_logits(
+    make_settings: MakeSettings,
+) -> None:
+    settings = make_settings()
+    loaded = load_model(settings)
+    head = loaded.model.get_output_embeddings()  # type: ignore[no-untyped-call]
+    assert isinstance(head, PaddedOutputLayer)
+    assert isinstance(head.inner, torch.nn.Linear)
+    assert head.inner.weight.shape[0] % 128 == 0
+    plain = AutoModelForCausalLM.from_pretrained(ensure_demo_model(settings.data_dir))
+    ids = torch.tensor([loaded.tokenizer("Padding must not change a logit")["input_ids"]])
+    with torch.inference_mode():
+        padded_logits = loaded.model(ids).logits
+        plain_logits = plain(ids).logits
+    assert padded_logits.shape == plain_logits.shape  # the padded rows never reach a caller
+    torch.testing.assert_close(padded_logits, plain_logits)
