@@ -1,0 +1,26 @@
+"""The benchmark tools run end to end on the demo model (the GPU runs use the same code)."""
+
+from __future__ import annotations
+
+from loadtests import baseline, profile
+from tests.conftest import MakeSettings
+
+
+def test_baseline_does_the_work_the_service_would(make_settings: MakeSettings) -> None:
+    settings = make_settings(max_new_tokens=8)
+    report = baseline.run(settings, requests=3, seed=0)
+    # Generation is forced to each request's budget: 3 requests x 8 tokens at most, 3 at least.
+    assert report.requests == 3
+    assert 3 <= report.output_tokens <= 24
+    assert report.output_tokens_per_s > 0
+
+
+async def test_profile_measures_the_engine_without_http(make_settings: MakeSettings) -> None:
+    settings = make_settings(engine="continuous", max_new_tokens=8)
+    report = await profile.run(settings, requests=6, lone=2, seed=0)
+    assert report.throughput_requests == 6
+    assert 6 <= report.throughput_output_tokens <= 48
+    assert report.lone_output_tokens > 0
+    assert report.lone_wall_ms_per_token > 0
+    assert report.attention == "sdpa"  # the CPU default
+    assert report.profiled_gpu_busy_ms_per_token == 0.0  # no CUDA kernels on a CPU
