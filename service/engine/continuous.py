@@ -5,6 +5,9 @@ longest member), so a short translation never waits for a long one. The manager 
 generation thread; results come back to the event loop through ``register_result_handler``
 (``call_soon_threadsafe``), where the new tokens are decoded.
 
+On CUDA the attention is torch's FlashAttention-2 varlen kernel (``attention.py``): transformers'
+default masked SDPA attends every request to every other's keys.
+
 Limits of transformers' implementation, as of 5.24: one decoding configuration per manager (the
 service's settings), and ``repetition_penalty`` is not applied (its logits processor has no
 continuous-batching version and is dropped).
