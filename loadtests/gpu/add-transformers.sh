@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Add transformers 5.24 (and what it needs beyond the H200 image) to .gpu-site/, after
+# ../shared/gpu/make-site.sh built it, keeping the folder under the 64 MiB the device tool carries.
+# Usage, from the repository root, where pip works:  bash loadtests/gpu/add-transformers.sh
+set -euo pipefail
+site=.gpu-site; tmp=$(mktemp -d)
+python3 -m pip install -q --no-compile --only-binary=:all: --target "$tmp" \
+  --python-version 3.12 --implementation cp --abi cp312 --platform manylinux_2_28_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
+  transformers==5.24.0 pytest 2>&1 | grep -v '^WARNING' || true
+for f in "$tmp"/*; do
+  name=$(basename "$f")
+  case $name in numpy*|bin) continue ;; esac  # the image's numpy goes with its torch
+  [ -e "$site/$name" ] || cp -r "$f" "$site/"
+done
+# Only the model code the service loads (Hunyuan, the auto classes and what they import).
+for d in "$site"/transformers/models/*/; do
+  case $(basename "$d") in hunyuan_v1_dense|auto|encoder_decoder|__pycache__) ;; *) rm -rf "$d" ;; esac
+done
+# Packages the image already has, and ones only transformers' download and CLI paths use.
+( cd "$site" && rm -rf regex regex-* yaml _yaml pyyaml-* tqdm tqdm-* packaging packaging-* \
+  filelock filelock-* fsspec fsspec-* rich rich-* markdown_it markdown_it_py-* mdurl mdurl-* \
+  shellingham shellingham-* hf_xet hf_xet-* pygments pygments-* )
+rm -rf "$tmp"
+du -sh "$site"
