@@ -143,7 +143,8 @@ class Settings(BaseSettings):
         description="Continuous batching: attention kernel. varlen = torch's built-in "
         "FlashAttention-2 varlen kernel, each request attending to its own keys only (CUDA; a "
         "per-request SDPA loop elsewhere); sdpa = transformers' default, one masked attention over "
-        "every request's keys; auto = varlen on CUDA, sdpa elsewhere.",
+        "every request's keys; auto = varlen on CUDA GPUs that run the kernel (compute "
+        "capability 8.0+, i.e. not a T4; float16/bfloat16), sdpa elsewhere.",
     )
     cb_cuda_graph: Literal["auto", "on", "off"] = Field(
         "auto", description="Continuous batching: CUDA graphs for the decode and prefill steps."

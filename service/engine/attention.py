@@ -26,6 +26,38 @@ from transformers.masking_utils import AttentionMaskInterface
 VARLEN_ATTENTION = "flash_varlen_torch"
 
 
+def varlen_unsupported(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why torch's flash kernel cannot run here, or None when it can.
+
+    Off CUDA the reference path always can. On CUDA the kernel needs an Ampere or newer GPU
+    (compute capability 8.0: not the T4 of the article, 7.5) and half precision.
+    """
+    if device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:
+        return f"torch's flash kernel needs compute capability 8.0; this GPU has {major}.{minor}"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"torch's flash kernel needs float16 or bfloat16, not {dtype}"
+    return None
+
+
+def wants_varlen(setting: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the ``cb_attention`` setting means varlen attention on this device and dtype.
+
+    ``auto`` picks it on CUDA where the kernel runs and falls back to SDPA elsewhere; an explicit
+    ``varlen`` that cannot run is refused at load instead of failing the first translation.
+    """
+    if setting == "sdpa":
+        return False
+    reason = varlen_unsupported(device, dtype)
+    if setting == "varlen":
+        if reason is not None:
+            raise RuntimeError(f"cb_attention=varlen: {reason}")
+        return True
+    return device.type == "cuda" and reason is None
+
+
 def use_varlen_attention(model: PreTrainedModel) -> None:
     """Make ``model`` compute attention with :func:`varlen_attention_forward`.
 

@@ -18,12 +18,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-import torch
 from transformers import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.requests import GenerationOutput
 
 from service.config import Settings
-from service.engine.attention import use_varlen_attention
+from service.engine.attention import use_varlen_attention, wants_varlen
 from service.engine.generation import LoadedEngine, generation_config
 from service.engine.loading import LoadedModel
 from service.engine.types import (
@@ -41,7 +40,7 @@ class ContinuousBatchingEngine(LoadedEngine):
     """Implements ``ContinuousEngine`` with transformers' continuous batching manager."""
 
     def __init__(self, loaded: LoadedModel, settings: Settings, decoding: Decoding) -> None:
-        if _wants_varlen(settings.cb_attention, loaded.device):
+        if wants_varlen(settings.cb_attention, loaded.device, loaded.dtype):
             use_varlen_attention(loaded.model)
         super().__init__(loaded)
         self._decoding = decoding
@@ -113,9 +112,3 @@ class ContinuousBatchingEngine(LoadedEngine):
         if started < 0 or finished < 0:
             return 0.0, 0.0
         return max(0.0, started - output.created_time), max(0.0, finished - started)
-
-
-def _wants_varlen(setting: str, device: torch.device) -> bool:
-    if setting == "auto":
-        return device.type == "cuda"
-    return setting == "varlen"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from service.engine.attention import varlen_attention_forward
+from service.engine.attention import varlen_attention_forward, wants_varlen
 
 
 def _alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -83,3 +83,18 @@ def test_flash_kernel_matches_the_reference() -> None:
         cu_seq_lens_k=cu_k.cpu(),
     )
     torch.testing.assert_close(flash.float().cpu(), reference, atol=2e-2, rtol=2e-2)
+
+
+def test_auto_picks_varlen_only_where_the_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    capability = {"value": (9, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability["value"])
+    assert wants_varlen("auto", cuda, torch.bfloat16)  # an H200
+    assert not wants_varlen("auto", cpu, torch.float32)  # the CPU default stays on SDPA
+    assert wants_varlen("varlen", cpu, torch.float32)  # the reference path runs anywhere
+    assert not wants_varlen("auto", cuda, torch.float32)  # the kernel is half precision only
+    capability["value"] = (7, 5)  # a T4, the article's GPU
+    assert not wants_varlen("auto", cuda, torch.float16)
+    with pytest.raises(RuntimeError, match=r"compute capability 8\.0"):
+        wants_varlen("varlen", cuda, torch.float16)
+    assert not wants_varlen("sdpa", cuda, torch.bfloat16)
