@@ -99,7 +99,6 @@ def load_model(settings: Settings) -> LoadedModel:
         _log_loading(name, device, dtype, quantization_label(settings))
         model = _from_pretrained(source, revision, dtype, quantization, device)
     model.eval()
-    freeze_alpha_rope(model)
     # The output layer stays in the model's dtype unless quantize_lm_head asks otherwise.
     head = settings.quantization if settings.quantize_lm_head else "none"
     prepare_output_layer(model, head, dtype)
@@ -122,26 +121,6 @@ def load_model(settings: Settings) -> LoadedModel:
         quantization=quantization_label(settings),
         load_seconds=seconds,
     )
-
-
-def freeze_alpha_rope(model: PreTrainedModel) -> int:
-    """Mark Hunyuan's alpha-NTK rotary embeddings static; returns how many were changed.
-
-    The checkpoints label their RoPE ``dynamic`` with a fixed ``alpha``. transformers before 5.24
-    then runs ``dynamic_rope_update`` on every forward: it compares the longest position with the
-    cached length on the host, a GPU->CPU sync per decode step that also invalidates CUDA graph
-    capture. With a fixed alpha the frequencies never change (they are computed once at init), so
-    the update is pure overhead; 5.24 gives this RoPE its own type (``ntk_alpha``) for the same
-    reason, and this does the same on older versions (a no-op on 5.24).
-    """
-    changed = 0
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        parameters = getattr(config, "rope_parameters", None) or {}
-        if getattr(module, "rope_type", None) == "dynamic" and parameters.get("alpha"):
-            setattr(module, "rope_type", "ntk_alpha")  # noqa: B010 - nn.Module typing
-            changed += 1
-    return changed
 
 
 def _from_pretrained(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -204,27 +203,14 @@ def test_shipped_7b_config_has_the_hunyuan_mt_geometry() -> None:
     assert config.rope_parameters["alpha"] == 1000.0
 
 
-def test_alpha_rope_is_frozen_without_changing_output(data_dir: Path) -> None:
-    import torch
-
-    from service.engine.loading import freeze_alpha_rope
-
+def test_alpha_rope_is_static(data_dir: Path) -> None:
+    # Hunyuan's checkpoints label their fixed alpha-NTK RoPE "dynamic"; transformers before 5.24
+    # then re-checked the frequencies on the host at every step (a GPU sync that also broke CUDA
+    # graph capture). 5.24 gives it its own static type; this guards against that coming back.
     loaded = load_model(Settings(_env_file=None, data_dir=data_dir))
     rotary = [m for m in loaded.model.modules() if hasattr(m, "rope_type")]
     assert rotary
-    assert all(m.rope_type != "dynamic" for m in rotary)  # load_model froze it
-    ids = torch.tensor([[5, 6, 7, 8, 9]])
-    model: Any = loaded.model
-    frozen = model.generate(
-        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False
-    )
-    for module in rotary:
-        setattr(module, "rope_type", "dynamic")  # noqa: B010 - what transformers < 5.24 leaves
-    dynamic = model.generate(
-        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False
-    )
-    assert torch.equal(frozen, dynamic)
-    assert freeze_alpha_rope(loaded.model) == len(rotary)
+    assert {m.rope_type for m in rotary} == {"ntk_alpha"}
 
 
 def test_output_layer_is_padded_to_aligned_rows_with_the_same_logits(
