@@ -7,7 +7,8 @@
 # cb-compile (compile level 1 + graphs), static (micro-batches of 128), nf4 (continuous batching
 # on NF4 weights, plus weights memory), nf4-head (the same with lm_head quantized too), cb-kvN
 # (key/value padding of N tokens for CUDA graphs, e.g. cb-kv1024), profile (loadtests.profile:
-# the engine alone, lone and loaded, with a torch.profiler trace of one lone request). Each writes VARIANT.json and VARIANT.log.
+# the engine alone, lone and loaded, with a torch.profiler trace of one lone request).
+# Each writes VARIANT.json and VARIANT.log.
 set -uo pipefail
 out=${OUT:?set OUT}; work=${WORK:-/tmp/hymt-bench}; mkdir -p "$work" "$out"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1

@@ -97,7 +97,12 @@ def varlen_attention_forward(
     head_dim]`` (the cache has already been updated by the model). Returns ``[1, tokens, heads,
     head_dim]`` as every transformers attention function does.
     """
-    if cu_seq_lens_q is None or cu_seq_lens_k is None:
+    if (
+        cu_seq_lens_q is None
+        or cu_seq_lens_k is None
+        or max_length_q is None
+        or max_length_k is None
+    ):
         raise ValueError(f"{VARLEN_ATTENTION} serves packed (continuous batching) inputs only")
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [tokens, heads, dim]
     if q.is_cuda:
@@ -115,8 +120,8 @@ def _flash_varlen(
     v: torch.Tensor,
     cu_q: torch.Tensor,
     cu_k: torch.Tensor,
-    max_q: int | None,
-    max_k: int | None,
+    max_q: int,
+    max_k: int,
     scale: float | None,
 ) -> torch.Tensor:
     # The aten op rather than torch.nn.attention.varlen.varlen_attn: the public wrapper prefers
@@ -127,8 +132,8 @@ def _flash_varlen(
         v,
         cu_q.to(torch.int32),
         cu_k.to(torch.int32),
-        max_q if max_q is not None else int((cu_q[1:] - cu_q[:-1]).max()),
-        max_k if max_k is not None else int((cu_k[1:] - cu_k[:-1]).max()),
+        max_q,
+        max_k,
         0.0,  # dropout
         True,  # causal, aligned to the end of each key sequence
         False,  # return_debug_mask

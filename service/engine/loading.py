@@ -68,6 +68,7 @@ def load_model(settings: Settings) -> LoadedModel:
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     quantization = quantization_config(settings.quantization, dtype)
+    label = quantization_label(settings)
     revision = settings.model_revision
     if settings.load_format == "dummy" or settings.model_id is None:
         tokenizer_source: str | Path = ensure_demo_model(settings.data_dir)
@@ -84,7 +85,7 @@ def load_model(settings: Settings) -> LoadedModel:
     if settings.load_format == "dummy":
         config, name = dummy_config(settings.model_id, _special_ids(tokenizer))
         revision = None
-        _log_loading(name, device, dtype, quantization_label(settings))
+        _log_loading(name, device, dtype, label)
         if quantization is None:
             model = random_model(config, dtype, device)
         else:
@@ -96,7 +97,7 @@ def load_model(settings: Settings) -> LoadedModel:
             source, name, revision = tokenizer_source, f"hunyuan-mt-{DEMO_VERSION}", None
         else:
             source, name = settings.model_id, settings.model_id
-        _log_loading(name, device, dtype, quantization_label(settings))
+        _log_loading(name, device, dtype, label)
         model = _from_pretrained(source, revision, dtype, quantization, device)
     model.eval()
     # The output layer stays in the model's dtype unless quantize_lm_head asks otherwise.
@@ -118,7 +119,7 @@ def load_model(settings: Settings) -> LoadedModel:
         revision=revision,
         device=device,
         dtype=dtype,
-        quantization=quantization_label(settings),
+        quantization=label,
         load_seconds=seconds,
     )
 

@@ -44,7 +44,10 @@ def prepare_output_layer(model: PreTrainedModel, quantization: str, dtype: torch
             raise RuntimeError("quantize_lm_head: the output layer is tied to the input embeddings")
         return False
     if not isinstance(layer, torch.nn.Linear) or layer.bias is not None:
-        raise RuntimeError("the output layer is not a plain bias-free Linear")
+        # Padding only speeds things up; quantizing was asked for and cannot be done here.
+        if quantization != "none":
+            raise RuntimeError("quantize_lm_head: the output layer is not a bias-free Linear")
+        return False
     weight = layer.weight.data
     rows, columns = weight.shape
     if rows % _ROW_MULTIPLE == 0 and quantization == "none":

@@ -18,13 +18,12 @@ from collections import deque
 from service.engine.types import ContinuousEngine, GenerationRequest, GenerationResult
 from service.errors import (
     DeadlineExceeded,
-    EngineStalled,
     EngineUnavailable,
     Overloaded,
     ServiceError,
 )
 from service.metrics import Metrics
-from service.scheduling.types import Scheduled
+from service.scheduling.types import Scheduled, check_admission
 
 
 class ContinuousScheduler:
@@ -63,13 +62,12 @@ class ContinuousScheduler:
         return float(max(1, math.ceil(self._in_flight / rate)))
 
     async def submit(self, request: GenerationRequest, deadline: float | None = None) -> Scheduled:
-        if self._closed:
-            raise EngineUnavailable("the service is shutting down")
-        if self.stalled:
-            raise EngineStalled("the generation thread is not running")
-        if deadline is not None and deadline <= time.monotonic():
-            self._metrics.queue_rejections.labels(reason="deadline").inc()
-            raise DeadlineExceeded("the request's deadline passed before it was queued")
+        check_admission(
+            closed=self._closed,
+            stalled="the generation thread is not running" if self.stalled else None,
+            deadline=deadline,
+            metrics=self._metrics,
+        )
         if self._in_flight >= self._max_in_flight:
             self._metrics.queue_rejections.labels(reason="queue_full").inc()
             raise Overloaded(

@@ -34,7 +34,7 @@ from service.errors import (
     ServiceError,
 )
 from service.metrics import Metrics
-from service.scheduling.types import Scheduled
+from service.scheduling.types import Scheduled, check_admission
 
 log = logging.getLogger(__name__)
 
@@ -100,13 +100,14 @@ class MicroBatchScheduler:
 
     async def submit(self, request: GenerationRequest, deadline: float | None = None) -> Scheduled:
         """Queue one request and wait for its result, until ``deadline`` (monotonic) at most."""
-        if self._closed:
-            raise EngineUnavailable("the service is shutting down")
-        if self.stalled:
-            raise EngineStalled("the model worker is stalled; retry on another replica")
-        if deadline is not None and deadline <= time.monotonic():
-            self._metrics.queue_rejections.labels(reason="deadline").inc()
-            raise DeadlineExceeded("the request's deadline passed before it was queued")
+        check_admission(
+            closed=self._closed,
+            stalled="the model worker is stalled; retry on another replica"
+            if self.stalled
+            else None,
+            deadline=deadline,
+            metrics=self._metrics,
+        )
         if len(self._pending) >= self._limits.max_queue_size:
             self._metrics.queue_rejections.labels(reason="queue_full").inc()
             raise Overloaded(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
 from service.engine.types import GenerationRequest, GenerationResult
+from service.errors import DeadlineExceeded, EngineStalled, EngineUnavailable
+from service.metrics import Metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,3 +45,17 @@ class GenerationScheduler(Protocol):
     async def close(self, drain_timeout_s: float) -> None:
         """Refuse new work, finish accepted work for up to ``drain_timeout_s``, fail the rest."""
         ...
+
+
+def check_admission(
+    *, closed: bool, stalled: str | None, deadline: float | None, metrics: Metrics
+) -> None:
+    """Raise why a new request cannot be accepted now: shutting down, stalled (``stalled`` is
+    the reason), or its deadline (``time.monotonic()``) already past."""
+    if closed:
+        raise EngineUnavailable("the service is shutting down")
+    if stalled is not None:
+        raise EngineStalled(stalled)
+    if deadline is not None and deadline <= time.monotonic():
+        metrics.queue_rejections.labels(reason="deadline").inc()
+        raise DeadlineExceeded("the request's deadline passed before it was queued")

@@ -19,6 +19,27 @@ def _alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.einsum("hqk,khd->qhd", weights, v)
 
 
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor
+) -> torch.Tensor:
+    """Call the attention function as transformers does, on ``[tokens, heads, dim]`` inputs;
+    returns ``[tokens, heads, dim]``."""
+    query, key, value = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+    out, weights = varlen_attention_forward(
+        torch.nn.Module(),
+        query,
+        key,
+        value,
+        None,
+        cu_seq_lens_q=cu_q,
+        cu_seq_lens_k=cu_k,
+        max_length_q=int((cu_q[1:] - cu_q[:-1]).max()),
+        max_length_k=int((cu_k[1:] - cu_k[:-1]).max()),
+    )
+    assert weights is None
+    return out[0]
+
+
 def test_each_request_attends_to_its_own_keys_only() -> None:
     torch.manual_seed(0)
     heads, kv_heads, dim = 4, 2, 8
@@ -31,24 +52,13 @@ def test_each_request_attends_to_its_own_keys_only() -> None:
     cu_q = torch.tensor([0, 5, 6, 9])
     cu_k = torch.tensor([0, 5, 15, 22])
 
-    out, weights = varlen_attention_forward(
-        torch.nn.Module(),
-        q.transpose(0, 1).unsqueeze(0),
-        k.transpose(0, 1).unsqueeze(0),
-        v.transpose(0, 1).unsqueeze(0),
-        None,
-        cu_seq_lens_q=cu_q,
-        cu_seq_lens_k=cu_k,
-        max_length_q=5,
-        max_length_k=10,
-    )
+    out = _attend(q, k, v, cu_q, cu_k)
 
-    assert weights is None
-    assert out.shape == (1, sum(new) + padding, heads, dim)
+    assert out.shape == (sum(new) + padding, heads, dim)
     for i in range(3):
         keys = slice(int(cu_k[i]), int(cu_k[i + 1]))
         expected = _alone(q[cu_q[i] : cu_q[i + 1]], k[keys], v[keys])
-        torch.testing.assert_close(out[0, cu_q[i] : cu_q[i + 1]], expected)
+        torch.testing.assert_close(out[cu_q[i] : cu_q[i + 1]], expected)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the flash kernel needs CUDA")
@@ -60,28 +70,8 @@ def test_flash_kernel_matches_the_reference() -> None:
     q = torch.randn(50, heads, dim, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(380, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(380, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
-    packed = [x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)]
-    flash, _ = varlen_attention_forward(
-        torch.nn.Module(),
-        packed[0],
-        packed[1],
-        packed[2],
-        None,
-        cu_seq_lens_q=cu_q,
-        cu_seq_lens_k=cu_k,
-        max_length_q=40,
-        max_length_k=163,
-    )
-    cpu = [x.float().cpu() for x in packed]
-    reference, _ = varlen_attention_forward(
-        torch.nn.Module(),
-        cpu[0],
-        cpu[1],
-        cpu[2],
-        None,
-        cu_seq_lens_q=cu_q.cpu(),
-        cu_seq_lens_k=cu_k.cpu(),
-    )
+    flash = _attend(q, k, v, cu_q, cu_k)
+    reference = _attend(q.float().cpu(), k.float().cpu(), v.float().cpu(), cu_q.cpu(), cu_k.cpu())
     torch.testing.assert_close(flash.float().cpu(), reference, atol=2e-2, rtol=2e-2)
 
 

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from service.config import Settings
 from service.engine.demo import SPECIAL_TOKENS, ensure_demo_model
 from service.engine.loading import load_model
-from service.engine.output_layer import PaddedOutputLayer
+from service.engine.output_layer import PaddedOutputLayer, prepare_output_layer
 from service.engine.static import StaticBatchEngine
 from service.engine.tokenization import ChatPromptEncoder
 from service.engine.types import Decoding, GenerationRequest
@@ -229,3 +229,19 @@ def test_output_layer_is_padded_to_aligned_rows_with_the_same_logits(
         plain_logits = plain(ids).logits
     assert padded_logits.shape == plain_logits.shape  # the padded rows never reach a caller
     torch.testing.assert_close(padded_logits, plain_logits)
+
+
+def test_an_output_layer_that_cannot_be_padded_is_left_as_it_is(
+    make_settings: MakeSettings,
+) -> None:
+    # Padding only speeds things up: a model whose head has a bias still loads and keeps it;
+    # quantizing such a head was asked for and cannot be done, so that is refused.
+    loaded = load_model(make_settings())
+    model = loaded.model
+    hidden, vocabulary = model.config.hidden_size, model.config.vocab_size
+    biased = torch.nn.Linear(hidden, vocabulary, bias=True)
+    model.set_output_embeddings(biased)  # type: ignore[no-untyped-call]
+    assert not prepare_output_layer(model, "none", torch.float32)
+    assert model.get_output_embeddings() is biased  # type: ignore[no-untyped-call]
+    with pytest.raises(RuntimeError, match="bias-free Linear"):
+        prepare_output_layer(model, "nf4", torch.float32)
