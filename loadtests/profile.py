@@ -9,6 +9,7 @@ exact requests the load generator's texts become, and measures, in one process:
 - ``throughput``: all requests submitted at once: output tokens/s of the engine alone. Set beside
   the HTTP figure of ``loadtests.bench`` for the same requests, the difference is what HTTP, JSON,
   the translator and the scheduler cost.
+- kernels launched per token in the profiled request: what fusion (``HYMT_COMPILE_NORMS``) removes.
 - the profile's top kernels by GPU time, for the report.
 
     HYMT_LOAD_FORMAT=dummy python -m loadtests.profile --requests 1024 --report profile.json
@@ -38,12 +39,14 @@ from service.errors import ServiceError
 @dataclass
 class ProfileReport:
     attention: str
+    compiled_norms: int
     lone_requests: int
     lone_output_tokens: int
     lone_wall_ms_per_token: float
     profiled_output_tokens: int
     profiled_wall_ms_per_token: float
     profiled_gpu_busy_ms_per_token: float
+    profiled_kernels_per_token: float
     throughput_requests: int
     throughput_output_tokens: int
     throughput_duration_s: float
@@ -99,6 +102,7 @@ async def run(settings: Settings, requests: int, lone: int, seed: int) -> Profil
         # Kernels only: a CPU operator's device time repeats the time of the kernels it launched.
         kernels = [event for event in trace.key_averages() if event.device_type == DeviceType.CUDA]
         busy_us = sum(event.self_device_time_total for event in kernels)
+        launches = sum(event.count for event in kernels)
         kernels.sort(key=lambda event: event.self_device_time_total, reverse=True)
         top = {e.key[:80]: round(e.self_device_time_total / 1000, 2) for e in kernels[:12]}
 
@@ -110,12 +114,14 @@ async def run(settings: Settings, requests: int, lone: int, seed: int) -> Profil
         engine.close()
     return ProfileReport(
         attention=engine.info.attention,
+        compiled_norms=engine.info.compiled_norms,
         lone_requests=lone,
         lone_output_tokens=tokens,
         lone_wall_ms_per_token=round(1000 * lone_wall / max(tokens, 1), 2),
         profiled_output_tokens=profiled_tokens,
         profiled_wall_ms_per_token=round(1000 * profiled_wall / max(profiled_tokens, 1), 2),
         profiled_gpu_busy_ms_per_token=round(busy_us / 1000 / max(profiled_tokens, 1), 2),
+        profiled_kernels_per_token=round(launches / max(profiled_tokens, 1), 1),
         throughput_requests=len(batch),
         throughput_output_tokens=batch_tokens,
         throughput_duration_s=round(batch_wall, 3),

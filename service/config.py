@@ -98,6 +98,12 @@ class Settings(BaseSettings):
         "that layer is 1 GB of bf16; quantizing it takes NF4 weights from 5.21 to under 4.5 GiB.",
     )
     device: Device = Field("auto", description="auto = CUDA when present, else CPU.")
+    compile_norms: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="torch.compile each RMSNorm of the model into one fused kernel (eight "
+        "otherwise; 129 norms per token in Hunyuan-MT-7B). auto = on CUDA. Compiles during "
+        "warm-up; needs a C compiler for Triton on the GPU machine.",
+    )
     data_dir: Path = Field(
         default_factory=_default_data_dir,
         description="Folder where the demo model is built once and reused.",

@@ -4,10 +4,11 @@
 #   OUT=results bash loadtests/gpu/run.sh VARIANT...
 # Variants: cb (continuous batching, default knobs: varlen attention on CUDA, plus the naive
 # baseline), cb-sdpa (transformers' masked SDPA attention instead), cb-graph (CUDA graphs),
-# cb-compile (compile level 1 + graphs), static (micro-batches of 128), nf4 (continuous batching
+# cb-eager (no compiled norms), cb-compile (compile level 1 + graphs), static (micro-batches of 128), nf4 (continuous batching
 # on NF4 weights, plus weights memory), nf4-head (the same with lm_head quantized too), cb-kvN
 # (key/value padding of N tokens for CUDA graphs, e.g. cb-kv1024), profile (loadtests.profile:
-# the engine alone, lone and loaded, with a torch.profiler trace of one lone request).
+# the engine alone, lone and loaded, with a torch.profiler trace of one lone request),
+# profile-eager (the same without compiled norms, HYMT_COMPILE_NORMS=off).
 # Each writes VARIANT.json and VARIANT.log.
 set -uo pipefail
 out=${OUT:?set OUT}; work=${WORK:-/tmp/hymt-bench}; mkdir -p "$work" "$out"
@@ -17,15 +18,17 @@ common=(--env HYMT_LOAD_FORMAT=dummy --env HYMT_CACHE_SIZE=0 --env HYMT_DATA_DIR
 requests=${REQUESTS:-1024}
 for variant in "$@"; do
   echo "=== $variant $(date +%T)"
-  if [ "$variant" = profile ]; then  # the engine without HTTP, and a torch.profiler trace
-    HYMT_LOAD_FORMAT=dummy HYMT_DATA_DIR="$work/data" timeout "${VARIANT_TIMEOUT:-280}" \
-      python3 -m loadtests.profile --requests "$requests" --report "$work/profile.json" \
-      > "$work/profile.out" 2>&1
-    echo "exit $?"; cat "$work/profile.json" 2>/dev/null || tail -c 3000 "$work/profile.out"
-    cp "$work/profile.json" "$out/" 2>/dev/null; continue
+  if [ "${variant%-eager}" = profile ]; then  # the engine without HTTP, and a torch.profiler trace
+    norms=auto; [ "$variant" = profile-eager ] && norms=off
+    HYMT_COMPILE_NORMS=$norms HYMT_LOAD_FORMAT=dummy HYMT_DATA_DIR="$work/data" timeout "${VARIANT_TIMEOUT:-280}" \
+      python3 -m loadtests.profile --requests "$requests" --report "$work/$variant.json" \
+      > "$work/$variant.out" 2>&1
+    echo "exit $?"; cat "$work/$variant.json" 2>/dev/null || tail -c 3000 "$work/$variant.out"
+    cp "$work/$variant.json" "$out/" 2>/dev/null; continue
   fi
   case $variant in
     cb)         args=(--env HYMT_ENGINE=continuous --baseline-requests "${BASELINE:-12}") ;;
+    cb-eager)   args=(--env HYMT_ENGINE=continuous --env HYMT_COMPILE_NORMS=off --baseline-requests 0) ;;
     cb-sdpa)    args=(--env HYMT_ENGINE=continuous --env HYMT_CB_ATTENTION=sdpa --baseline-requests 0) ;;
     cb-kv*)     args=(--env HYMT_ENGINE=continuous --env HYMT_CB_KV_PADDING="${variant#cb-kv}" --baseline-requests 0) ;;
     nf4-head)   args=(--env HYMT_ENGINE=continuous --env HYMT_QUANTIZATION=nf4 --env HYMT_QUANTIZE_LM_HEAD=true --baseline-requests 0) ;;

@@ -33,6 +33,7 @@ async def health(runtime: RuntimeDep) -> HealthOut | JSONResponse:
         device=info.device if info else None,
         quantization=info.quantization if info else None,
         attention=info.attention if info else None,
+        compiled_norms=info.compiled_norms if info else None,
         queue_depth=runtime.queue_depth,
     )
 

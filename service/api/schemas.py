@@ -99,4 +99,5 @@ class HealthOut(BaseModel):
     device: str | None = None
     quantization: str | None = None
     attention: str | None = None
+    compiled_norms: int | None = None
     queue_depth: int = 0

@@ -71,6 +71,7 @@ class EngineInfo:
     load_seconds: float
     weights_bytes: int
     attention: str = "sdpa"
+    compiled_norms: int = 0
 
     @property
     def fingerprint(self) -> str:
