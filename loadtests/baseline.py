@@ -4,7 +4,8 @@ The model is loaded once (the article's fix for reloading per request) with the 
 loading code and settings, and each text becomes exactly the request the service would build
 (same template, chat encoding and token budget, through ``PromptBuilder``). Generation is forced
 to that budget (``min_new_tokens``) so both sides do the same work even where the service's
-model would stop at EOS; the service's random-weight models run to the budget anyway.
+model would stop at EOS; the service's random-weight models run to the budget anyway. The
+model is plain transformers, as in the article: the service's compiled norms stay off.
 
     python -m loadtests.baseline --requests 16 --report baseline.json   # HYMT_* as for the service
 """
@@ -51,36 +52,43 @@ def service_requests(
     return prepared
 
 
-def run(settings: Settings, requests: int, seed: int) -> BaselineReport:
-    loaded = load_model(settings)
-    model, tokenizer = loaded.model, loaded.tokenizer
-    eos = eos_ids(model)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
-    prepared = service_requests(settings, loaded, requests + 1, seed)
-
-    def generate_one(index: int) -> int:
-        request = prepared[index]
-        ids = torch.tensor([request.prompt_ids], device=loaded.device)
-        config = copy.copy(
-            generation_config(request.decoding, request.max_new_tokens, pad, tuple(sorted(eos)))
+def naive_generate(loaded: LoadedModel, request: GenerationRequest) -> int:
+    """One ``model.generate()`` forced to ``request``'s budget; the tokens it generated."""
+    eos = eos_ids(loaded.model)
+    pad = loaded.tokenizer.pad_token_id
+    config = copy.copy(
+        generation_config(
+            request.decoding,
+            request.max_new_tokens,
+            pad if pad is not None else min(eos),
+            tuple(sorted(eos)),
         )
-        config.min_new_tokens = request.max_new_tokens
-        with torch.inference_mode():
-            out = model.generate(  # type: ignore[operator]
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                generation_config=config,
-            )
-        return int(out.shape[1] - ids.shape[1])
+    )
+    config.min_new_tokens = request.max_new_tokens
+    ids = torch.tensor([request.prompt_ids], device=loaded.device)
+    with torch.inference_mode():
+        out = loaded.model.generate(  # type: ignore[operator]
+            input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config
+        )
+    return int(out.shape[1] - ids.shape[1])
 
-    generate_one(0)  # warm-up, as the article does
+
+def timed_tokens(loaded: LoadedModel, requests: list[GenerationRequest]) -> tuple[int, float]:
+    """Output tokens of ``requests`` generated one after another, and the seconds it took."""
     if loaded.device.type == "cuda":
         torch.cuda.synchronize()
     started = time.perf_counter()
-    tokens = sum(generate_one(index) for index in range(1, requests + 1))
+    tokens = sum(naive_generate(loaded, request) for request in requests)
     if loaded.device.type == "cuda":
         torch.cuda.synchronize()
-    duration = time.perf_counter() - started
+    return tokens, time.perf_counter() - started
+
+
+def run(settings: Settings, requests: int, seed: int) -> BaselineReport:
+    loaded = load_model(settings.model_copy(update={"compile_norms": "off"}))
+    prepared = service_requests(settings, loaded, requests + 1, seed)
+    naive_generate(loaded, prepared[0])  # warm-up, as the article does
+    tokens, duration = timed_tokens(loaded, prepared[1:])
     return BaselineReport(
         requests=requests,
         output_tokens=tokens,

@@ -9,7 +9,7 @@ exact requests the load generator's texts become, and measures, in one process:
 - ``throughput``: all requests submitted at once: output tokens/s of the engine alone. Set beside
   the HTTP figure of ``loadtests.bench`` for the same requests, the difference is what HTTP, JSON,
   the translator and the scheduler cost.
-- kernels launched per token in the profiled request: what ``HYMT_CB_COMPILE_NORMS`` fuses away.
+- kernels launched per token in the profiled request: what ``HYMT_COMPILE_NORMS`` fuses away.
 - the profile's top kernels by GPU time, for the report.
 
     HYMT_LOAD_FORMAT=dummy python -m loadtests.profile --requests 1024 --report profile.json

@@ -98,6 +98,12 @@ class Settings(BaseSettings):
         "that layer is 1 GB of bf16; quantizing it takes NF4 weights from 5.21 to under 4.5 GiB.",
     )
     device: Device = Field("auto", description="auto = CUDA when present, else CPU.")
+    compile_norms: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="torch.compile each RMSNorm of the model into one fused kernel (eight "
+        "otherwise; 129 norms per token in Hunyuan-MT-7B). auto = on CUDA. Compiles during "
+        "warm-up; Triton needs a C compiler on the GPU machine.",
+    )
     data_dir: Path = Field(
         default_factory=_default_data_dir,
         description="Folder where the demo model is built once and reused.",
@@ -162,20 +168,13 @@ class Settings(BaseSettings):
     cb_max_requests_per_batch: int | None = Field(
         None, ge=1, description="Continuous batching: most requests per step (unset: automatic)."
     )
-    cb_compile_norms: Literal["auto", "on", "off"] = Field(
-        "auto",
-        description="Continuous batching: torch.compile each RMSNorm of the model into one fused "
-        "kernel (eight otherwise; 129 norms per token in Hunyuan-MT-7B). auto = when the steps "
-        "run as CUDA graphs: without them each compiled call's guard checks cost more host time "
-        "than the fusion saves. Compiles during warm-up; Triton needs a C compiler.",
-    )
     cb_compile_level: int = Field(
         0,
         ge=0,
         le=3,
         description="Continuous batching: transformers' torch.compile of the whole step (0 = "
         "none, 1-3). transformers applies it with sdpa attention only: with varlen it compiles "
-        "nothing (see cb_compile_norms for what is compiled there).",
+        "nothing (compile_norms is what is compiled there).",
     )
     cb_max_memory_percent: float | None = Field(
         None,

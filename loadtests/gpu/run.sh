@@ -8,7 +8,7 @@
 # on NF4 weights, plus weights memory), nf4-head (the same with lm_head quantized too), cb-kvN
 # (key/value padding of N tokens for CUDA graphs, e.g. cb-kv1024), profile (loadtests.profile:
 # the engine alone, lone and loaded, with a torch.profiler trace of one lone request),
-# profile-eager (the same without compiled norms, HYMT_CB_COMPILE_NORMS=off).
+# profile-eager (the same without compiled norms, HYMT_COMPILE_NORMS=off).
 # Each writes VARIANT.json and VARIANT.log.
 set -uo pipefail
 out=${OUT:?set OUT}; work=${WORK:-/tmp/hymt-bench}; mkdir -p "$work" "$out"
@@ -20,7 +20,7 @@ for variant in "$@"; do
   echo "=== $variant $(date +%T)"
   if [ "${variant%-eager}" = profile ]; then  # the engine without HTTP, and a torch.profiler trace
     norms=auto; [ "$variant" = profile-eager ] && norms=off
-    HYMT_CB_COMPILE_NORMS=$norms HYMT_LOAD_FORMAT=dummy HYMT_DATA_DIR="$work/data" timeout "${VARIANT_TIMEOUT:-280}" \
+    HYMT_COMPILE_NORMS=$norms HYMT_LOAD_FORMAT=dummy HYMT_DATA_DIR="$work/data" timeout "${VARIANT_TIMEOUT:-280}" \
       python3 -m loadtests.profile --requests "$requests" --report "$work/$variant.json" \
       > "$work/$variant.out" 2>&1
     echo "exit $?"; cat "$work/$variant.json" 2>/dev/null || tail -c 3000 "$work/$variant.out"
@@ -28,7 +28,7 @@ for variant in "$@"; do
   fi
   case $variant in
     cb)         args=(--env HYMT_ENGINE=continuous --baseline-requests "${BASELINE:-12}") ;;
-    cb-eager)   args=(--env HYMT_ENGINE=continuous --env HYMT_CB_COMPILE_NORMS=off --baseline-requests 0) ;;
+    cb-eager)   args=(--env HYMT_ENGINE=continuous --env HYMT_COMPILE_NORMS=off --baseline-requests 0) ;;
     cb-sdpa)    args=(--env HYMT_ENGINE=continuous --env HYMT_CB_ATTENTION=sdpa --baseline-requests 0) ;;
     cb-kv*)     args=(--env HYMT_ENGINE=continuous --env HYMT_CB_KV_PADDING="${variant#cb-kv}" --baseline-requests 0) ;;
     nf4-head)   args=(--env HYMT_ENGINE=continuous --env HYMT_QUANTIZATION=nf4 --env HYMT_QUANTIZE_LM_HEAD=true --baseline-requests 0) ;;

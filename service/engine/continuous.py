@@ -6,8 +6,7 @@ generation thread; results come back to the event loop through ``register_result
 (``call_soon_threadsafe``), where the new tokens are decoded.
 
 On CUDA the attention is torch's FlashAttention-2 varlen kernel (``attention.py``): transformers'
-default masked SDPA attends every request to every other's keys. With CUDA graphs the model's
-norms are compiled into fused kernels (``compilation.py``).
+default masked SDPA attends every request to every other's keys.
 
 Limits of transformers' implementation, as of 5.24: one decoding configuration per manager (the
 service's settings), and ``repetition_penalty`` is not applied (its logits processor has no
@@ -24,7 +23,6 @@ from transformers.generation.continuous_batching.requests import GenerationOutpu
 
 from service.config import Settings
 from service.engine.attention import use_varlen_attention, wants_varlen
-from service.engine.compilation import compile_norms, wants_compiled_norms
 from service.engine.generation import LoadedEngine, generation_config
 from service.engine.loading import LoadedModel
 from service.engine.types import (
@@ -65,10 +63,6 @@ class ContinuousBatchingEngine(LoadedEngine):
         self._manager = loaded.model.init_continuous_batching(  # type: ignore[operator]
             generation_config=config, continuous_batching_config=batching_config
         )
-        # Compiled lazily: on the warm-up's first calls, like the graphs captured there.
-        graphs = any(self._manager.continuous_batching_config.cuda_graph_booleans)
-        if wants_compiled_norms(settings.cb_compile_norms, graphs):
-            self._info = dataclasses.replace(self._info, compiled_norms=compile_norms(loaded.model))
         # CUDA graph capture and compilation happen here, before the service reports ready.
         self._manager.warmup()
         self._manager.start()

@@ -22,6 +22,7 @@ from transformers import (
 )
 
 from service.config import Settings
+from service.engine.compilation import compile_norms, wants_compiled_norms
 from service.engine.demo import DEMO_VERSION, ensure_demo_model
 from service.engine.dummy import dummy_config, materialized_checkpoint, random_model
 from service.engine.output_layer import prepare_output_layer
@@ -43,6 +44,7 @@ class LoadedModel:
     dtype: torch.dtype
     quantization: str
     load_seconds: float
+    compiled_norms: int = 0
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -103,6 +105,7 @@ def load_model(settings: Settings) -> LoadedModel:
     # The output layer stays in the model's dtype unless quantize_lm_head asks otherwise.
     head = settings.quantization if settings.quantize_lm_head else "none"
     prepare_output_layer(model, head, dtype)
+    norms = compile_norms(model) if wants_compiled_norms(settings.compile_norms, device) else 0
     seconds = time.perf_counter() - started
     log.info(
         "model loaded",
@@ -121,6 +124,7 @@ def load_model(settings: Settings) -> LoadedModel:
         dtype=dtype,
         quantization=label,
         load_seconds=seconds,
+        compiled_norms=norms,
     )
 
 
@@ -175,6 +179,7 @@ def engine_info(loaded: LoadedModel) -> EngineInfo:
         load_seconds=loaded.load_seconds,
         weights_bytes=int(loaded.model.get_memory_footprint()),
         attention=str(loaded.model.config._attn_implementation),
+        compiled_norms=loaded.compiled_norms,
     )
 
 

@@ -46,14 +46,14 @@ async def test_each_text_gets_its_own_budget(start_app: StartApp) -> None:
 async def test_varlen_attention_translates_as_sdpa_does(start_app: StartApp) -> None:
     # Same greedy tokens with the packed varlen attention as with transformers' masked SDPA:
     # each request attends to its own keys only, and nothing else changes. Likewise with the
-    # norms compiled (auto leaves them eager here: no CUDA graphs on a CPU).
+    # norms compiled (auto leaves them eager on a CPU).
     texts = ["short", "a somewhat longer sentence to translate", "今天天气很好", "x y z"]
     outputs = []
     for attention, norms in (("sdpa", "auto"), ("varlen", "auto"), ("varlen", "on")):
         client: ServiceClient = await start_app(
             engine="continuous",
             cb_attention=attention,
-            cb_compile_norms=norms,
+            compile_norms=norms,
             max_new_tokens=12,
             cache_size=0,
         )

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from service.config import Settings
-from service.engine.compilation import compile_norms, wants_compiled_norms
+from service.engine.compilation import wants_compiled_norms
 from service.engine.demo import SPECIAL_TOKENS, ensure_demo_model
 from service.engine.loading import load_model
 from service.engine.output_layer import PaddedOutputLayer, prepare_output_layer
@@ -253,17 +253,19 @@ def test_compiled_norms_choose_the_same_tokens(
 ) -> None:
     # Every RMSNorm (two per layer, query and key norms, the final norm) is compiled, and the
     # fused kernels choose the same greedy tokens as the eager ones.
-    loaded = load_model(make_settings())
-    assert compile_norms(loaded.model) == 4 * loaded.model.config.num_hidden_layers + 1
+    loaded = load_model(make_settings(compile_norms="on"))
+    compiled = StaticBatchEngine(loaded)
+    assert compiled.info.compiled_norms == 4 * loaded.model.config.num_hidden_layers + 1
     norms = [m for m in loaded.model.modules() if type(m).__name__.endswith("RMSNorm")]
     assert all(m._compiled_call_impl is not None for m in norms)
+    assert engine.info.compiled_norms == 0  # auto: not on a CPU
     texts = ["The contract may be terminated by either party.", "今天天气很好。"]
     requests = [GenerationRequest(engine.encoder.encode_chat(t), 24, GREEDY) for t in texts]
-    assert StaticBatchEngine(loaded).generate(requests) == engine.generate(requests)
+    assert compiled.generate(requests) == engine.generate(requests)
 
 
-def test_norms_are_compiled_by_default_only_under_cuda_graphs() -> None:
-    assert wants_compiled_norms("auto", cuda_graphs=True)
-    assert not wants_compiled_norms("auto", cuda_graphs=False)
-    assert wants_compiled_norms("on", cuda_graphs=False)
-    assert not wants_compiled_norms("off", cuda_graphs=True)
+def test_norms_are_compiled_by_default_on_cuda_only() -> None:
+    assert wants_compiled_norms("auto", torch.device("cuda"))
+    assert not wants_compiled_norms("auto", torch.device("cpu"))
+    assert wants_compiled_norms("on", torch.device("cpu"))
+    assert not wants_compiled_norms("off", torch.device("cuda"))
