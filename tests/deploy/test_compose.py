@@ -55,6 +55,9 @@ def test_every_mounted_file_and_the_build_exist() -> None:
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text("utf-8")
     assert re.search(r"^FROM nvidia/cuda:\S+runtime", dockerfile, re.M)
     assert re.search(r"^USER (?!root)\S+", dockerfile, re.M)
+    # The norms are compiled on CUDA by default: Triton needs a C compiler and Python's headers.
+    for package in ("gcc", "python3-dev"):
+        assert re.search(rf"apt-get install[^&]*\s{package}\s", dockerfile), package
 
 
 def exported_metric_names() -> set[str]:
