@@ -12,7 +12,9 @@ cache, no data-dependent shapes and no graph breaks, so every instance shares a 
 compiled graphs (one per shape class) and compiling the whole model is not needed. The full
 model step cannot be compiled as a unit under continuous batching: transformers' paged cache
 update is excluded from compilation and breaks every layer's graph. Compilation itself happens
-lazily on the first calls, which is the engine's warm-up, before the service reports ready.
+lazily on the first calls, which is the engine's warm-up, before the service reports ready. A
+shape class first seen later (torch specialises sizes 0 and 1: the static engine's first batch of
+more than one row after its one-row warm-up) compiles once when it first comes.
 
 It pays without CUDA graphs too: one compiled call (guard checks, one launch) costs the host
 less than eight eager launches. Plain ``generate()`` of the 7B at batch 1 on the H200 took
