@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Add transformers 5.24 (and what it needs beyond the H200 image) to .gpu-site/, after
+# Add transformers 5.24, pytest and aiohttp (the load generator's client), with what they need
+# beyond the H200 image, to .gpu-site/, after
 # ../shared/gpu/make-site.sh built it, keeping the folder under the 64 MiB the device tool carries.
 # Usage, from the repository root, where pip works:  bash loadtests/gpu/add-transformers.sh
 set -euo pipefail
@@ -7,7 +8,7 @@ site=.gpu-site; tmp=$(mktemp -d)
 python3 -m pip install -q --no-compile --only-binary=:all: --target "$tmp" \
   --python-version 3.12 --implementation cp --abi cp312 --platform manylinux_2_28_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
-  transformers==5.24.0 pytest 2>&1 | grep -v '^WARNING' || true
+  transformers==5.24.0 pytest aiohttp 2>&1 | grep -v '^WARNING' || true
 for f in "$tmp"/*; do
   name=$(basename "$f")
   case $name in numpy*|bin) continue ;; esac  # the image's numpy goes with its torch
