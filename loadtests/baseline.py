@@ -23,7 +23,7 @@ import torch
 from loadtests.loadgen import emit
 from loadtests.texts import make_jobs
 from service.config import Settings
-from service.engine.generation import eos_ids, generation_config
+from service.engine.generation import eos_ids, generation_config, pad_token_id
 from service.engine.loading import LoadedModel, load_model
 from service.engine.tokenization import ChatPromptEncoder
 from service.engine.types import GenerationRequest
@@ -52,43 +52,46 @@ def service_requests(
     return prepared
 
 
-def naive_generate(loaded: LoadedModel, request: GenerationRequest) -> int:
-    """One ``model.generate()`` forced to ``request``'s budget; the tokens it generated."""
-    eos = eos_ids(loaded.model)
-    pad = loaded.tokenizer.pad_token_id
-    config = copy.copy(
-        generation_config(
-            request.decoding,
-            request.max_new_tokens,
-            pad if pad is not None else min(eos),
-            tuple(sorted(eos)),
-        )
-    )
-    config.min_new_tokens = request.max_new_tokens
-    ids = torch.tensor([request.prompt_ids], device=loaded.device)
-    with torch.inference_mode():
-        out = loaded.model.generate(  # type: ignore[operator]
-            input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config
-        )
-    return int(out.shape[1] - ids.shape[1])
+class NaiveGenerator:
+    """One ``model.generate()`` per request, forced to the request's budget."""
 
+    def __init__(self, loaded: LoadedModel) -> None:
+        self._loaded = loaded
+        eos = eos_ids(loaded.model)
+        self._eos = tuple(sorted(eos))
+        self._pad = pad_token_id(loaded.tokenizer, eos)
 
-def timed_tokens(loaded: LoadedModel, requests: list[GenerationRequest]) -> tuple[int, float]:
-    """Output tokens of ``requests`` generated one after another, and the seconds it took."""
-    if loaded.device.type == "cuda":
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    tokens = sum(naive_generate(loaded, request) for request in requests)
-    if loaded.device.type == "cuda":
-        torch.cuda.synchronize()
-    return tokens, time.perf_counter() - started
+    def __call__(self, request: GenerationRequest) -> int:
+        """The tokens generated for ``request``."""
+        config = copy.copy(
+            generation_config(request.decoding, request.max_new_tokens, self._pad, self._eos)
+        )
+        config.min_new_tokens = request.max_new_tokens
+        ids = torch.tensor([request.prompt_ids], device=self._loaded.device)
+        with torch.inference_mode():
+            out = self._loaded.model.generate(  # type: ignore[operator]
+                input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config
+            )
+        return int(out.shape[1] - ids.shape[1])
+
+    def timed(self, requests: list[GenerationRequest]) -> tuple[int, float]:
+        """Output tokens of ``requests`` generated one after another, and the seconds it took."""
+        cuda = self._loaded.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        tokens = sum(self(request) for request in requests)
+        if cuda:
+            torch.cuda.synchronize()
+        return tokens, time.perf_counter() - started
 
 
 def run(settings: Settings, requests: int, seed: int) -> BaselineReport:
     loaded = load_model(settings.model_copy(update={"compile_norms": "off"}))
     prepared = service_requests(settings, loaded, requests + 1, seed)
-    naive_generate(loaded, prepared[0])  # warm-up, as the article does
-    tokens, duration = timed_tokens(loaded, prepared[1:])
+    naive = NaiveGenerator(loaded)
+    naive(prepared[0])  # warm-up, as the article does
+    tokens, duration = naive.timed(prepared[1:])
     return BaselineReport(
         requests=requests,
         output_tokens=tokens,

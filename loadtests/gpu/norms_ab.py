@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from loadtests.baseline import naive_generate, service_requests, timed_tokens
+from loadtests.baseline import NaiveGenerator, service_requests
 from service.config import Settings
 from service.engine.compilation import compile_norms
 from service.engine.loading import load_model
@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     settings = Settings()
     loaded = load_model(settings.model_copy(update={"compile_norms": "off"}))
     requests = service_requests(settings, loaded, args.requests + 1, seed=0)
+    naive = NaiveGenerator(loaded)
     norms = [m for m in loaded.model.modules() if type(m).__name__.endswith("RMSNorm")]
     report: dict[str, float] = {}
     for label in ("eager", "compiled", "eager_again"):
@@ -36,8 +37,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             for module in norms:
                 module._compiled_call_impl = None  # what nn.Module.compile() set
         for _ in range(2):  # warm-up; compiles on the first call
-            naive_generate(loaded, requests[0])
-        tokens, seconds = timed_tokens(loaded, requests[1:])
+            naive(requests[0])
+        tokens, seconds = naive.timed(requests[1:])
         report[f"{label}_ms_per_token"] = round(1000 * seconds / tokens, 2)
         print(label, tokens, report[f"{label}_ms_per_token"], flush=True)
     if args.report:

@@ -20,6 +20,12 @@ def eos_ids(model: PreTrainedModel) -> frozenset[int]:
     return frozenset(eos if isinstance(eos, list) else [eos])
 
 
+def pad_token_id(tokenizer: PreTrainedTokenizerBase, eos: frozenset[int]) -> int:
+    """The tokenizer's pad token, or an end-of-sequence token where it has none."""
+    pad = tokenizer.pad_token_id
+    return int(pad) if pad is not None else min(eos, default=0)
+
+
 @lru_cache(maxsize=32)
 def generation_config(
     decoding: Decoding, max_new_tokens: int, pad_id: int, eos: tuple[int, ...]
@@ -83,8 +89,7 @@ class LoadedEngine:
         self._encoder = ChatPromptEncoder(loaded.tokenizer)
         self._eos_ids = eos_ids(loaded.model)
         self._detokenizer = Detokenizer(loaded.tokenizer, self._eos_ids)
-        pad = loaded.tokenizer.pad_token_id
-        self._pad_id: int = pad if pad is not None else min(self._eos_ids, default=0)
+        self._pad_id = pad_token_id(loaded.tokenizer, self._eos_ids)
         self._info = engine_info(loaded)
 
     @property
