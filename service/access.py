@@ -19,8 +19,16 @@ from limits import RateLimitItem, parse
 from limits.storage import MemoryStorage
 from limits.strategies import SlidingWindowCounterRateLimiter
 
-from service.config import Settings
 from service.errors import Forbidden, QuotaExceeded, RateLimited, Unauthenticated
+
+
+@dataclass(frozen=True, slots=True)
+class AccessConfig:
+    """Accepted keys (none: open) and per-client limits in the limits library's notation."""
+
+    api_keys: tuple[str, ...] = ()
+    rate_limit: str | None = None
+    char_quota: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +39,8 @@ class Client:
 
 
 class AccessControl:
-    def __init__(self, settings: Settings) -> None:
-        keys = [key.get_secret_value() for key in settings.api_keys]
-        if settings.api_keys_file is not None:
-            lines = settings.api_keys_file.read_text("utf-8").splitlines()
-            keys += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-        self._keys = [key.encode() for key in keys]
+    def __init__(self, settings: AccessConfig) -> None:
+        self._keys = [key.encode() for key in settings.api_keys]
         self._limiter = SlidingWindowCounterRateLimiter(MemoryStorage())
         self._rate: RateLimitItem | None = (
             parse(settings.rate_limit) if settings.rate_limit else None

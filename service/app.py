@@ -1,12 +1,13 @@
 """The application factory: ``create_app(settings)`` wires the layers together.
 
-No work happens at import time. The lifespan starts the runtime (engine loading runs in the
-background so liveness answers at once) and drains it on shutdown.
+No work happens at import time. The lifespan starts the runtime (the engine process loads in the
+background so liveness answers at once) and drains and stops it on shutdown. This is the edge:
+``Settings`` is split here into the per-layer configs, and no layer below sees it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -21,17 +22,31 @@ from service.api.libretranslate import create_libretranslate_app
 from service.api.middleware import RequestContextMiddleware
 from service.config import Settings
 from service.metrics import Metrics
-from service.runtime import EngineLoader, Runtime, load_transformers_engine
+from service.engine.factory import EngineLoader, load_engine
+from service.runtime import Runtime
 
 
 def create_app(
     settings: Settings,
     *,
-    loader: EngineLoader = load_transformers_engine,
+    loader: EngineLoader = load_engine,
     metrics: Metrics | None = None,
+    on_fatal: Callable[[], None] = lambda: None,
 ) -> FastAPI:
-    """A new app with its own runtime and metrics registry; nothing is loaded until it starts."""
-    runtime = Runtime(settings, metrics or Metrics(), loader)
+    """A new app with its own runtime and metrics registry; nothing is loaded until it starts.
+
+    ``loader`` runs in the engine process and must be picklable (a module-level function, or a
+    ``functools.partial`` of one). ``on_fatal`` is called when the engine cannot be (re)started.
+    """
+    runtime = Runtime(
+        settings.engine_config(),
+        settings.policy_config(),
+        settings.translation_config(),
+        metrics or Metrics(),
+        loader,
+        workers=settings.prepare_workers,
+        on_fatal=on_fatal,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -48,7 +63,7 @@ def create_app(
         root_path=settings.root_path,
         lifespan=lifespan,
     )
-    access = AccessControl(settings)
+    access = AccessControl(settings.access_config())
     app.state.runtime = runtime
     app.state.access = access
     app.include_router(native.router)

@@ -1,8 +1,10 @@
 """The service's one typed settings object.
 
 Every knob of the service lives here, documented, read from ``HYMT_*`` environment variables
-(or a ``.env`` file, or command-line flags through ``python -m service``). ``create_app`` takes a
-``Settings`` instance and passes it down; nothing reads the environment anywhere else.
+(or a ``.env`` file, or command-line flags through ``python -m service``). Nothing reads the
+environment anywhere else, and no layer below the edge sees ``Settings``: ``create_app`` splits
+it into the per-layer configs (``engine_config``, ``policy_config``, ``translation_config``,
+``access_config``), and the engine process receives only its own.
 """
 
 from __future__ import annotations
@@ -13,6 +15,12 @@ from typing import Literal
 import limits
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.access import AccessConfig
+from service.engine.config import BatchingConfig, ContinuousConfig, EngineConfig
+from service.engine.types import Decoding
+from service.policy.config import PolicyConfig
+from service.translation.translator import TranslationConfig
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Quantization = Literal["none", "nf4", "int8"]
@@ -182,6 +190,12 @@ class Settings(BaseSettings):
         le=1,
         description="Continuous batching: share of free GPU memory for the KV cache (unset: auto).",
     )
+    cb_num_blocks: int | None = Field(
+        None,
+        ge=1,
+        description="Continuous batching: KV-cache pages of 256 tokens, an explicit memory "
+        "budget (unset: sized from free memory, on CPU from free RAM).",
+    )
 
     # --- access ------------------------------------------------------------------------------
     api_keys: list[SecretStr] = Field(
@@ -210,11 +224,37 @@ class Settings(BaseSettings):
         "X-Request-Timeout header (seconds). Past it: 504, and queued work is dropped. Keep it "
         "under the proxy's proxy_read_timeout (120 s in deploy/nginx).",
     )
+    min_request_timeout_s: float = Field(
+        0.1,
+        gt=0,
+        description="Smallest X-Request-Timeout a client may send; below it the request is "
+        "refused with 422 (a deadline that cannot be met is a client error, not a 504).",
+    )
     stall_timeout_s: float = Field(
         300.0,
         gt=0,
-        description="A batch running longer than this marks the worker stalled: /health and "
-        "/live turn 503 and queued and new requests fail fast with 503.",
+        description="An engine that holds work and answers nothing for this long is stalled: "
+        "requests in it fail with 503, it is killed and restarted.",
+    )
+    engine_heartbeat_timeout_s: float = Field(
+        1.0,
+        gt=0,
+        description="An engine process not heard from for this long (it reports every 100 ms) "
+        "is hung: killed and restarted.",
+    )
+    engine_start_timeout_s: float = Field(
+        1800.0, gt=0, description="Longest the engine process may take from start to ready."
+    )
+    engine_max_restarts: int = Field(
+        3,
+        ge=0,
+        description="Engine restarts allowed within 10 minutes (after it died, hung or "
+        "stalled); one more and the service exits with status 1 for its orchestrator.",
+    )
+    prepare_workers: int = Field(
+        2,
+        ge=1,
+        description="Threads that detect languages and tokenize, off the event loop.",
     )
 
     # --- micro-batching ----------------------------------------------------------------------
@@ -229,7 +269,10 @@ class Settings(BaseSettings):
         5.0, ge=0, description="Longest a queued text waits for a batch to fill."
     )
     max_queue_size: int = Field(
-        1024, ge=1, description="Most texts waiting for the worker; beyond it requests get 429."
+        1024,
+        ge=1,
+        description="Most texts admitted and not yet answered (waiting or generating); beyond "
+        "it, and for requests that could not finish inside their deadline, 429 at once.",
     )
 
     # --- result cache ------------------------------------------------------------------------
@@ -249,6 +292,97 @@ class Settings(BaseSettings):
             raise ValueError("max_input_tokens must not exceed max_batch_tokens")
         return self
 
+    @model_validator(mode="after")
+    def _check_engine_settings(self) -> Settings:
+        kind = self.engine
+        if kind != "auto":
+            self.engine_config().check_kind(kind)
+        return self
+
     @property
     def uses_demo_model(self) -> bool:
         return self.model_id is None
+
+    def decoding(self) -> Decoding:
+        return Decoding(
+            greedy=self.greedy,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            repetition_penalty=self.repetition_penalty,
+        )
+
+    def engine_config(self) -> EngineConfig:
+        """All the engine process receives."""
+        given = self.model_fields_set
+        return EngineConfig(
+            model_id=self.model_id,
+            model_revision=self.model_revision,
+            load_format=self.load_format,
+            dtype=self.dtype,
+            quantization=self.quantization,
+            quantize_lm_head=self.quantize_lm_head,
+            device=self.device,
+            compile_norms=self.compile_norms,
+            data_dir=self.data_dir,
+            engine=self.engine,
+            decoding=self.decoding(),
+            max_new_tokens=self.max_new_tokens,
+            batching=BatchingConfig(
+                max_batch_size=self.max_batch_size,
+                max_batch_tokens=self.max_batch_tokens,
+                max_wait_s=self.max_wait_ms / 1000,
+            ),
+            continuous=ContinuousConfig(
+                attention=self.cb_attention,
+                cuda_graph=self.cb_cuda_graph,
+                kv_padding=self.cb_kv_padding,
+                max_batch_tokens=self.cb_max_batch_tokens,
+                max_requests_per_batch=self.cb_max_requests_per_batch,
+                compile_level=self.cb_compile_level,
+                max_memory_percent=self.cb_max_memory_percent,
+                num_blocks=self.cb_num_blocks,
+            ),
+            static_only=tuple(sorted(given & _STATIC_ONLY)),
+            continuous_only=tuple(sorted(name for name in given if name.startswith("cb_"))),
+            log_level=self.log_level,
+        )
+
+    def policy_config(self) -> PolicyConfig:
+        return PolicyConfig(
+            max_in_flight=self.max_queue_size,
+            request_timeout_s=self.request_timeout_s,
+            min_request_timeout_s=self.min_request_timeout_s,
+            stall_timeout_s=self.stall_timeout_s,
+            heartbeat_timeout_s=self.engine_heartbeat_timeout_s,
+            start_timeout_s=self.engine_start_timeout_s,
+            max_restarts=self.engine_max_restarts,
+        )
+
+    def translation_config(self) -> TranslationConfig:
+        return TranslationConfig(
+            decoding=self.decoding(),
+            max_text_chars=self.max_text_chars,
+            max_input_tokens=self.max_input_tokens,
+            max_batch_items=self.max_batch_items,
+            max_new_tokens=self.max_new_tokens,
+            output_tokens_ratio=self.output_tokens_ratio,
+            output_tokens_margin=self.output_tokens_margin,
+            log_texts=self.log_texts,
+            cache_size=self.cache_size,
+            cache_ttl_s=self.cache_ttl_s,
+            warmup=self.warmup,
+        )
+
+    def access_config(self) -> AccessConfig:
+        keys = [key.get_secret_value() for key in self.api_keys]
+        if self.api_keys_file is not None:
+            lines = self.api_keys_file.read_text("utf-8").splitlines()
+            keys += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+        return AccessConfig(
+            api_keys=tuple(keys), rate_limit=self.rate_limit, char_quota=self.char_quota
+        )
+
+
+# Settings only the static micro-batching engine reads.
+_STATIC_ONLY = frozenset({"max_batch_size", "max_batch_tokens", "max_wait_ms"})

@@ -114,3 +114,24 @@ class OutOfMemory(GenerationFailed):
     """The accelerator ran out of memory while generating this item."""
 
     code = "out_of_memory"
+
+
+class EngineDied(EngineUnavailable):
+    """The engine process exited or stopped answering while this was in it."""
+
+    code = "engine_unavailable"
+
+
+def _leaves(kind: type[ServiceError]) -> list[type[ServiceError]]:
+    found = [kind]
+    for sub in kind.__subclasses__():
+        found += _leaves(sub)
+    return found
+
+
+def error_of(code: str, message: str) -> ServiceError:
+    """The domain error a code names (as an engine process reports it across the boundary)."""
+    for kind in _leaves(ServiceError):
+        if kind.code == code and kind.__init__ is ServiceError.__init__:
+            return kind(message)
+    return GenerationFailed(message)

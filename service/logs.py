@@ -11,14 +11,22 @@ import logging
 import sys
 from typing import Any
 
-from transformers.utils import logging as hf_logging
-
 # Attributes every LogRecord has; anything else on a record came in through ``extra``.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
     "message",
     "asctime",
     "color_message",  # uvicorn's ANSI-coloured duplicate of the message
 }
+
+
+class _Tag(logging.Filter):
+    def __init__(self, process: str) -> None:
+        super().__init__()
+        self._process = process
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.process_kind = self._process
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -37,17 +45,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, *, process: str = "api") -> None:
+    """JSON lines on stderr; ``process`` (api or engine) is a field of every line."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(_Tag(process))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # transformers logs through its own stderr handler and draws tqdm bars; route its records
-    # into ours instead (the engine logs its own load stages with times).
-    hf_logging.disable_default_handler()
-    hf_logging.enable_propagation()
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     # uvicorn's own access log would duplicate ours (which has request ids and route templates).
     logging.getLogger("uvicorn.access").disabled = True
     for name in ("uvicorn", "uvicorn.error"):

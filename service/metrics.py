@@ -1,14 +1,16 @@
 """Every Prometheus metric of the service, declared once.
 
 ``Metrics`` owns its own ``CollectorRegistry`` (never the global one), so two apps in one process,
-as in tests, do not collide. Layers receive the instance and record at their boundaries:
-HTTP middleware (requests), translator (cache), scheduler (queue, batches), engine worker
-(inference, tokens, load). Labels stay low-cardinality: route templates, status codes, reasons.
+as in tests, do not collide. It lives in the API process; the engine process reports its
+figures in ``Stats`` messages, recorded here by ``record_engine``. Layers receive the instance and
+record at their boundaries: HTTP middleware (requests), translator (cache), admission (in flight,
+refusals), dispatcher (queue wait, generation time, tokens, failures), supervisor (engine up,
+restarts, load). Labels stay low-cardinality: route templates, status codes, reasons.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST as PROMETHEUS_CONTENT_TYPE,
@@ -21,6 +23,9 @@ from prometheus_client import (
     Info,
     generate_latest,
 )
+
+if TYPE_CHECKING:
+    from service.engine.protocol import Stats
 
 PREFIX = "hymt"
 
@@ -69,37 +74,63 @@ class Metrics:
         self.cache_entries = Gauge(
             f"{PREFIX}_cache_entries", "Translations held by the result cache.", registry=r
         )
+        self.in_flight = Gauge(
+            f"{PREFIX}_in_flight_texts",
+            "Texts admitted and not yet answered (being prepared, waiting or generating).",
+            registry=r,
+        )
         self.queue_depth = Gauge(
-            f"{PREFIX}_queue_depth", "Texts waiting for the model worker.", registry=r
+            f"{PREFIX}_queue_depth",
+            "Texts inside the engine waiting to start generating (engine's last report).",
+            registry=r,
+        )
+        self.engine_running = Gauge(
+            f"{PREFIX}_engine_running_texts",
+            "Texts generating right now (engine's last report).",
+            registry=r,
         )
         self.queue_wait = Histogram(
             f"{PREFIX}_queue_wait_seconds",
-            "Time a text waited in the queue before its batch started.",
+            "Per text: from being sent to the engine until its generation started.",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.queue_rejections = Counter(
             f"{PREFIX}_queue_rejections_total",
-            "Texts refused or dropped before reaching the model, by reason.",
+            "Texts refused or dropped before they were answered, by reason: queue_full, "
+            "deadline_unreachable (refused at admission), deadline (passed while waiting), "
+            "cancelled (the client left).",
             ["reason"],
             registry=r,
         )
         self.batch_size = Histogram(
             f"{PREFIX}_batch_size",
-            "Texts per batch handed to the model.",
+            "Texts generating together, sampled at each engine report while it generates.",
             buckets=_BATCH_BUCKETS,
             registry=r,
         )
         self.inference_duration = Histogram(
             f"{PREFIX}_inference_duration_seconds",
-            "Wall time of one batch in the model (prefill, decode and detokenization).",
+            "Per text: from the start of its generation to its answer (prefill, decode, "
+            "detokenization).",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.batch_failures = Counter(
-            f"{PREFIX}_batch_failures_total",
-            "Batches whose generation raised, by error code.",
+        self.generation_failures = Counter(
+            f"{PREFIX}_generation_failures_total",
+            "Texts whose generation failed in the engine, by error code.",
             ["code"],
+            registry=r,
+        )
+        self.engine_up = Gauge(
+            f"{PREFIX}_engine_up",
+            "1 while an engine process is running and loaded, 0 while it is down or loading.",
+            registry=r,
+        )
+        self.engine_restarts = Counter(
+            f"{PREFIX}_engine_restarts_total",
+            "Engine process restarts, by reason (exited, hung, stalled).",
+            ["reason"],
             registry=r,
         )
         self.prompt_tokens = Counter(
@@ -129,15 +160,15 @@ class Metrics:
             registry=r,
         )
 
-    def watch_gpu_memory(self, read: Callable[[], dict[str, int]]) -> None:
-        """Read accelerator memory at scrape time through ``read`` (kind -> bytes)."""
-        for kind in read():
-            self.gpu_memory.labels(kind=kind).set_function(_reader(read, kind))
+    def record_engine(self, stats: Stats) -> None:
+        """The engine process's latest report."""
+        self.queue_depth.set(max(0, stats.in_flight - stats.running))
+        self.engine_running.set(stats.running)
+        if stats.running:
+            self.batch_size.observe(stats.running)
+        for kind, value in stats.memory.items():
+            self.gpu_memory.labels(kind=kind).set(value)
 
     def render(self) -> bytes:
         """The exposition text of every metric."""
         return generate_latest(self.registry)
-
-
-def _reader(read: Callable[[], dict[str, int]], kind: str) -> Callable[[], float]:
-    return lambda: float(read().get(kind, 0))

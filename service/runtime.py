@@ -1,189 +1,174 @@
-"""The service's lifecycle: load the engine, start the scheduler, warm up, serve, drain.
+"""The service's lifecycle in the API process: engine process, admission, translator, drain.
 
-``Runtime`` is created by ``create_app`` and driven by its lifespan. Loading runs in a background
-task so the HTTP server answers at once: liveness is green while the model loads and readiness
-turns green only after warm-up. A load failure leaves the runtime ``failed``: readiness and
-liveness both turn red, so an orchestrator restarts the process.
+``Runtime`` is created by ``create_app`` and driven by its lifespan. Starting spawns the engine
+process under the supervisor and returns at once, so liveness answers while the model loads;
+readiness turns green only after the engine reported ready and the translator's warm-up went
+through it. On each (re)start the translator is built from what the engine reported (its
+tokenizer and model fingerprint) or kept from the previous incarnation.
+
+``drain`` is what SIGTERM runs before the HTTP server stops: admission closes (new requests get
+a JSON 503 with Retry-After), texts in flight get up to ``drain_timeout_s`` to finish, and
+whatever is left is answered 503 at once. ``stop`` then stops the engine process.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
-from service.config import Settings
-from service.engine.continuous import ContinuousBatchingEngine
-from service.engine.loading import load_model
-from service.engine.static import StaticBatchEngine
-from service.engine.types import ContinuousEngine, Decoding, Engine, EngineInfo
-from service.engine.worker import EngineWorker
-from service.errors import EngineStalled, EngineUnavailable, NotReady, ServiceError
+from service.engine.client import EngineClient
+from service.engine.config import EngineConfig
+from service.engine.encoding import ChatPromptEncoder
+from service.engine.factory import EngineLoader
+from service.engine.protocol import Ready
+from service.engine.types import EngineInfo
+from service.errors import EngineUnavailable, ServiceError
 from service.metrics import Metrics
-from service.scheduling.continuous import ContinuousScheduler
-from service.scheduling.microbatch import BatchingLimits, MicroBatchScheduler
-from service.scheduling.types import GenerationScheduler
+from service.policy.admission import Admission
+from service.policy.config import PolicyConfig
+from service.policy.dispatch import Dispatcher
+from service.policy.supervisor import EngineState, EngineSupervisor
 from service.translation.cache import ResultCache
 from service.translation.detection import LanguageDetector
 from service.translation.languages import LanguageTable
-from service.translation.translator import PromptBuilder, Translator
+from service.translation.translator import PromptBuilder, TranslationConfig, Translator
 
 log = logging.getLogger(__name__)
 
-AnyEngine = Engine | ContinuousEngine
-EngineLoader = Callable[[Settings], AnyEngine]
-
-
-class State(enum.Enum):
-    LOADING = "loading"
-    READY = "ready"
-    FAILED = "failed"
-    STOPPING = "stopping"
-
-
-def load_transformers_engine(settings: Settings) -> AnyEngine:
-    """The production loader: transformers model and tokenizer as the settings say."""
-    loaded = load_model(settings)
-    kind = settings.engine
-    if kind == "auto":
-        kind = "continuous" if loaded.device.type == "cuda" else "static"
-    if kind == "continuous":
-        return ContinuousBatchingEngine(loaded, settings, Decoding.from_settings(settings))
-    return StaticBatchEngine(loaded)
+_DRAIN_POLL_S = 0.02
 
 
 class Runtime:
-    """Holds the engine worker, scheduler and translator of one app."""
+    """The engine supervisor, admission and translator of one app."""
 
     def __init__(
         self,
-        settings: Settings,
+        engine: EngineConfig,
+        policy: PolicyConfig,
+        translation: TranslationConfig,
         metrics: Metrics,
-        loader: EngineLoader = load_transformers_engine,
+        loader: EngineLoader,
+        *,
+        workers: int = 2,
+        on_fatal: Callable[[], None] = lambda: None,
     ) -> None:
-        self.settings = settings
+        self.policy = policy
         self.metrics = metrics
-        self.state = State.LOADING
         self.started_at = time.monotonic()
         self.ready_after_s: float | None = None
         self.engine_info: EngineInfo | None = None
-        self._loader = loader
+        self.engine_kind: str | None = None
+        self._translation = translation
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prepare")
         self._translator: Translator | None = None
-        self._scheduler: GenerationScheduler | None = None
-        self._engine: AnyEngine | None = None
-        self._worker: EngineWorker | None = None
-        self._startup: asyncio.Task[None] | None = None
+        self._cache: ResultCache[object] = ResultCache(
+            translation.cache_size, translation.cache_ttl_s
+        )
+        self.supervisor = EngineSupervisor(
+            engine, loader, policy, metrics, on_ready=self._on_ready, on_fatal=on_fatal
+        )
+        self.admission = Admission(policy.max_in_flight, metrics, self.supervisor.availability)
+        self._dispatcher = Dispatcher(self.supervisor, self.admission, metrics)
+        self._languages = LanguageTable()
+        self._detector: LanguageDetector | None = None
+
+    @property
+    def state(self) -> EngineState:
+        return self.supervisor.state
 
     @property
     def translator(self) -> Translator:
-        """The translator, or the error that says why there is none yet."""
-        if self.state is State.READY and self._translator is not None and not self.stalled:
-            return self._translator
-        raise self.failure()
+        """The translator, or the error that says why the service cannot translate now."""
+        failure = self.failure()
+        if failure is not None:
+            raise failure
+        assert self._translator is not None
+        return self._translator
+
+    def failure(self) -> ServiceError | None:
+        """Why the service is not serving, or None when it is."""
+        if self.admission.closed:
+            return EngineUnavailable("the service is shutting down; retry on another replica")
+        unavailable = self.supervisor.availability()
+        if unavailable is not None:
+            return unavailable
+        if self._translator is None:
+            return EngineUnavailable("the translator is not built yet")
+        return None
 
     @property
-    def stalled(self) -> bool:
-        return self._scheduler is not None and self._scheduler.stalled
-
-    def failure(self) -> ServiceError:
-        """The error that explains why the runtime is not serving."""
-        if self.stalled:
-            return EngineStalled("the model worker is stalled")
-        if self.state is State.LOADING:
-            return NotReady("the model is loading; retry shortly")
-        return EngineUnavailable(f"the translation engine is {self.state.value}")
+    def max_text_chars(self) -> int:
+        return self._translation.max_text_chars
 
     @property
-    def queue_depth(self) -> int:
-        return self._scheduler.depth if self._scheduler else 0
+    def cache_ttl_s(self) -> float:
+        return self._translation.cache_ttl_s
+
+    @property
+    def live(self) -> bool:
+        return self.supervisor.live
+
+    @property
+    def in_flight(self) -> int:
+        return self.admission.in_flight
 
     def start(self) -> None:
-        self._startup = asyncio.create_task(self._start(), name="runtime-startup")
+        self.supervisor.start()
 
     async def wait_started(self) -> None:
-        """Wait until loading ended, ready or failed (for tests and the CLI)."""
-        if self._startup is not None:
-            await asyncio.shield(self._startup)
+        """Wait until the engine is ready or has failed (for tests and the CLI)."""
+        await self.supervisor.wait_settled()
 
-    async def _start(self) -> None:
-        try:
-            self._worker = EngineWorker(lambda: self._loader(self.settings))
-            self._engine = engine = await self._worker.start()
-            self.engine_info = info = engine.info
-            self._record_model(engine)
-            self._scheduler = self._make_scheduler(engine, self._worker)
-            self._scheduler.start()
-            languages = LanguageTable()
-            detector = await asyncio.to_thread(LanguageDetector, languages)
-            translator = Translator(
-                self.settings,
-                prompts=PromptBuilder(
-                    self.settings,
-                    engine.encoder,
-                    info.fingerprint,
-                    languages=languages,
-                    detector=detector,
-                ),
-                scheduler=self._scheduler,
-                cache=ResultCache(self.settings.cache_size, self.settings.cache_ttl_s),
-                metrics=self.metrics,
-            )
-            if self.settings.warmup:
-                warm_started = time.monotonic()
-                await translator.warm_up()
-                log.info(
-                    "warm-up done", extra={"seconds": round(time.monotonic() - warm_started, 3)}
-                )
-            self._translator = translator
-            self.state = State.READY
+    async def _on_ready(self, ready: Ready) -> None:
+        """A (re)started engine reported ready: build or keep the translator, warm up."""
+        self.engine_info, self.engine_kind = ready.info, ready.kind
+        self.admission.set_capacity(ready.capacity)
+        if self._detector is None:
+            self._detector = await asyncio.to_thread(LanguageDetector, self._languages)
+        prompts = PromptBuilder(
+            self._translation,
+            ChatPromptEncoder(ready.tokenizer),
+            ready.info.fingerprint,
+            languages=self._languages,
+            detector=self._detector,
+        )
+        translator = Translator(
+            self._translation,
+            prompts=prompts,
+            generator=self._dispatcher,
+            admission=self.admission,
+            cache=self._cache,  # type: ignore[arg-type]
+            metrics=self.metrics,
+            pool=self._pool,
+        )
+        if self._translation.warmup:
+            warm_started = time.monotonic()
+            await translator.warm_up()
+            log.info("warm-up done", extra={"seconds": round(time.monotonic() - warm_started, 3)})
+        self._translator = translator
+        if self.ready_after_s is None:
             self.ready_after_s = time.monotonic() - self.started_at
-            self.metrics.ready.set(1)
-            log.info("ready", extra={"seconds_since_start": round(self.ready_after_s, 3)})
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            self.state = State.FAILED
-            log.exception("engine failed to start")
 
-    def _make_scheduler(self, engine: AnyEngine, worker: EngineWorker) -> GenerationScheduler:
-        if isinstance(engine, ContinuousEngine):
-            return ContinuousScheduler(engine, self.settings.max_queue_size, self.metrics)
-        return MicroBatchScheduler(
-            worker,
-            BatchingLimits(
-                max_batch_size=self.settings.max_batch_size,
-                max_batch_tokens=self.settings.max_batch_tokens,
-                max_wait_s=self.settings.max_wait_ms / 1000,
-                max_queue_size=self.settings.max_queue_size,
-                stall_timeout_s=self.settings.stall_timeout_s,
-            ),
-            self.metrics,
-        )
-
-    def _record_model(self, engine: AnyEngine) -> None:
-        info = engine.info
-        self.metrics.model_load_seconds.set(info.load_seconds)
-        self.metrics.model_weights_bytes.set(info.weights_bytes)
-        self.metrics.model.info(
-            {
-                "model": info.model,
-                "dtype": info.dtype,
-                "quantization": info.quantization,
-                "device": info.device,
-            }
-        )
-        self.metrics.watch_gpu_memory(engine.memory_bytes)
-
-    async def stop(self, drain_timeout_s: float = 30.0) -> None:
-        """Stop serving: drain the queue for up to ``drain_timeout_s``, then release the worker."""
-        self.state = State.STOPPING
+    async def drain(self, timeout_s: float) -> None:
+        """Stop admitting; let texts in flight finish for ``timeout_s``; answer the rest 503."""
+        if self.admission.closed:
+            return
+        self.admission.close()
         self.metrics.ready.set(0)
-        if self._startup is not None and not self._startup.done():
-            self._startup.cancel()
-            await asyncio.gather(self._startup, return_exceptions=True)
-        if self._scheduler is not None:
-            await self._scheduler.close(drain_timeout_s)
-        if self._worker is not None:
-            await self._worker.close()
+        log.info("draining", extra={"in_flight": self.in_flight, "timeout_s": timeout_s})
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(_DRAIN_POLL_S)
+        client: EngineClient | None = self.supervisor.client
+        if self.in_flight and client is not None:
+            log.warning("drain timed out", extra={"in_flight": self.in_flight})
+            client.fail_all(EngineUnavailable("the service shut down before this finished"))
+
+    async def stop(self, drain_timeout_s: float) -> None:
+        """Drain (if SIGTERM did not already), then stop the engine process."""
+        await self.drain(drain_timeout_s)
+        await self.supervisor.stop()
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -10,13 +10,18 @@ names them; options that cannot change a single-segment translation are accepted
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, field_validator
 
-from service.access import AccessControl, Client
+from service.access import AccessControl
+from service.api.context import RequestContext
 from service.api.errors import install_dialect_errors
-from service.api.params import Params, optional_text, read_params, text_list
+from service.api.params import Params, parse, read_params
 from service.errors import (
+    DeadlineExceeded,
     Forbidden,
     InvalidInput,
     PayloadTooLarge,
@@ -39,9 +44,37 @@ REFUSED = (
     "translation_memory",
     "translation_memory_id",
 )
-_STATUS = {InvalidInput: 400, Unauthenticated: 403, Forbidden: 403, QuotaExceeded: 456}
+_STATUS = {
+    InvalidInput: 400,
+    Unauthenticated: 403,
+    Forbidden: 403,
+    QuotaExceeded: 456,
+    DeadlineExceeded: 504,
+}
 # DeepL spellings that are not simply our code in capitals.
 _TO_OURS = {"EN-US": "en", "EN-GB": "en", "PT-BR": "pt", "PT-PT": "pt", "ZH-HANS": "zh"}
+
+
+class TranslateBody(BaseModel):
+    # DeepL accepts many options that cannot change a one-segment translation: ignored.
+    model_config = ConfigDict(extra="ignore")
+
+    text: list[str]
+    target_lang: str
+    source_lang: str | None = None
+    tag_handling: Literal["html", "xml"] | None = None
+    formality: str | None = None
+    auth_key: str | None = None
+
+    @field_validator("text", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("source_lang", "tag_handling", "formality", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return value or None
 
 
 def deepl_code(language: Language) -> str:
@@ -55,47 +88,46 @@ def our_code(deepl: str) -> str:
 
 def create_deepl_app(runtime: Runtime, access: AccessControl) -> FastAPI:
     app = FastAPI(title="DeepL-compatible API v2", docs_url=None, redoc_url=None)
+    app.state.runtime, app.state.access = runtime, access
 
     install_dialect_errors(app, _STATUS, lambda error: {"message": error.message})
 
-    def client_of(request: Request, params: Params | None = None) -> Client:
+    def context_of(request: Request, params: Params | None = None) -> RequestContext:
         header = request.headers.get("authorization", "")
         scheme, _, key = header.partition(" ")
         if scheme != "DeepL-Auth-Key" and params is not None:
-            key = optional_text(params, "auth_key") or ""
-        address = request.client.host if request.client else "unknown"
-        client = access.authenticate(f"Bearer {key}" if key else None, address)
-        access.admit(client)
-        return client
+            given = params.get("auth_key")
+            key = given if isinstance(given, str) else ""
+        return RequestContext.build(request, f"Bearer {key}" if key else None)
 
     @app.post("/translate")
     async def translate(request: Request) -> JSONResponse:
         if len(await request.body()) > MAX_REQUEST_BYTES:
             raise PayloadTooLarge("Request Entity Too Large")
         params = await read_params(request)
-        client = client_of(request, params)
         refused = [name for name in REFUSED if params.get(name)]
-        formality = optional_text(params, "formality")
-        if formality not in (None, "default"):
+        body = parse(TranslateBody, params)
+        context = context_of(request, params)
+        if body.formality not in (None, "default"):
             refused.append("formality")
         if refused:
             raise Unsupported(f"unsupported parameter(s): {', '.join(refused)}")
-        texts = text_list(params.get("text"), "text")
-        target = optional_text(params, "target_lang")
-        if target is None:
-            raise InvalidInput("Value for 'target_lang' not supported.")
-        source = optional_text(params, "source_lang")
-        tags = optional_text(params, "tag_handling")
-        if tags not in (None, "html", "xml"):
-            raise InvalidInput(f"Value for 'tag_handling' not supported: {tags}")
+        texts = body.text
+        if not texts:
+            raise InvalidInput("invalid request: missing text parameter")
         billed = sum(len(text) for text in texts)
-        access.charge(client, billed)
-        translator = runtime.translator
-        target_code, source_code = our_code(target), our_code(source) if source else None
-        if tags:
-            outcomes = await translator.translate_markup(texts, target_code, source_code)
+        context.charge(billed)
+        translator = context.translator
+        target_code = our_code(body.target_lang)
+        source_code = our_code(body.source_lang) if body.source_lang else None
+        if body.tag_handling:
+            outcomes = await translator.translate_markup(
+                texts, target_code, source_code, deadline=context.deadline
+            )
         else:
-            outcomes = await translator.translate_batch(texts, target_code, source_code)
+            outcomes = await translator.translate_batch(
+                texts, target_code, source_code, deadline=context.deadline
+            )
         translations = []
         for text, outcome in zip(texts, outcomes, strict=True):
             if isinstance(outcome, ServiceError):
@@ -112,8 +144,7 @@ def create_deepl_app(runtime: Runtime, access: AccessControl) -> FastAPI:
 
     @app.get("/languages")
     async def languages(request: Request, type: str = "source") -> JSONResponse:
-        client_of(request)
-        table: LanguageTable = runtime.translator.languages
+        table: LanguageTable = context_of(request).translator.languages
         entries: list[dict[str, object]] = []
         for language in table.values():
             entry: dict[str, object] = {
@@ -127,8 +158,8 @@ def create_deepl_app(runtime: Runtime, access: AccessControl) -> FastAPI:
 
     @app.get("/usage")
     async def usage(request: Request) -> JSONResponse:
-        client = client_of(request)
-        used, limit = access.character_usage(client)
+        context = context_of(request)
+        used, limit = access.character_usage(context.client)
         return JSONResponse(
             {"character_count": used, "character_limit": limit if limit is not None else 10**12}
         )

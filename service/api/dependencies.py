@@ -1,15 +1,13 @@
-"""FastAPI dependencies: how a route finds the runtime and translator of its own app."""
+"""FastAPI dependencies of the native API: the runtime of its own app and the request context."""
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from service.access import AccessControl, Client
+from service.api.context import RequestContext
 from service.runtime import Runtime
-from service.translation.translator import Translator
 
 
 def get_runtime(request: Request) -> Runtime:
@@ -17,47 +15,21 @@ def get_runtime(request: Request) -> Runtime:
     return runtime
 
 
-def get_translator(runtime: Annotated[Runtime, Depends(get_runtime)]) -> Translator:
-    """The ready translator; raises ``NotReady``/``EngineUnavailable`` otherwise."""
-    return runtime.translator
-
-
-def get_deadline(
-    runtime: Annotated[Runtime, Depends(get_runtime)],
+def get_context(
+    request: Request,
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
     x_request_timeout: Annotated[
-        float | None,
+        str | None,
         Header(
-            gt=0,
-            description="Seconds this request may take; lowers the server's own deadline.",
+            description="Seconds this request may take; lowers the server's own deadline "
+            "(at least HYMT_MIN_REQUEST_TIMEOUT_S, 0.1 by default).",
         ),
     ] = None,
-) -> float:
-    """The request's deadline as a ``time.monotonic()`` instant."""
-    seconds = runtime.settings.request_timeout_s
-    if x_request_timeout is not None:
-        seconds = min(seconds, x_request_timeout)
-    return time.monotonic() + seconds
-
-
-def get_access(request: Request) -> AccessControl:
-    access: AccessControl = request.app.state.access
-    return access
-
-
-def get_client(
-    request: Request,
-    access: Annotated[AccessControl, Depends(get_access)],
-    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
-) -> Client:
-    """The authenticated caller, with one request counted against its rate."""
-    address = request.client.host if request.client else "unknown"
-    client = access.authenticate(authorization, address)
-    access.admit(client)
-    return client
+) -> RequestContext:
+    """The caller, its deadline and the ready translator (``X-Request-Timeout`` is read by
+    ``RequestContext.build``; declared here for the OpenAPI document)."""
+    return RequestContext.build(request, authorization)
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
-AccessDep = Annotated[AccessControl, Depends(get_access)]
-ClientDep = Annotated[Client, Depends(get_client)]
-DeadlineDep = Annotated[float, Depends(get_deadline)]
-TranslatorDep = Annotated[Translator, Depends(get_translator)]
+ContextDep = Annotated[RequestContext, Depends(get_context)]

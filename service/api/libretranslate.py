@@ -8,84 +8,112 @@ of texts with ``source=auto`` is detected text by text.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from service.access import AccessControl, Client
+from service.access import AccessControl
+from service.api.context import RequestContext
 from service.api.errors import install_dialect_errors
-from service.api.params import Params, optional_text, read_params, text_list
-from service.errors import Forbidden, InvalidInput, ServiceError, Unauthenticated
+from service.api.params import Params, parse, read_params
+from service.errors import (
+    DeadlineExceeded,
+    Forbidden,
+    InvalidInput,
+    ServiceError,
+    Unauthenticated,
+)
 from service.runtime import Runtime
 from service.translation.translator import Translation
 
 # LibreTranslate's own status codes where they differ from the native API's.
-_STATUS = {InvalidInput: 400, Unauthenticated: 403, Forbidden: 403}
+_STATUS = {InvalidInput: 400, Unauthenticated: 403, Forbidden: 403, DeadlineExceeded: 504}
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    api_key: str | None = None
+
+
+class TranslateBody(_Request):
+    q: str | list[str] = Field(min_length=1)
+    source: str = "auto"
+    target: str
+    format: Literal["text", "html"] = "text"
+    alternatives: int = Field(0, ge=0, le=10)
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _empty_is_auto(cls, value: object) -> object:
+        return value or "auto"
+
+
+class DetectBody(_Request):
+    q: str = Field(min_length=1)
 
 
 def create_libretranslate_app(runtime: Runtime, access: AccessControl) -> FastAPI:
     app = FastAPI(title="LibreTranslate-compatible API", docs_url=None, redoc_url=None)
+    app.state.runtime, app.state.access = runtime, access
 
     install_dialect_errors(app, _STATUS, lambda error: {"error": error.message})
 
-    def client_of(request: Request, params: Params) -> Client:
-        key = optional_text(params, "api_key")
-        header = request.headers.get("authorization") or (f"Bearer {key}" if key else None)
-        address = request.client.host if request.client else "unknown"
-        client = access.authenticate(header, address)
-        access.admit(client)
-        return client
+    def context_of(request: Request, params: Params) -> RequestContext:
+        key = params.get("api_key")
+        header = request.headers.get("authorization") or (
+            f"Bearer {key}" if isinstance(key, str) and key else None
+        )
+        return RequestContext.build(request, header)
 
     @app.post("/translate")
     async def translate(request: Request) -> JSONResponse:
         params = await read_params(request)
-        client = client_of(request, params)
-        q = params.get("q")
-        texts = text_list(q, "q")
-        target = optional_text(params, "target")
-        if target is None:
-            raise InvalidInput("invalid request: missing target parameter")
-        source = optional_text(params, "source") or "auto"
-        text_format = optional_text(params, "format") or "text"
-        if text_format not in ("text", "html"):
-            raise InvalidInput(f"invalid request: format must be text or html, not {text_format}")
-        alternatives = int(params.get("alternatives") or 0)
-        access.charge(client, sum(len(text) for text in texts))
-        translator = runtime.translator
-        if text_format == "html":
-            outcomes = await translator.translate_markup(texts, target, source)
+        body = parse(TranslateBody, params)
+        context = context_of(request, params)
+        q = body.q
+        texts = [q] if isinstance(q, str) else q
+        source = body.source
+        context.charge(sum(len(text) for text in texts))
+        translator = context.translator
+        if body.format == "html":
+            outcomes = await translator.translate_markup(
+                texts, body.target, source, deadline=context.deadline
+            )
         else:
-            outcomes = await translator.translate_batch(texts, target, source)
+            outcomes = await translator.translate_batch(
+                texts, body.target, source, deadline=context.deadline
+            )
         done: list[Translation] = []
         for outcome in outcomes:
             if isinstance(outcome, ServiceError):
                 raise outcome
             done.append(outcome)
-        body: dict[str, Any] = {}
+        answer: dict[str, Any] = {}
+        alternatives = body.alternatives
         if isinstance(q, str):
-            body["translatedText"] = done[0].text
+            answer["translatedText"] = done[0].text
             if source == "auto":
-                body["detectedLanguage"] = _detected(done[0])
+                answer["detectedLanguage"] = _detected(done[0])
             if alternatives:
-                body["alternatives"] = []
+                answer["alternatives"] = []
         else:
-            body["translatedText"] = [t.text for t in done]
+            answer["translatedText"] = [t.text for t in done]
             if source == "auto":
-                body["detectedLanguage"] = [_detected(t) for t in done]
+                answer["detectedLanguage"] = [_detected(t) for t in done]
             if alternatives:
-                body["alternatives"] = [[] for _ in done]
-        return JSONResponse(body)
+                answer["alternatives"] = [[] for _ in done]
+        return JSONResponse(answer)
 
     @app.post("/detect")
     async def detect(request: Request) -> JSONResponse:
         params = await read_params(request)
-        client = client_of(request, params)
-        text = optional_text(params, "q")
-        if text is None:
-            raise InvalidInput("invalid request: missing q parameter")
-        access.charge(client, len(text))
-        (detection,) = runtime.translator.detect([text])
+        body = parse(DetectBody, params)
+        context = context_of(request, params)
+        context.charge(len(body.q))
+        (detection,) = await context.translator.detect([body.q])
         return JSONResponse(
             [
                 {
@@ -110,7 +138,7 @@ def create_libretranslate_app(runtime: Runtime, access: AccessControl) -> FastAP
     async def frontend_settings() -> JSONResponse:
         return JSONResponse(
             {
-                "charLimit": runtime.settings.max_text_chars,
+                "charLimit": runtime.max_text_chars,
                 "frontendTimeout": 500,
                 "apiKeys": access.requires_keys,
                 "keyRequired": access.requires_keys,

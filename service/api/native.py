@@ -11,7 +11,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
 
-from service.api.dependencies import AccessDep, ClientDep, DeadlineDep, RuntimeDep, TranslatorDep
+from service.api.dependencies import ContextDep, RuntimeDep
 from service.api.schemas import (
     BatchTranslateRequest,
     BatchTranslateResponse,
@@ -54,16 +54,13 @@ def _timing_headers(response: Response, translations: Sequence[Translation]) -> 
 @router.post("/translate", response_model=TranslationOut, responses=_ERRORS)
 async def translate(
     body: TranslateRequest,
-    translator: TranslatorDep,
     response: Response,
-    deadline: DeadlineDep,
-    client: ClientDep,
-    access: AccessDep,
+    context: ContextDep,
 ) -> TranslationOut:
     """Translate one text."""
-    access.charge(client, len(body.text))
-    translation = await translator.translate(
-        body.text, body.target_lang, body.source_lang, deadline=deadline
+    context.charge(len(body.text))
+    translation = await context.translator.translate(
+        body.text, body.target_lang, body.source_lang, deadline=context.deadline
     )
     _timing_headers(response, [translation])
     response.headers["X-Cache"] = translation.cache
@@ -78,11 +75,8 @@ async def translate(
 async def translate_get(
     text: Annotated[str, Query(min_length=1, description="Text to translate.")],
     target_lang: Annotated[str, Query(description="Target language code.")],
-    translator: TranslatorDep,
     runtime: RuntimeDep,
-    deadline: DeadlineDep,
-    client: ClientDep,
-    access: AccessDep,
+    context: ContextDep,
     source_lang: Annotated[str | None, Query(description="Source language code.")] = None,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
@@ -91,12 +85,14 @@ async def translate_get(
     The answer carries ``Cache-Control`` (public, for the result cache's TTL) and a strong
     ``ETag``, so a proxy or browser cache can serve repeats without reaching the GPU.
     """
-    access.charge(client, len(text))
-    translation = await translator.translate(text, target_lang, source_lang, deadline=deadline)
+    context.charge(len(text))
+    translation = await context.translator.translate(
+        text, target_lang, source_lang, deadline=context.deadline
+    )
     body = TranslationOut.of(translation).model_dump_json().encode()
     etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
     headers = {
-        "Cache-Control": f"public, max-age={int(runtime.settings.cache_ttl_s)}",
+        "Cache-Control": f"public, max-age={int(runtime.cache_ttl_s)}",
         "ETag": etag,
         "X-Cache": translation.cache,
     }
@@ -110,20 +106,17 @@ async def translate_get(
 @router.post("/batch_translate", response_model=BatchTranslateResponse, responses=_ERRORS)
 async def batch_translate(
     body: BatchTranslateRequest,
-    translator: TranslatorDep,
     response: Response,
-    deadline: DeadlineDep,
-    client: ClientDep,
-    access: AccessDep,
+    context: ContextDep,
 ) -> BatchTranslateResponse:
     """Translate many texts into one language; results keep the input order.
 
     A text that fails alone (out of memory, deadline) gets an error object in its place while the
     others succeed; when every text failed, the request fails with the first text's error.
     """
-    access.charge(client, sum(len(text) for text in body.texts))
-    outcomes = await translator.translate_batch(
-        body.texts, body.target_lang, body.source_lang, deadline=deadline
+    context.charge(sum(len(text) for text in body.texts))
+    outcomes = await context.translator.translate_batch(
+        body.texts, body.target_lang, body.source_lang, deadline=context.deadline
     )
     done = [outcome for outcome in outcomes if isinstance(outcome, Translation)]
     if not done:
@@ -146,23 +139,22 @@ async def batch_translate(
 
 
 @router.post("/detect", response_model=list[DetectionOut], responses=_ERRORS)
-async def detect(
-    body: DetectRequest, translator: TranslatorDep, client: ClientDep, access: AccessDep
-) -> list[DetectionOut]:
+async def detect(body: DetectRequest, context: ContextDep) -> list[DetectionOut]:
     """The language of each text, among the supported ones, with a confidence from 0 to 1."""
+    translator = context.translator
     if len(body.texts) > translator.max_batch_items:
         raise BatchTooLarge(f"texts: at most {translator.max_batch_items} per request")
-    access.charge(client, sum(len(text) for text in body.texts))
+    context.charge(sum(len(text) for text in body.texts))
     return [
         DetectionOut(language=d.language.code, confidence=d.confidence)
-        for d in translator.detect(body.texts)
+        for d in await translator.detect(body.texts)
     ]
 
 
 @router.get("/languages", response_model=list[LanguageOut])
-async def languages(translator: TranslatorDep, client: ClientDep) -> list[LanguageOut]:
+async def languages(context: ContextDep) -> list[LanguageOut]:
     """The supported languages and their codes."""
     return [
         LanguageOut(code=lang.code, name=lang.english_name, chinese_name=lang.chinese_name)
-        for lang in translator.languages.values()
+        for lang in context.translator.languages.values()
     ]

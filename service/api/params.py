@@ -1,27 +1,35 @@
-"""Request parameters for the compatibility dialects, which accept JSON and form bodies alike.
+"""Request bodies of the compatibility dialects, which accept JSON and form bodies alike.
 
 LibreTranslate and DeepL clients send ``application/json``, ``application/x-www-form-urlencoded``
 or ``multipart/form-data``; DeepL forms repeat ``text`` once per text. Everything becomes one
-mapping of name to a string or a list of strings.
+mapping of name to a string or a list of strings, then one typed request model of the dialect
+(``parse``). Whatever a client sends, the outcome is that model or ``InvalidInput``: a body
+nested thousands deep, a number of thousands of digits, bytes that are not UTF-8 or a form that
+cannot be parsed are client errors, never a 500.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
+from pydantic import BaseModel, ValidationError
 
 from service.errors import InvalidInput
 
 Params = dict[str, Any]
+M = TypeVar("M", bound=BaseModel)
 
 
 async def read_params(request: Request) -> Params:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
-        form = await request.form()
-        params: Params = {}
+        try:
+            form = await request.form()
+        except Exception:  # python-multipart raises several types for malformed bodies
+            raise InvalidInput("invalid request: the form body cannot be parsed") from None
+        params: Params = dict(request.query_params)
         for key in form:
             values = [value for value in form.getlist(key) if isinstance(value, str)]
             params[key] = values if len(values) > 1 else (values[0] if values else "")
@@ -31,26 +39,20 @@ async def read_params(request: Request) -> Params:
         return dict(request.query_params)
     try:
         decoded = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise InvalidInput("the request body is neither JSON nor a form") from None
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
+        raise InvalidInput("invalid request: the body is neither JSON nor a form") from None
     if not isinstance(decoded, dict):
-        raise InvalidInput("the request body must be a JSON object")
+        raise InvalidInput("invalid request: the body must be a JSON object")
     return decoded
 
 
-def text_list(value: object, name: str) -> list[str]:
-    """A parameter that may be one string or a list of strings."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
-        return value
-    raise InvalidInput(f"invalid request: missing or malformed {name} parameter")
-
-
-def optional_text(params: Params, name: str) -> str | None:
-    value = params.get(name)
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str):
-        raise InvalidInput(f"invalid request: {name} must be a string")
-    return value
+def parse(model: type[M], params: Params) -> M:
+    """``params`` as the dialect's typed request, or ``InvalidInput`` naming the field."""
+    try:
+        return model.model_validate(params)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        field = ".".join(str(part) for part in problem.get("loc", ())) or "body"
+        if problem.get("type") == "missing":
+            raise InvalidInput(f"invalid request: missing {field} parameter") from None
+        raise InvalidInput(f"invalid request: {field}: {problem.get('msg', 'invalid')}") from None

@@ -8,9 +8,7 @@ from fastapi.responses import JSONResponse
 from service.api.dependencies import RuntimeDep
 from service.api.errors import service_error_response
 from service.api.schemas import ErrorResponse, HealthOut
-from service.errors import ServiceError
 from service.metrics import PROMETHEUS_CONTENT_TYPE
-from service.runtime import State
 
 router = APIRouter(tags=["operations"])
 
@@ -22,29 +20,29 @@ router = APIRouter(tags=["operations"])
 )
 async def health(runtime: RuntimeDep) -> HealthOut | JSONResponse:
     """Readiness: 200 once the model is loaded and warm, 503 while loading or when it failed."""
-    try:
-        runtime.translator  # noqa: B018 - raises the reason the runtime cannot serve
-    except ServiceError as error:
-        return service_error_response(error)
+    failure = runtime.failure()
+    if failure is not None:
+        return service_error_response(failure)
     info = runtime.engine_info
     return HealthOut(
-        status=State.READY.value,
+        status="ready",
+        engine=runtime.engine_kind,
         model=info.model if info else None,
         device=info.device if info else None,
         quantization=info.quantization if info else None,
         attention=info.attention if info else None,
         compiled_norms=info.compiled_norms if info else None,
-        queue_depth=runtime.queue_depth,
+        in_flight=runtime.in_flight,
     )
 
 
 @router.get("/live", response_model=HealthOut, responses={503: {"model": ErrorResponse}})
 async def live(runtime: RuntimeDep) -> HealthOut | JSONResponse:
-    """Liveness: 200 while the process can still become or stay ready; 503 after a failed load
-    or while the worker is stalled (a hung CUDA call cannot be interrupted: restart me)."""
-    if runtime.state is State.FAILED or runtime.stalled:
-        return service_error_response(runtime.failure())
-    return HealthOut(status=runtime.state.value, queue_depth=runtime.queue_depth)
+    """Liveness: 200 while the engine loads or serves; 503 once it died, hung or stalled (until
+    its restart is warm) or could not be started at all (restart me)."""
+    if not runtime.live:
+        return service_error_response(runtime.failure() or runtime.supervisor.availability())
+    return HealthOut(status=runtime.state.value, in_flight=runtime.in_flight)
 
 
 @router.get("/metrics", response_class=Response)

@@ -95,9 +95,10 @@ class LanguageOut(BaseModel):
 
 class HealthOut(BaseModel):
     status: str
+    engine: str | None = Field(None, description="static or continuous")
     model: str | None = None
     device: str | None = None
     quantization: str | None = None
     attention: str | None = None
     compiled_norms: int | None = None
-    queue_depth: int = 0
+    in_flight: int = Field(0, description="Texts admitted and not yet answered.")

@@ -21,13 +21,12 @@ import logging
 from transformers import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.requests import GenerationOutput
 
-from service.config import Settings
 from service.engine.attention import use_varlen_attention, wants_varlen
+from service.engine.config import EngineConfig
 from service.engine.generation import LoadedEngine, generation_config
 from service.engine.loading import LoadedModel
 from service.engine.types import (
     Completion,
-    Decoding,
     GenerationRequest,
     GenerationResult,
 )
@@ -39,29 +38,32 @@ log = logging.getLogger(__name__)
 class ContinuousBatchingEngine(LoadedEngine):
     """Implements ``ContinuousEngine`` with transformers' continuous batching manager."""
 
-    def __init__(self, loaded: LoadedModel, settings: Settings, decoding: Decoding) -> None:
-        if wants_varlen(settings.cb_attention, loaded.device, loaded.dtype):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        settings = config.continuous
+        decoding = config.decoding
+        if wants_varlen(settings.attention, loaded.device, loaded.dtype):
             use_varlen_attention(loaded.model)
         super().__init__(loaded)
         self._decoding = decoding
-        config = generation_config(
+        generation = generation_config(
             # Dropped by the manager anyway (no continuous-batching version of the processor).
             dataclasses.replace(decoding, repetition_penalty=1.0),
-            settings.max_new_tokens,
+            config.max_new_tokens,
             self._pad_id,
             tuple(sorted(self._eos_ids)),
         )
-        cuda_graph = {"auto": None, "on": True, "off": False}[settings.cb_cuda_graph]
+        cuda_graph = {"auto": None, "on": True, "off": False}[settings.cuda_graph]
         batching_config = ContinuousBatchingConfig(
-            max_batch_tokens=settings.cb_max_batch_tokens,
-            kv_padding_interval_size=settings.cb_kv_padding or 0,
-            max_requests_per_batch=settings.cb_max_requests_per_batch,
+            num_blocks=settings.num_blocks,
+            max_batch_tokens=settings.max_batch_tokens,
+            kv_padding_interval_size=settings.kv_padding or 0,
+            max_requests_per_batch=settings.max_requests_per_batch,
             use_cuda_graph=cuda_graph,
-            default_compile_level=settings.cb_compile_level,
-            max_memory_percent=settings.cb_max_memory_percent,
+            default_compile_level=settings.compile_level,
+            max_memory_percent=settings.max_memory_percent,
         )
         self._manager = loaded.model.init_continuous_batching(  # type: ignore[operator]
-            generation_config=config, continuous_batching_config=batching_config
+            generation_config=generation, continuous_batching_config=batching_config
         )
         # CUDA graph capture and compilation happen here, before the service reports ready.
         self._manager.warmup()
@@ -88,6 +90,19 @@ class ContinuousBatchingEngine(LoadedEngine):
 
     def cancel(self, request_id: str) -> None:
         self._manager.cancel_request(request_id)
+
+    def capacity(self) -> int | None:
+        processor = self._manager.batch_processor
+        if processor is None:
+            return None
+        return int(processor.scheduler.max_requests_per_batch)
+
+    def running(self) -> int | None:
+        """Requests generating now (scheduled into the batch), None before the first step."""
+        processor = self._manager.batch_processor
+        if processor is None:
+            return None
+        return len(processor.scheduler.active_requests)
 
     def is_alive(self) -> bool:
         return bool(self._manager.is_running())

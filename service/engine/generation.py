@@ -9,8 +9,10 @@ from functools import lru_cache
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from service.engine.loading import LoadedModel, engine_info, memory_by_kind
-from service.engine.tokenization import ChatPromptEncoder
-from service.engine.types import Decoding, EngineInfo, GenerationResult, PromptEncoder
+from service.engine.encoding import ChatPromptEncoder
+from service.engine.protocol import TokenizerSpec
+from service.engine.tokenization import tokenizer_spec
+from service.engine.types import Decoding, EngineInfo, GenerationResult
 
 
 def eos_ids(model: PreTrainedModel) -> frozenset[int]:
@@ -86,7 +88,8 @@ class LoadedEngine:
 
     def __init__(self, loaded: LoadedModel) -> None:
         self._device = loaded.device
-        self._encoder = ChatPromptEncoder(loaded.tokenizer)
+        self._tokenizer = tokenizer_spec(loaded.tokenizer)
+        self._encoder = ChatPromptEncoder(self._tokenizer)
         self._eos_ids = eos_ids(loaded.model)
         self._detokenizer = Detokenizer(loaded.tokenizer, self._eos_ids)
         self._pad_id = pad_token_id(loaded.tokenizer, self._eos_ids)
@@ -97,7 +100,12 @@ class LoadedEngine:
         return self._info
 
     @property
-    def encoder(self) -> PromptEncoder:
+    def tokenizer(self) -> TokenizerSpec:
+        return self._tokenizer
+
+    @property
+    def encoder(self) -> ChatPromptEncoder:
+        """This model's prompt encoder, as the API process builds it from ``tokenizer``."""
         return self._encoder
 
     def memory_bytes(self) -> dict[str, int]:

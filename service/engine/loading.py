@@ -21,7 +21,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from service.config import Settings
+from service.engine.config import EngineConfig
 from service.engine.compilation import compile_norms, wants_compiled_norms
 from service.engine.demo import DEMO_VERSION, ensure_demo_model
 from service.engine.dummy import dummy_config, materialized_checkpoint, random_model
@@ -64,13 +64,13 @@ def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def load_model(settings: Settings) -> LoadedModel:
-    """Load tokenizer and model for ``settings``; builds the demo model first if none is set."""
+def load_model(settings: EngineConfig) -> LoadedModel:
+    """Load tokenizer and model as ``settings`` say; builds the demo model first if none is set."""
     started = time.perf_counter()
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     quantization = quantization_config(settings.quantization, dtype)
-    label = quantization_label(settings)
+    label = quantization_label(settings.quantization, settings.quantize_lm_head)
     revision = settings.model_revision
     if settings.load_format == "dummy" or settings.model_id is None:
         tokenizer_source: str | Path = ensure_demo_model(settings.data_dir)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 from transformers import BitsAndBytesConfig
 
-from service.config import Settings
 
 
 def quantization_config(kind: str, dtype: torch.dtype) -> BitsAndBytesConfig | None:
@@ -27,8 +26,8 @@ def quantization_config(kind: str, dtype: torch.dtype) -> BitsAndBytesConfig | N
     return None
 
 
-def quantization_label(settings: Settings) -> str:
-    """The quantization as reported and as part of the cache fingerprint."""
-    if settings.quantization != "none" and settings.quantize_lm_head:
-        return f"{settings.quantization}+lm_head"
-    return settings.quantization
+def quantization_label(kind: str, lm_head: bool) -> str:
+    """``nf4``, ``nf4+lm_head`` (the output layer quantized too), ``int8``..., or ``none``."""
+    if kind != "none" and lm_head:
+        return f"{kind}+lm_head"
+    return kind

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 from service.errors import ServiceError
 
 if TYPE_CHECKING:
-    from service.config import Settings
+    from service.engine.protocol import TokenizerSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,16 +25,6 @@ class Decoding:
     top_k: int
     top_p: float
     repetition_penalty: float
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Decoding:
-        return cls(
-            greedy=settings.greedy,
-            temperature=settings.temperature,
-            top_k=settings.top_k,
-            top_p=settings.top_p,
-            repetition_penalty=settings.repetition_penalty,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +80,7 @@ class Engine(Protocol):
     def info(self) -> EngineInfo: ...
 
     @property
-    def encoder(self) -> PromptEncoder:
+    def tokenizer(self) -> TokenizerSpec:
         """The tokenizer side of the model, for building requests before they are queued."""
         ...
 
@@ -108,8 +98,8 @@ class Engine(Protocol):
 class PromptEncoder(Protocol):
     """Turns a user message into the model's chat-formatted token ids.
 
-    Cheap and thread-safe: the translator calls it on the event loop to validate lengths and
-    build requests before anything is queued.
+    Thread-safe: the translator calls it from its worker pool to validate lengths and build
+    requests before anything is queued.
     """
 
     def encode_chat(self, content: str) -> tuple[int, ...]:
@@ -136,9 +126,17 @@ class ContinuousEngine(Protocol):
     def info(self) -> EngineInfo: ...
 
     @property
-    def encoder(self) -> PromptEncoder: ...
+    def tokenizer(self) -> TokenizerSpec: ...
 
     def memory_bytes(self) -> dict[str, int]: ...
+
+    def capacity(self) -> int | None:
+        """Most requests per step, once the engine has decided it."""
+        ...
+
+    def running(self) -> int | None:
+        """Requests generating now, None where the engine cannot tell."""
+        ...
 
     def submit(self, request_id: str, request: GenerationRequest, on_done: Completion) -> None: ...
 

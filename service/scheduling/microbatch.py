@@ -7,33 +7,31 @@ token bounds, and hands them to the worker. While the worker runs a batch the qu
 under load batches form without waiting. Items whose caller has gone (their future was cancelled)
 are dropped before they reach the model. A failed batch fails each of its items with a typed
 error and the loop goes on; a batch that runs out of memory is retried in halves down to single
-texts. The queue is bounded: beyond ``max_queue_size`` ``submit`` refuses at once with
-``Overloaded`` and a retry delay computed from the recent drain rate. A text whose deadline passes
-while queued is dropped (``DeadlineExceeded``). A watchdog marks the worker stalled when one batch
-runs past ``stall_timeout_s`` and fails queued texts at once while it is.
+texts. A text whose deadline passes while queued is dropped (``DeadlineExceeded``).
+
+It runs inside the engine process. Admission (how much may queue), Retry-After and the stall
+watchdog belong to the API process's policy layer (``service.policy``), which sees this
+scheduler only through the engine's reports.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from service.engine.config import BatchingConfig
 from service.engine.types import GenerationRequest, GenerationResult
 from service.errors import (
     DeadlineExceeded,
-    EngineStalled,
     EngineUnavailable,
     GenerationFailed,
     OutOfMemory,
-    Overloaded,
     ServiceError,
 )
-from service.metrics import Metrics
 from service.scheduling.types import Scheduled, check_admission
 
 log = logging.getLogger(__name__)
@@ -43,16 +41,6 @@ class BatchRunner(Protocol):
     """Runs one batch on the model (``EngineWorker`` in production)."""
 
     async def generate(self, batch: Sequence[GenerationRequest]) -> list[GenerationResult]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class BatchingLimits:
-    max_batch_size: int
-    max_batch_tokens: int
-    max_wait_s: float
-    max_queue_size: int
-    # A batch running longer than this means a hung worker (None: never).
-    stall_timeout_s: float | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -65,10 +53,9 @@ class _Item:
 class MicroBatchScheduler:
     """Micro-batches generation requests onto one ``BatchRunner`` (a ``GenerationScheduler``)."""
 
-    def __init__(self, runner: BatchRunner, limits: BatchingLimits, metrics: Metrics) -> None:
+    def __init__(self, runner: BatchRunner, limits: BatchingConfig) -> None:
         self._runner = runner
         self._limits = limits
-        self._metrics = metrics
         self._pending: list[_Item] = []
         self._arrived = asyncio.Event()
         # Set whenever nothing is queued or running: what close() waits for to drain.
@@ -76,47 +63,25 @@ class MicroBatchScheduler:
         self._idle.set()
         self._loop_task: asyncio.Task[None] | None = None
         self._closed = False
-        # Drain rate estimate (items per second), for Retry-After.
-        self._drain_rate = 0.0
-        self._batch_started: float | None = None
-        self._watchdog_task: asyncio.Task[None] | None = None
+        self._running = 0
 
     @property
-    def depth(self) -> int:
-        return len(self._pending)
+    def capacity(self) -> int:
+        return self._limits.max_batch_size
 
     @property
-    def stalled(self) -> bool:
-        """Whether the worker has been inside one batch for longer than the stall timeout."""
-        timeout = self._limits.stall_timeout_s
-        started = self._batch_started
-        return timeout is not None and started is not None and time.monotonic() - started > timeout
+    def running(self) -> int:
+        return self._running
 
     def start(self) -> None:
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._run(), name="scheduler")
-        if self._watchdog_task is None and self._limits.stall_timeout_s is not None:
-            self._watchdog_task = asyncio.create_task(self._watchdog(), name="watchdog")
 
     async def submit(self, request: GenerationRequest, deadline: float | None = None) -> Scheduled:
         """Queue one request and wait for its result, until ``deadline`` (monotonic) at most."""
-        check_admission(
-            closed=self._closed,
-            stalled="the model worker is stalled; retry on another replica"
-            if self.stalled
-            else None,
-            deadline=deadline,
-            metrics=self._metrics,
-        )
-        if len(self._pending) >= self._limits.max_queue_size:
-            self._metrics.queue_rejections.labels(reason="queue_full").inc()
-            raise Overloaded(
-                f"the queue is full ({self._limits.max_queue_size} texts waiting)",
-                retry_after_s=self.retry_after_s(),
-            )
+        check_admission(closed=self._closed, deadline=deadline)
         item = _Item(request, asyncio.get_running_loop().create_future())
         self._pending.append(item)
-        self._metrics.queue_depth.set(len(self._pending))
         self._idle.clear()
         self._arrived.set()
         try:
@@ -126,17 +91,7 @@ class MicroBatchScheduler:
             # model ever sees it.
             return await asyncio.wait_for(item.future, deadline - time.monotonic())
         except TimeoutError:
-            self._metrics.queue_rejections.labels(reason="deadline").inc()
             raise DeadlineExceeded("the request's deadline passed before it finished") from None
-        except asyncio.CancelledError:
-            self._metrics.queue_rejections.labels(reason="cancelled").inc()
-            raise
-
-    def retry_after_s(self) -> float:
-        """Seconds until the current queue has likely drained, at least one."""
-        if self._drain_rate <= 0:
-            return 1.0
-        return max(1.0, math.ceil(len(self._pending) / self._drain_rate))
 
     async def close(self, drain_timeout_s: float) -> None:
         """Refuse new work, let queued work finish for up to ``drain_timeout_s``, fail the rest."""
@@ -145,13 +100,11 @@ class MicroBatchScheduler:
             await asyncio.wait_for(self._idle.wait(), drain_timeout_s)
         except TimeoutError:
             log.warning("drain timed out", extra={"queued": len(self._pending)})
-        for task in (self._loop_task, self._watchdog_task):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
         self._fail(self._pending, EngineUnavailable("the service shut down before this ran"))
         self._pending.clear()
-        self._metrics.queue_depth.set(0)
 
     async def _run(self) -> None:
         while True:
@@ -161,7 +114,6 @@ class MicroBatchScheduler:
                 await self._arrived.wait()
             await self._wait_to_fill()
             batch = self._take_batch()
-            self._metrics.queue_depth.set(len(self._pending))
             if batch:
                 await self._execute(batch)
 
@@ -210,10 +162,7 @@ class MicroBatchScheduler:
         if not batch:
             return
         started = time.monotonic()
-        for item in batch:
-            self._metrics.queue_wait.observe(started - item.enqueued_at)
-        self._metrics.batch_size.observe(len(batch))
-        self._batch_started = started
+        self._running = len(batch)
         try:
             results = await self._runner.generate([item.request for item in batch])
             if len(results) != len(batch):
@@ -222,7 +171,6 @@ class MicroBatchScheduler:
             self._fail(batch, EngineUnavailable("the service shut down during this batch"))
             raise
         except OutOfMemory as error:
-            self._metrics.batch_failures.labels(code=error.code).inc()
             if len(batch) == 1:
                 self._fail(batch, error)
                 return
@@ -233,40 +181,18 @@ class MicroBatchScheduler:
             await self._execute(batch[half:])
             return
         except ServiceError as error:
-            self._metrics.batch_failures.labels(code=error.code).inc()
             self._fail(batch, error)
             return
         except Exception:
             log.exception("batch failed", extra={"batch_size": len(batch)})
-            self._metrics.batch_failures.labels(code=GenerationFailed.code).inc()
             self._fail(batch, GenerationFailed("the model failed to generate"))
             return
         finally:
-            self._batch_started = None
+            self._running = 0
         elapsed = time.monotonic() - started
-        self._metrics.inference_duration.observe(elapsed)
-        self._note_drain(len(batch), elapsed)
         for item, result in zip(batch, results, strict=True):
-            self._metrics.prompt_tokens.inc(result.prompt_tokens)
-            self._metrics.generated_tokens.inc(result.completion_tokens)
             if not item.future.done():
                 item.future.set_result(Scheduled(result, started - item.enqueued_at, elapsed))
-
-    async def _watchdog(self) -> None:
-        """While the worker is stalled, fail queued texts at once instead of letting them wait."""
-        assert self._limits.stall_timeout_s is not None
-        period = max(0.05, self._limits.stall_timeout_s / 4)
-        while True:
-            await asyncio.sleep(period)
-            if self.stalled and self._pending:
-                log.error("model worker stalled", extra={"queued": len(self._pending)})
-                self._fail(self._pending, EngineStalled("the model worker is stalled"))
-                self._pending = []
-                self._metrics.queue_depth.set(0)
-
-    def _note_drain(self, items: int, seconds: float) -> None:
-        rate = items / max(seconds, 1e-6)
-        self._drain_rate = rate if self._drain_rate == 0 else 0.8 * self._drain_rate + 0.2 * rate
 
     @staticmethod
     def _fail(items: Sequence[_Item], error: ServiceError) -> None:

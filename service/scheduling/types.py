@@ -1,4 +1,10 @@
-"""What the translator needs from a scheduler, whichever batching strategy runs under it."""
+"""The one contract of the engine process's schedulers, whichever batching strategy runs.
+
+``MicroBatchScheduler`` (static batches through ``model.generate()``) and
+``ContinuousScheduler`` (transformers' continuous batching) both implement it; the engine process
+drives whichever was loaded through it alone, and reports ``capacity`` and ``running`` in its
+stats so the API process's admission can reason about either the same way.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from service.engine.types import GenerationRequest, GenerationResult
-from service.errors import DeadlineExceeded, EngineStalled, EngineUnavailable
-from service.metrics import Metrics
+from service.errors import DeadlineExceeded, EngineUnavailable
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,41 +26,34 @@ class Scheduled:
 
 
 class GenerationScheduler(Protocol):
-    """Admits generation requests, bounded, and answers each with its result."""
+    """Takes generation requests and answers each with its result."""
 
     @property
-    def depth(self) -> int:
-        """Texts accepted and not yet answered (queued or, for continuous batching, running)."""
+    def capacity(self) -> int:
+        """Most texts generating at once (batch size, or requests per step)."""
         ...
 
     @property
-    def stalled(self) -> bool:
-        """Whether the engine stopped making progress (hung or dead): not ready, not live."""
+    def running(self) -> int:
+        """Texts generating right now."""
         ...
 
     def start(self) -> None: ...
 
     async def submit(self, request: GenerationRequest, deadline: float | None = None) -> Scheduled:
-        """The result of ``request``; raises ``Overloaded`` at once when over capacity and
-        ``DeadlineExceeded`` once ``deadline`` (``time.monotonic()``) passes."""
+        """The result of ``request``; ``DeadlineExceeded`` once ``deadline``
+        (``time.monotonic()``) passes. Cancelling the caller cancels the generation."""
         ...
-
-    def retry_after_s(self) -> float: ...
 
     async def close(self, drain_timeout_s: float) -> None:
         """Refuse new work, finish accepted work for up to ``drain_timeout_s``, fail the rest."""
         ...
 
 
-def check_admission(
-    *, closed: bool, stalled: str | None, deadline: float | None, metrics: Metrics
-) -> None:
-    """Raise why a new request cannot be accepted now: shutting down, stalled (``stalled`` is
-    the reason), or its deadline (``time.monotonic()``) already past."""
+def check_admission(*, closed: bool, deadline: float | None) -> None:
+    """Raise why a new request cannot be taken now: shutting down, or its deadline
+    (``time.monotonic()``) already past."""
     if closed:
         raise EngineUnavailable("the service is shutting down")
-    if stalled is not None:
-        raise EngineStalled(stalled)
     if deadline is not None and deadline <= time.monotonic():
-        metrics.queue_rejections.labels(reason="deadline").inc()
         raise DeadlineExceeded("the request's deadline passed before it was queued")

@@ -1,21 +1,26 @@
-"""The translation domain: validate, build the prompt, consult the cache, schedule generation.
+"""The translation domain: admit, validate, build the prompt, consult the cache, generate.
 
-Every API dialect calls ``Translator``; it knows nothing of HTTP. One text becomes one prompt in
-the Hunyuan-MT template, encoded with the chat template, with a token budget that is a documented
-function of the source length. Batches are validated whole before any work starts (an error
-names the offending index), then cached and scheduled item by item, so a repeated text inside a
-batch is a cache hit and a batch's texts can share batches with other requests' texts.
+Every API dialect calls ``Translator``; it knows nothing of HTTP. A request is admitted first
+(O(1), ``service.policy.admission``), before any per-text work; then its texts are validated,
+language-detected and tokenized in a worker pool, never on the event loop that answers
+``/health`` and refusals. One text becomes one prompt in the Hunyuan-MT template, encoded with
+the chat template, with a token budget that is a documented function of the source length.
+Batches are validated whole before any generation starts (an error names the offending index),
+then cached and generated item by item, so a repeated text inside a batch is a cache hit and a
+batch's texts can share batches with other requests' texts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
-from service.config import Settings
 from service.engine.types import Decoding, GenerationRequest, GenerationResult, PromptEncoder
 from service.errors import (
     BatchTooLarge,
@@ -24,7 +29,8 @@ from service.errors import (
     TextTooLong,
 )
 from service.metrics import Metrics
-from service.scheduling.types import GenerationScheduler
+from service.policy.admission import Admission, Reservation
+from service.scheduling.types import Scheduled
 from service.translation.cache import ResultCache
 from service.translation.detection import Detection, LanguageDetector
 from service.translation.languages import Language, LanguageTable
@@ -32,6 +38,37 @@ from service.translation.markup import segment
 from service.translation.prompts import PromptFormat, looks_chinese
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class TranslationConfig:
+    """The translator's limits, token budget and cache (from the service's settings)."""
+
+    decoding: Decoding = field(
+        default_factory=lambda: Decoding(
+            greedy=False, temperature=0.7, top_k=20, top_p=0.6, repetition_penalty=1.05
+        )
+    )
+    max_text_chars: int = 5000
+    max_input_tokens: int = 2048
+    max_batch_items: int = 64
+    max_new_tokens: int = 1024
+    output_tokens_ratio: float = 2.0
+    output_tokens_margin: int = 16
+    log_texts: bool = False
+    cache_size: int = 10_000
+    cache_ttl_s: float = 3600.0
+    warmup: bool = True
+
+
+class Generator(Protocol):
+    """What the translator needs to turn a request into a result (``Dispatcher``)."""
+
+    async def generate(
+        self, request: GenerationRequest, deadline: float | None = None
+    ) -> Scheduled: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +98,7 @@ class Prepared:
     detected_confidence: float | None = None
 
 
-def token_budget(source_tokens: int, settings: Settings) -> int:
+def token_budget(source_tokens: int, settings: TranslationConfig) -> int:
     """Most tokens generated for a text of ``source_tokens`` tokens.
 
     ``min(max_new_tokens, ceil(output_tokens_ratio * source_tokens) + output_tokens_margin)``:
@@ -81,7 +118,7 @@ class PromptBuilder:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: TranslationConfig,
         encoder: PromptEncoder,
         model_fingerprint: str,
         languages: LanguageTable | None = None,
@@ -94,7 +131,7 @@ class PromptBuilder:
         self._fingerprint = model_fingerprint
         self.languages = languages or LanguageTable()
         self._format = prompt_format or PromptFormat()
-        self.decoding = Decoding.from_settings(settings)
+        self.decoding = settings.decoding
 
     def languages_of(
         self, target_lang: str, source_lang: str | None
@@ -110,16 +147,24 @@ class PromptBuilder:
             raise InvalidInput("language detection is not available")
         return self._detector.detect(text)
 
+    def check_length(self, text: str, field: str) -> None:
+        """The length check cheap enough for the event loop (before admission)."""
+        if len(text) > self._settings.max_text_chars:
+            raise TextTooLong(
+                f"{field}: {len(text)} characters, at most {self._settings.max_text_chars}"
+            )
+
     def prepare(
         self, text: str, target: Language, source: Language | None, *, field: str
     ) -> Prepared:
         """The request for ``text``; ``field`` names it in errors (``texts[3]``)."""
         if not text.strip():
             raise InvalidInput(f"{field}: the text is empty")
-        if len(text) > self._settings.max_text_chars:
-            raise TextTooLong(
-                f"{field}: {len(text)} characters, at most {self._settings.max_text_chars}"
-            )
+        self.check_length(text, field)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput(f"{field}: the text is not valid Unicode (lone surrogate)") from None
         source_tokens = self._encoder.count_tokens(text)
         if source_tokens > self._settings.max_input_tokens:
             raise TextTooLong(
@@ -146,18 +191,22 @@ class Translator:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: TranslationConfig,
         *,
         prompts: PromptBuilder,
-        scheduler: GenerationScheduler,
+        generator: Generator,
+        admission: Admission,
         cache: ResultCache[GenerationResult],
         metrics: Metrics,
+        pool: Executor | None = None,
     ) -> None:
         self._settings = settings
         self._prompts = prompts
-        self._scheduler = scheduler
+        self._generator = generator
+        self._admission = admission
         self._cache = cache
         self._metrics = metrics
+        self._pool = pool
         self.languages = prompts.languages
         self.max_batch_items = settings.max_batch_items
 
@@ -171,8 +220,12 @@ class Translator:
     ) -> Translation:
         """``deadline`` is a ``time.monotonic()`` instant; past it, ``DeadlineExceeded``."""
         target, source = self._prompts.languages_of(target_lang, source_lang)
-        prepared = self._prompts.prepare(text, target, source, field="text")
-        return await self._run(prepared, target, deadline)
+        self._prompts.check_length(text, "text")
+        with self._admission.reserve(1, deadline) as reservation:
+            prepared = await self._offload(
+                lambda: self._prompts.prepare(text, target, source, field="text")
+            )
+            return await self._run(prepared, target, deadline, reservation)
 
     async def translate_batch(
         self,
@@ -194,13 +247,19 @@ class Translator:
         if not texts:
             return []
         target, source = self._prompts.languages_of(target_lang, source_lang)
-        prepared = [
-            self._prompts.prepare(text, target, source, field=f"texts[{index}]")
-            for index, text in enumerate(texts)
-        ]
-        outcomes = await asyncio.gather(
-            *(self._run(item, target, deadline) for item in prepared), return_exceptions=True
-        )
+        for index, text in enumerate(texts):
+            self._prompts.check_length(text, f"texts[{index}]")
+        with self._admission.reserve(len(texts), deadline) as reservation:
+            prepared = await self._offload(
+                lambda: [
+                    self._prompts.prepare(text, target, source, field=f"texts[{index}]")
+                    for index, text in enumerate(texts)
+                ]
+            )
+            outcomes = await asyncio.gather(
+                *(self._run(item, target, deadline, reservation) for item in prepared),
+                return_exceptions=True,
+            )
         results: list[Translation | ServiceError] = []
         for outcome in outcomes:
             if isinstance(outcome, Translation | ServiceError):
@@ -247,31 +306,44 @@ class Translator:
             )
         return results
 
-    def detect(self, texts: Sequence[str]) -> list[Detection]:
-        """The detected language of each text (no model work)."""
-        return [self._prompts.detect(text) for text in texts]
+    async def detect(self, texts: Sequence[str]) -> list[Detection]:
+        """The detected language of each text (no model work; in the worker pool)."""
+        return await self._offload(lambda: [self._prompts.detect(text) for text in texts])
 
     async def warm_up(self) -> None:
-        """One generation per prompt template, bypassing the cache, before serving."""
+        """One generation per prompt template, bypassing cache and admission, before serving."""
         english = self.languages["en"]
         for target in (self.languages["de"], self.languages["zh"]):
-            prepared = self._prompts.prepare("Hello.", target, english, field="warm-up")
-            await self._scheduler.submit(prepared.request)
+            prepared = await self._offload(
+                lambda target=target: self._prompts.prepare(
+                    "Hello.", target, english, field="warm-up"
+                )
+            )
+            await self._generator.generate(prepared.request)
+
+    async def _offload(self, work: Callable[[], T]) -> T:
+        """Run per-text CPU work (detection, tokenization) off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
 
     async def _run(
-        self, prepared: Prepared, target: Language, deadline: float | None
+        self,
+        prepared: Prepared,
+        target: Language,
+        deadline: float | None,
+        reservation: Reservation,
     ) -> Translation:
         timings: list[tuple[float, float]] = []
 
         async def generate() -> GenerationResult:
             # A generation shared by identical requests runs under the first one's deadline.
-            scheduled = await self._scheduler.submit(prepared.request, deadline)
+            scheduled = await self._generator.generate(prepared.request, deadline)
             timings.append((scheduled.queue_s, scheduled.inference_s))
             return scheduled.result
 
-        # The scheduler enforces the deadline (and counts it); a request that joined an identical
-        # generation in flight waits under that generation's deadline.
-        result, origin = await self._cache.get_or_create(prepared.key, generate)
+        # The dispatcher enforces the deadline (and counts it); a request that joined an
+        # identical generation in flight waits under that generation's deadline.
+        with _released(reservation):
+            result, origin = await self._cache.get_or_create(prepared.key, generate)
         if self._settings.log_texts:
             # Opt-in only: texts are user data and stay out of logs by default.
             log.info("translated", extra={"prompt": prepared.prompt, "translation": result.text})
@@ -294,3 +366,12 @@ class Translator:
             queue_s=queue_s,
             inference_s=inference_s,
         )
+
+
+@contextlib.contextmanager
+def _released(reservation: Reservation) -> Iterator[None]:
+    """Give back one admitted slot when one text is answered, however it ends."""
+    try:
+        yield
+    finally:
+        reservation.release(1)

@@ -1,0 +1,82 @@
+"""The engine process's own configuration: all it receives of the service's settings.
+
+Plain frozen dataclasses, so they cross the process boundary (multiprocessing spawn pickles
+them) and carry nothing of the HTTP side. ``Settings.engine_config()`` builds them at the edge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from service.engine.types import Decoding
+
+EngineKind = Literal["auto", "static", "continuous"]
+Toggle = Literal["auto", "on", "off"]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingConfig:
+    """How the static engine forms micro-batches (inside the engine process)."""
+
+    max_batch_size: int = 32
+    max_batch_tokens: int = 32768
+    max_wait_s: float = 0.005
+
+
+@dataclass(frozen=True, slots=True)
+class ContinuousConfig:
+    """transformers' continuous batching: kernels, graphs and the KV-cache budget."""
+
+    attention: Literal["auto", "varlen", "sdpa"] = "auto"
+    cuda_graph: Toggle = "auto"
+    kv_padding: int | None = None
+    max_batch_tokens: int | None = None
+    max_requests_per_batch: int | None = None
+    compile_level: int = 0
+    max_memory_percent: float | None = None
+    # KV-cache pages (of transformers' block size); None sizes the cache from free memory.
+    num_blocks: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """What to load, how to drive it, and how often to report."""
+
+    model_id: str | None = None
+    model_revision: str | None = None
+    load_format: Literal["auto", "dummy"] = "auto"
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    quantization: Literal["none", "nf4", "int8"] = "none"
+    quantize_lm_head: bool = False
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    compile_norms: Toggle = "auto"
+    data_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "hunyuan-mt-service")
+    engine: EngineKind = "auto"
+    decoding: Decoding = field(
+        default_factory=lambda: Decoding(
+            greedy=False, temperature=0.7, top_k=20, top_p=0.6, repetition_penalty=1.05
+        )
+    )
+    max_new_tokens: int = 1024
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    continuous: ContinuousConfig = field(default_factory=ContinuousConfig)
+    # Settings given explicitly that only one engine kind reads: checked once the kind is known.
+    static_only: tuple[str, ...] = ()
+    continuous_only: tuple[str, ...] = ()
+    log_level: str = "info"
+    stats_interval_s: float = 0.1
+
+    @property
+    def uses_demo_model(self) -> bool:
+        return self.model_id is None
+
+    def check_kind(self, kind: str) -> None:
+        """Refuse settings that the chosen engine would silently ignore."""
+        unused = self.continuous_only if kind == "static" else self.static_only
+        if unused:
+            raise ValueError(
+                f"the {kind} engine does not use {', '.join(sorted(unused))}; "
+                "remove them or choose the engine they belong to (HYMT_ENGINE)"
+            )

@@ -1,0 +1,36 @@
+"""The production engine loader: the transformers model driven by the engine the config asks for.
+
+Runs in the engine process, on its worker thread. A loader is any picklable callable from an
+``EngineConfig`` to an engine (multiprocessing spawn sends it to the child by reference); tests
+pass their own fakes the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from service.engine.config import EngineConfig
+from service.engine.continuous import ContinuousBatchingEngine
+from service.engine.loading import load_model, resolve_device
+from service.engine.static import StaticBatchEngine
+from service.engine.types import ContinuousEngine, Engine
+
+AnyEngine = Engine | ContinuousEngine
+EngineLoader = Callable[[EngineConfig], AnyEngine]
+
+
+def engine_kind(config: EngineConfig, device_type: str) -> str:
+    """``auto`` is continuous batching on CUDA and static micro-batches elsewhere."""
+    if config.engine != "auto":
+        return config.engine
+    return "continuous" if device_type == "cuda" else "static"
+
+
+def load_engine(config: EngineConfig) -> AnyEngine:
+    """Load the model and wrap it in the engine that ``config.engine`` resolves to."""
+    kind = engine_kind(config, resolve_device(config.device).type)
+    config.check_kind(kind)  # before minutes of loading, not after
+    loaded = load_model(config)
+    if kind == "continuous":
+        return ContinuousBatchingEngine(loaded, config)
+    return StaticBatchEngine(loaded)

@@ -1,0 +1,106 @@
+"""The messages between the API process and the engine process, and how they are encoded.
+
+msgpack through msgspec: typed structs, tagged so one decoder reads every kind, and no pickle
+(a message can never run code). Requests flow API -> engine on one ZeroMQ PUSH/PULL pair,
+answers and reports flow engine -> API on another. Ids are integers the API process assigns.
+
+API -> engine: ``Submit`` (a prompt to generate from, with the seconds left to its deadline),
+``Cancel`` (the caller went away or gave up), ``Shutdown``.
+Engine -> API: ``Ready`` (loaded and warm enough to take work: what the model is and the
+tokenizer the API needs to build prompts), ``LoadFailed``, ``Finished`` and ``Failed`` (one
+per submitted request), and ``Stats`` every ``stats_interval_s`` from the moment the process
+starts: its heartbeat and its load.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from service.engine.types import Decoding, EngineInfo
+
+
+class Submit(msgspec.Struct, tag="submit", array_like=True):
+    id: int
+    prompt_ids: list[int]
+    max_new_tokens: int
+    decoding: Decoding
+    # Seconds left to the deadline when sent (clocks of two processes are not compared).
+    timeout_s: float | None = None
+
+
+class Cancel(msgspec.Struct, tag="cancel", array_like=True):
+    id: int
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
+    pass
+
+
+class TokenizerSpec(msgspec.Struct, array_like=True):
+    """Everything the API process needs to encode prompts exactly as the engine would."""
+
+    # The fast tokenizer's serialized form (tokenizer.json).
+    tokenizer_json: str
+    # Token ids the chat template puts before and after the user's content.
+    before: list[int]
+    after: list[int]
+
+
+class Ready(msgspec.Struct, tag="ready", array_like=True):
+    info: EngineInfo
+    tokenizer: TokenizerSpec
+    kind: str
+    # Texts the engine generates at once at most (batch size, or requests per step).
+    capacity: int
+
+
+class LoadFailed(msgspec.Struct, tag="load_failed", array_like=True):
+    message: str
+
+
+class Finished(msgspec.Struct, tag="finished", array_like=True):
+    id: int
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    # Seconds inside the engine before generation started, and generating.
+    queue_s: float
+    inference_s: float
+
+
+class Failed(msgspec.Struct, tag="failed", array_like=True):
+    id: int
+    code: str
+    message: str
+
+
+class Stats(msgspec.Struct, tag="stats", array_like=True):
+    """The engine's heartbeat and load, as of when it was sent."""
+
+    # Texts received and not yet answered, and of those the ones generating now.
+    in_flight: int
+    running: int
+    # Monotonic counters: texts answered (any outcome) and tokens generated since start.
+    answered: int
+    generated_tokens: int
+    # Accelerator memory by kind (allocated, reserved); empty on CPU or while loading.
+    memory: dict[str, int]
+
+
+ToEngine = Submit | Cancel | Shutdown
+FromEngine = Ready | LoadFailed | Finished | Failed | Stats
+
+
+def encoder() -> msgspec.msgpack.Encoder:
+    return msgspec.msgpack.Encoder()
+
+
+def engine_decoder() -> msgspec.msgpack.Decoder[ToEngine]:
+    """Decodes what the engine process receives."""
+    return msgspec.msgpack.Decoder(ToEngine)
+
+
+def api_decoder() -> msgspec.msgpack.Decoder[FromEngine]:
+    """Decodes what the API process receives."""
+    return msgspec.msgpack.Decoder(FromEngine)

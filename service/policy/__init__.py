@@ -1,0 +1,1 @@
+"""The policy layer of the API process: admission, deadlines, engine supervision."""
