@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import sys
 from types import FrameType
 
@@ -40,9 +41,9 @@ class DrainingServer(uvicorn.Server):
         self._draining = False
         self.exit_code = 0
 
-    async def serve(self, sockets: list[object] | None = None) -> None:
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)  # type: ignore[arg-type]
+        await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining or self._loop is None:
@@ -50,7 +51,9 @@ class DrainingServer(uvicorn.Server):
             return
         self._draining = True
         log.info("stopping", extra={"signal": signal.Signals(sig).name})
-        self._loop.call_soon_threadsafe(lambda: self._loop and self._loop.create_task(self._drain()))
+        self._loop.call_soon_threadsafe(
+            lambda: self._loop and self._loop.create_task(self._drain())
+        )
 
     def fatal(self) -> None:
         """The engine cannot be (re)started: stop with status 1 for the orchestrator."""

@@ -21,8 +21,8 @@ from service.api.errors import install_error_handlers
 from service.api.libretranslate import create_libretranslate_app
 from service.api.middleware import RequestContextMiddleware
 from service.config import Settings
-from service.metrics import Metrics
 from service.engine.factory import EngineLoader, load_engine
+from service.metrics import Metrics
 from service.runtime import Runtime
 
 

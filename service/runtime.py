@@ -22,9 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from service.engine.client import EngineClient
 from service.engine.config import EngineConfig
 from service.engine.encoding import ChatPromptEncoder
-from service.engine.factory import EngineLoader
 from service.engine.protocol import Ready
-from service.engine.types import EngineInfo
+from service.engine.types import EngineInfo, EngineLoader
 from service.errors import EngineUnavailable, ServiceError
 from service.metrics import Metrics
 from service.policy.admission import Admission
@@ -37,8 +36,6 @@ from service.translation.languages import LanguageTable
 from service.translation.translator import PromptBuilder, TranslationConfig, Translator
 
 log = logging.getLogger(__name__)
-
-_DRAIN_POLL_S = 0.02
 
 
 class Runtime:
@@ -159,11 +156,9 @@ class Runtime:
         self.admission.close()
         self.metrics.ready.set(0)
         log.info("draining", extra={"in_flight": self.in_flight, "timeout_s": timeout_s})
-        deadline = time.monotonic() + timeout_s
-        while self.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(_DRAIN_POLL_S)
+        drained = await self.admission.wait_idle(timeout_s)
         client: EngineClient | None = self.supervisor.client
-        if self.in_flight and client is not None:
+        if not drained and client is not None:
             log.warning("drain timed out", extra={"in_flight": self.in_flight})
             client.fail_all(EngineUnavailable("the service shut down before this finished"))
 

@@ -14,8 +14,9 @@ from fastapi import FastAPI
 from service.app import create_app
 from service.config import Settings
 from service.engine.demo import ensure_demo_model
-from service.runtime import EngineLoader, Runtime
-from tests.fakes import FakeEngine
+from service.engine.types import EngineLoader
+from service.runtime import Runtime
+from tests.fakes import FakeControl
 
 MakeSettings = Callable[..., Settings]
 
@@ -29,10 +30,16 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def make_settings(data_dir: Path) -> MakeSettings:
-    """Settings for tests: the session's demo model, greedy decoding, no .env file."""
+    """Settings for tests: the session's demo model, greedy decoding, no .env file, and an
+    explicit KV-cache budget for the continuous engine (transformers would size it from free
+    RAM)."""
 
     def make(**overrides: Any) -> Settings:
-        values: dict[str, Any] = {"data_dir": data_dir, "greedy": True, "max_wait_ms": 2.0}
+        values: dict[str, Any] = {"data_dir": data_dir, "greedy": True}
+        if overrides.get("engine") == "continuous":
+            values |= {"cb_num_blocks": 32, "cb_max_batch_tokens": 512}
+        else:
+            values["max_wait_ms"] = 2.0
         values.update(overrides)
         return Settings(_env_file=None, **values)
 
@@ -89,5 +96,7 @@ async def demo(start_app: StartApp) -> ServiceClient:
     return client
 
 
-def fake_loader(engine: FakeEngine) -> EngineLoader:
-    return lambda settings: engine
+@pytest.fixture
+def fake(tmp_path: Path) -> FakeControl:
+    """A fake engine's controls (gate, record of batches) in this test's folder."""
+    return FakeControl(tmp_path / "fake")

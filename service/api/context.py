@@ -40,9 +40,7 @@ class RequestContext:
         address = request.client.host if request.client else "unknown"
         client = access.authenticate(authorization, address)
         access.admit(client)
-        return cls(
-            client=client, deadline=deadline, translator=runtime.translator, access=access
-        )
+        return cls(client=client, deadline=deadline, translator=runtime.translator, access=access)
 
     def charge(self, characters: int) -> None:
         """Count ``characters`` against the caller's quota (``QuotaExceeded`` when spent)."""

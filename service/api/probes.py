@@ -8,6 +8,7 @@ from fastapi.responses import JSONResponse
 from service.api.dependencies import RuntimeDep
 from service.api.errors import service_error_response
 from service.api.schemas import ErrorResponse, HealthOut
+from service.errors import EngineUnavailable
 from service.metrics import PROMETHEUS_CONTENT_TYPE
 
 router = APIRouter(tags=["operations"])
@@ -41,7 +42,8 @@ async def live(runtime: RuntimeDep) -> HealthOut | JSONResponse:
     """Liveness: 200 while the engine loads or serves; 503 once it died, hung or stalled (until
     its restart is warm) or could not be started at all (restart me)."""
     if not runtime.live:
-        return service_error_response(runtime.failure() or runtime.supervisor.availability())
+        failure = runtime.failure() or EngineUnavailable("the engine is not running")
+        return service_error_response(failure)
     return HealthOut(status=runtime.state.value, in_flight=runtime.in_flight)
 
 

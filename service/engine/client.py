@@ -14,6 +14,7 @@ Nothing here imports torch: the engine process is the only place it runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import multiprocessing
@@ -31,7 +32,6 @@ from service.engine.protocol import (
     Cancel,
     Failed,
     Finished,
-    LoadFailed,
     Ready,
     Shutdown,
     Stats,
@@ -119,7 +119,9 @@ class EngineClient:
         log.info("engine process started", extra={"pid": process.pid})
         return await asyncio.shield(self._ready)
 
-    def submit(self, request: GenerationRequest, timeout_s: float | None) -> tuple[int, asyncio.Future[EngineAnswer]]:
+    def submit(
+        self, request: GenerationRequest, timeout_s: float | None
+    ) -> tuple[int, asyncio.Future[EngineAnswer]]:
         """Send ``request``; the future resolves with its answer or the error of its failure."""
         if self.exited:
             raise EngineDied("the engine process is not running")
@@ -177,7 +179,7 @@ class EngineClient:
     async def _receive(self) -> None:
         decoder = api_decoder()
         while True:
-            message = decoder.decode(await self._results.recv(copy=False))
+            message = decoder.decode(await self._results.recv())
             self.heard_at = time.monotonic()
             if isinstance(message, Finished):
                 self._answer(message)
@@ -187,11 +189,10 @@ class EngineClient:
                     future.set_exception(error_of(message.code, message.message))
             elif isinstance(message, Stats):
                 self.stats = message
-            elif isinstance(message, Ready):
-                if self._ready is not None and not self._ready.done():
+            elif self._ready is not None and not self._ready.done():
+                if isinstance(message, Ready):
                     self._ready.set_result(message)
-            elif isinstance(message, LoadFailed):
-                if self._ready is not None and not self._ready.done():
+                else:
                     self._ready.set_exception(EngineLoadFailed(message.message))
 
     def _answer(self, message: Finished) -> None:
@@ -224,10 +225,8 @@ class EngineClient:
 
     def _close(self) -> None:
         if self._process is not None and not self.exited:
-            try:
+            with contextlib.suppress(RuntimeError):
                 asyncio.get_running_loop().remove_reader(self._process.sentinel)
-            except RuntimeError:
-                pass
             self.exited = True
         if self._receiver is not None:
             self._receiver.cancel()

@@ -2,21 +2,16 @@
 
 Runs in the engine process, on its worker thread. A loader is any picklable callable from an
 ``EngineConfig`` to an engine (multiprocessing spawn sends it to the child by reference); tests
-pass their own fakes the same way.
+pass their own fakes the same way. The model code is imported inside ``load_engine``: the API
+process names this function as its default loader and must not import torch by doing so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from service.engine.config import EngineConfig
-from service.engine.continuous import ContinuousBatchingEngine
-from service.engine.loading import load_model, resolve_device
-from service.engine.static import StaticBatchEngine
-from service.engine.types import ContinuousEngine, Engine
+from service.engine.types import AnyEngine, EngineLoader
 
-AnyEngine = Engine | ContinuousEngine
-EngineLoader = Callable[[EngineConfig], AnyEngine]
+__all__ = ["EngineLoader", "engine_kind", "load_engine"]
 
 
 def engine_kind(config: EngineConfig, device_type: str) -> str:
@@ -28,6 +23,10 @@ def engine_kind(config: EngineConfig, device_type: str) -> str:
 
 def load_engine(config: EngineConfig) -> AnyEngine:
     """Load the model and wrap it in the engine that ``config.engine`` resolves to."""
+    from service.engine.continuous import ContinuousBatchingEngine
+    from service.engine.loading import load_model, resolve_device
+    from service.engine.static import StaticBatchEngine
+
     kind = engine_kind(config, resolve_device(config.device).type)
     config.check_kind(kind)  # before minutes of loading, not after
     loaded = load_model(config)

@@ -8,8 +8,8 @@ from functools import lru_cache
 
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from service.engine.loading import LoadedModel, engine_info, memory_by_kind
 from service.engine.encoding import ChatPromptEncoder
+from service.engine.loading import LoadedModel, engine_info, memory_by_kind
 from service.engine.protocol import TokenizerSpec
 from service.engine.tokenization import tokenizer_spec
 from service.engine.types import Decoding, EngineInfo, GenerationResult

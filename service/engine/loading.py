@@ -21,8 +21,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from service.engine.config import EngineConfig
 from service.engine.compilation import compile_norms, wants_compiled_norms
+from service.engine.config import EngineConfig
 from service.engine.demo import DEMO_VERSION, ensure_demo_model
 from service.engine.dummy import dummy_config, materialized_checkpoint, random_model
 from service.engine.output_layer import prepare_output_layer

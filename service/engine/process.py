@@ -23,7 +23,6 @@ import zmq
 import zmq.asyncio
 
 from service.engine.config import EngineConfig
-from service.engine.factory import AnyEngine, EngineLoader
 from service.engine.protocol import (
     Cancel,
     Failed,
@@ -37,7 +36,7 @@ from service.engine.protocol import (
     encoder,
     engine_decoder,
 )
-from service.engine.types import ContinuousEngine, GenerationRequest
+from service.engine.types import AnyEngine, ContinuousEngine, EngineLoader, GenerationRequest
 from service.engine.worker import EngineWorker
 from service.errors import GenerationFailed, ServiceError
 from service.logs import configure_logging
@@ -171,8 +170,8 @@ class EngineHost:
             answer = Failed(id=message.id, code=error.code, message=error.message)
         except Exception:
             log.exception("generation failed")
-            error = GenerationFailed("the model failed to generate")
-            answer = Failed(id=message.id, code=error.code, message=error.message)
+            failure = GenerationFailed("the model failed to generate")
+            answer = Failed(id=message.id, code=failure.code, message=failure.message)
         finally:
             self._tasks.pop(message.id, None)
             self._answered += 1
@@ -208,5 +207,4 @@ def _route_transformers_logs() -> None:
 
     hf_logging.disable_default_handler()
     hf_logging.enable_propagation()
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-
+    hf_logging.disable_progress_bar()

@@ -11,7 +11,6 @@ import torch
 from transformers import BitsAndBytesConfig
 
 
-
 def quantization_config(kind: str, dtype: torch.dtype) -> BitsAndBytesConfig | None:
     """The load-time bitsandbytes config for ``kind`` (``none`` gives ``None``)."""
     if kind == "nf4":

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 from service.errors import ServiceError
 
 if TYPE_CHECKING:
+    from service.engine.config import EngineConfig
     from service.engine.protocol import TokenizerSpec
 
 
@@ -149,3 +150,8 @@ class ContinuousEngine(Protocol):
     def close(self) -> None:
         """Stop the generation thread (blocking; call it off the event loop)."""
         ...
+
+
+AnyEngine = Engine | ContinuousEngine
+# Builds the engine inside the engine process; must be picklable (spawn sends it by reference).
+EngineLoader = Callable[["EngineConfig"], AnyEngine]

@@ -7,10 +7,9 @@ loads the engine on that thread and hands batches to it, answering through async
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-
-import torch
 
 from service.engine.types import ContinuousEngine, Engine, GenerationRequest, GenerationResult
 from service.errors import EngineUnavailable, OutOfMemory
@@ -37,9 +36,13 @@ class EngineWorker:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._executor, engine.generate, batch)
-        except torch.OutOfMemoryError as error:
-            # Whatever engine raised it: the scheduler splits batches on this domain error.
-            raise OutOfMemory(f"out of memory generating a batch of {len(batch)}") from error
+        except Exception as error:
+            # Whatever engine raised it: the scheduler splits batches on this domain error. An
+            # engine that never imported torch cannot have raised torch's error.
+            torch = sys.modules.get("torch")
+            if torch is not None and isinstance(error, torch.OutOfMemoryError):
+                raise OutOfMemory(f"out of memory generating a batch of {len(batch)}") from error
+            raise
 
     async def close(self) -> None:
         """Release the engine on its thread (after a running batch), then stop the thread."""

@@ -22,6 +22,7 @@ capacity and the recent per-text generation time.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import deque
@@ -84,10 +85,20 @@ class Admission:
         self._service_s: float | None = None
         self._completions: deque[float] = deque(maxlen=8192)
         self._saturated_since: float | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     @property
     def in_flight(self) -> int:
         return self._in_flight
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until nothing is in flight, for ``timeout_s`` at most; whether it got there."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     @property
     def closed(self) -> bool:
@@ -177,12 +188,15 @@ class Admission:
 
     def _enter(self, texts: int, now: float) -> None:
         self._in_flight += texts
+        self._idle.clear()
         if self._in_flight > self._capacity and self._saturated_since is None:
             self._saturated_since = now
         self._metrics.in_flight.set(self._in_flight)
 
     def _leave(self, texts: int) -> None:
         self._in_flight -= texts
+        if not self._in_flight:
+            self._idle.set()
         if self._in_flight <= self._capacity:
             self._saturated_since = None
         self._metrics.in_flight.set(self._in_flight)

@@ -30,7 +30,9 @@ class Dispatcher:
         self._admission = admission
         self._metrics = metrics
 
-    async def generate(self, request: GenerationRequest, deadline: float | None = None) -> Scheduled:
+    async def generate(
+        self, request: GenerationRequest, deadline: float | None = None
+    ) -> Scheduled:
         """The result of ``request``, or its typed error; ``DeadlineExceeded`` past ``deadline``."""
         client = self._supervisor.working_client()
         if client is None:

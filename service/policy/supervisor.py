@@ -66,7 +66,8 @@ class EngineSupervisor:
         self._metrics = metrics
         self._on_ready = on_ready
         self._on_fatal = on_fatal
-        self.state = EngineState.LOADING
+        self._settled = asyncio.Event()
+        self._state = EngineState.LOADING
         self.client: EngineClient | None = None
         self.reason: str | None = None
         self._exit = asyncio.Event()
@@ -81,10 +82,21 @@ class EngineSupervisor:
         self._task = asyncio.create_task(self._run(), name="engine-supervisor")
         self._watchdog = asyncio.create_task(self._watch(), name="engine-watchdog")
 
+    @property
+    def state(self) -> EngineState:
+        return self._state
+
+    @state.setter
+    def state(self, state: EngineState) -> None:
+        self._state = state
+        if state in (EngineState.LOADING, EngineState.WARMING, EngineState.RESTARTING):
+            self._settled.clear()
+        else:
+            self._settled.set()
+
     async def wait_settled(self) -> None:
         """Wait until the engine is ready or has failed (for tests and the CLI)."""
-        while self.state in (EngineState.LOADING, EngineState.WARMING, EngineState.RESTARTING):
-            await asyncio.sleep(0.02)
+        await self._settled.wait()
 
     def working_client(self) -> EngineClient | None:
         """The engine that may take work now: ready, or warming up (for the warm-up itself)."""

@@ -96,10 +96,11 @@ class MicroBatchScheduler:
     async def close(self, drain_timeout_s: float) -> None:
         """Refuse new work, let queued work finish for up to ``drain_timeout_s``, fail the rest."""
         self._closed = True
-        try:
-            await asyncio.wait_for(self._idle.wait(), drain_timeout_s)
-        except TimeoutError:
-            log.warning("drain timed out", extra={"queued": len(self._pending)})
+        if not self._idle.is_set():
+            try:
+                await asyncio.wait_for(self._idle.wait(), drain_timeout_s)
+            except TimeoutError:
+                log.warning("drain timed out", extra={"queued": len(self._pending)})
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -315,9 +316,7 @@ class Translator:
         english = self.languages["en"]
         for target in (self.languages["de"], self.languages["zh"]):
             prepared = await self._offload(
-                lambda target=target: self._prompts.prepare(
-                    "Hello.", target, english, field="warm-up"
-                )
+                functools.partial(self._prompts.prepare, "Hello.", target, english, field="warm-up")
             )
             await self._generator.generate(prepared.request)
 
