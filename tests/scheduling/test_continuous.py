@@ -1,4 +1,4 @@
-"""Admission in front of a continuous engine: bound, cancellation, errors, drain."""
+"""The scheduler in front of a continuous engine: results, cancellation, errors, drain."""
 
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ from service.engine.types import (
     GenerationRequest,
     GenerationResult,
 )
-from service.errors import EngineUnavailable, GenerationFailed, Overloaded
-from service.metrics import Metrics
+from service.errors import EngineUnavailable, GenerationFailed
 from service.scheduling.continuous import ContinuousScheduler
-from tests.fakes import CharEncoder
 
 DECODING = Decoding(greedy=True, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
 
@@ -28,7 +26,6 @@ class ManualEngine:
         self.submitted: dict[str, Completion] = {}
         self.cancelled: list[str] = []
         self.info = EngineInfo("manual", None, "float32", "none", "cpu", 0.0, 0)
-        self.encoder = CharEncoder()
 
     def memory_bytes(self) -> dict[str, int]:
         return {}
@@ -41,6 +38,12 @@ class ManualEngine:
 
     def is_alive(self) -> bool:
         return True
+
+    def capacity(self) -> int | None:
+        return 8
+
+    def running(self) -> int | None:
+        return None
 
     def close(self) -> None:
         return None
@@ -55,44 +58,32 @@ def request() -> GenerationRequest:
 
 async def test_results_reach_their_callers_with_timings() -> None:
     engine = ManualEngine()
-    scheduler = ContinuousScheduler(engine, max_in_flight=4, metrics=Metrics())
+    scheduler = ContinuousScheduler(engine)
     task = asyncio.ensure_future(scheduler.submit(request()))
     await asyncio.sleep(0)
-    assert scheduler.depth == 1
+    assert scheduler.running == 1
     engine.finish(next(iter(engine.submitted)), "hello")
     scheduled = await task
     assert scheduled.result.text == "hello"
     assert (scheduled.queue_s, scheduled.inference_s) == (0.01, 0.02)
-    assert scheduler.depth == 0
-
-
-async def test_over_capacity_is_refused_at_once() -> None:
-    engine = ManualEngine()
-    scheduler = ContinuousScheduler(engine, max_in_flight=2, metrics=Metrics())
-    held = [asyncio.ensure_future(scheduler.submit(request())) for _ in range(2)]
-    await asyncio.sleep(0)
-    with pytest.raises(Overloaded):
-        await scheduler.submit(request())
-    for request_id in list(engine.submitted):
-        engine.finish(request_id)
-    await asyncio.gather(*held)
+    assert scheduler.running == 0
 
 
 async def test_a_caller_leaving_cancels_its_request_in_the_engine() -> None:
     engine = ManualEngine()
-    scheduler = ContinuousScheduler(engine, max_in_flight=2, metrics=Metrics())
+    scheduler = ContinuousScheduler(engine)
     task = asyncio.ensure_future(scheduler.submit(request()))
     await asyncio.sleep(0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert engine.cancelled == list(engine.submitted)
-    assert scheduler.depth == 0
+    assert scheduler.running == 0
 
 
 async def test_engine_errors_reach_the_caller() -> None:
     engine = ManualEngine()
-    scheduler = ContinuousScheduler(engine, max_in_flight=2, metrics=Metrics())
+    scheduler = ContinuousScheduler(engine)
     task = asyncio.ensure_future(scheduler.submit(request()))
     await asyncio.sleep(0)
     engine.submitted.popitem()[1](GenerationFailed("the model failed"), 0.0, 0.0)
@@ -102,7 +93,7 @@ async def test_engine_errors_reach_the_caller() -> None:
 
 async def test_close_drains_then_fails_what_is_left() -> None:
     engine = ManualEngine()
-    scheduler = ContinuousScheduler(engine, max_in_flight=4, metrics=Metrics())
+    scheduler = ContinuousScheduler(engine)
     finished = asyncio.ensure_future(scheduler.submit(request()))
     stuck = asyncio.ensure_future(scheduler.submit(request()))
     await asyncio.sleep(0)

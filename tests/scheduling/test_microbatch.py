@@ -1,19 +1,67 @@
-"""The scheduler's public behaviour, with a fake engine on a real worker thread."""
+"""The micro-batch scheduler's public behaviour (as the engine process runs it), with an
+in-process engine on a real worker thread."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
 
-from service.engine.types import Decoding, GenerationRequest
+from service.engine.config import BatchingConfig
+from service.engine.protocol import TokenizerSpec
+from service.engine.types import Decoding, EngineInfo, GenerationRequest, GenerationResult
 from service.engine.worker import EngineWorker
-from service.errors import EngineUnavailable, GenerationFailed, Overloaded
-from service.metrics import Metrics
-from service.scheduling.microbatch import BatchingLimits, MicroBatchScheduler
-from tests.fakes import FakeEngine
+from service.errors import EngineUnavailable, GenerationFailed
+from service.scheduling.microbatch import MicroBatchScheduler
+from tests.fakes import char_tokenizer
+
+
+class FakeEngine:
+    """Echoes each prompt's length and records its batches; ``gate`` holds each batch."""
+
+    def __init__(
+        self,
+        *,
+        delay_s: float = 0.0,
+        fail: Callable[[Sequence[GenerationRequest]], Exception | None] | None = None,
+        gate: threading.Event | None = None,
+    ) -> None:
+        self.delay_s, self.fail, self.gate = delay_s, fail, gate
+        self.batches: list[list[GenerationRequest]] = []
+
+    def generate(self, batch: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        self.batches.append(list(batch))
+        if self.gate is not None:
+            self.gate.wait(timeout=10)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if self.fail is not None and (error := self.fail(batch)) is not None:
+            raise error
+        return [
+            GenerationResult(f"out:{len(r.prompt_ids)}", len(r.prompt_ids), 3, "stop")
+            for r in batch
+        ]
+
+    def close(self) -> None:
+        return None
+
+    @property
+    def info(self) -> EngineInfo:
+        return EngineInfo("fake", None, "float32", "none", "cpu", 0.0, 0)
+
+    @property
+    def tokenizer(self) -> TokenizerSpec:
+        return char_tokenizer()
+
+    def memory_bytes(self) -> dict[str, int]:
+        return {}
+
+    @property
+    def items_seen(self) -> int:
+        return sum(len(batch) for batch in self.batches)
 
 DECODING = Decoding(greedy=True, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
 
@@ -33,15 +81,10 @@ async def make_scheduler() -> AsyncIterator[MakeScheduler]:
         engine: FakeEngine | None = None, **limits: float
     ) -> tuple[MicroBatchScheduler, FakeEngine]:
         engine = engine or FakeEngine()
-        values = {
-            "max_batch_size": 4,
-            "max_batch_tokens": 10_000,
-            "max_wait_s": 0.05,
-            "max_queue_size": 100,
-        }
+        values = {"max_batch_size": 4, "max_batch_tokens": 10_000, "max_wait_s": 0.05}
         values.update(limits)
         worker = EngineWorker(lambda: engine)
-        scheduler = MicroBatchScheduler(worker, BatchingLimits(**values), Metrics())  # type: ignore[arg-type]
+        scheduler = MicroBatchScheduler(worker, BatchingConfig(**values))  # type: ignore[arg-type]
         created.append((scheduler, worker))
         return scheduler, engine
 
@@ -138,26 +181,6 @@ async def test_a_failed_batch_fails_each_item_and_the_loop_goes_on(
     assert "boom" not in str(outcomes[0])  # no internals to clients
     after = await scheduler.submit(request(5))
     assert after.result.text == "out:5"
-
-
-async def test_queue_bound_refuses_at_once_with_retry_after(make_scheduler: MakeScheduler) -> None:
-    gate = threading.Event()
-    scheduler, _ = await started(
-        make_scheduler,
-        engine=FakeEngine(gate=gate),
-        max_batch_size=1,
-        max_queue_size=2,
-        max_wait_s=0,
-    )
-    running = asyncio.ensure_future(scheduler.submit(request(1)))
-    await asyncio.sleep(0.05)
-    queued = [asyncio.ensure_future(scheduler.submit(request(2))) for _ in range(2)]
-    await asyncio.sleep(0)
-    with pytest.raises(Overloaded) as refused:
-        await scheduler.submit(request(3))
-    assert refused.value.retry_after_s >= 1
-    gate.set()
-    await asyncio.gather(running, *queued)
 
 
 async def test_cancelled_callers_never_reach_the_engine(make_scheduler: MakeScheduler) -> None:
