@@ -23,9 +23,10 @@ import torch
 from loadtests.loadgen import emit
 from loadtests.texts import make_jobs
 from service.config import Settings
+from service.engine.encoding import ChatPromptEncoder
 from service.engine.generation import eos_ids, generation_config, pad_token_id
 from service.engine.loading import LoadedModel, load_model
-from service.engine.tokenization import ChatPromptEncoder
+from service.engine.tokenization import tokenizer_spec
 from service.engine.types import GenerationRequest
 from service.translation.translator import PromptBuilder
 
@@ -44,7 +45,8 @@ def service_requests(
     settings: Settings, loaded: LoadedModel, count: int, seed: int
 ) -> list[GenerationRequest]:
     """The engine requests the service builds for the load generator's first ``count`` texts."""
-    prompts = PromptBuilder(settings, ChatPromptEncoder(loaded.tokenizer), "baseline")
+    encoder = ChatPromptEncoder(tokenizer_spec(loaded.tokenizer))
+    prompts = PromptBuilder(settings.translation_config(), encoder, "baseline")
     prepared = []
     for job in make_jobs(count, seed=seed):
         target, source = prompts.languages_of(job.target_lang, None)
@@ -87,7 +89,7 @@ class NaiveGenerator:
 
 
 def run(settings: Settings, requests: int, seed: int) -> BaselineReport:
-    loaded = load_model(settings.model_copy(update={"compile_norms": "off"}))
+    loaded = load_model(settings.model_copy(update={"compile_norms": "off"}).engine_config())
     prepared = service_requests(settings, loaded, requests + 1, seed)
     naive = NaiveGenerator(loaded)
     naive(prepared[0])  # warm-up, as the article does

@@ -32,7 +32,7 @@ from loadtests.loadgen import emit
 from service.config import Settings
 from service.engine.continuous import ContinuousBatchingEngine
 from service.engine.loading import load_model
-from service.engine.types import Decoding, GenerationRequest, GenerationResult
+from service.engine.types import GenerationRequest, GenerationResult
 from service.errors import ServiceError
 
 
@@ -82,8 +82,8 @@ async def _generate(
 
 
 async def run(settings: Settings, requests: int, lone: int, seed: int) -> ProfileReport:
-    loaded = load_model(settings)
-    engine = ContinuousBatchingEngine(loaded, settings, Decoding.from_settings(settings))
+    loaded = load_model(settings.engine_config())
+    engine = ContinuousBatchingEngine(loaded, settings.engine_config())
     cuda = loaded.device.type == "cuda"
     prepared = service_requests(settings, loaded, requests + lone + 2, seed)
     try:

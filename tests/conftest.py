@@ -89,11 +89,18 @@ async def start_app(make_settings: MakeSettings) -> AsyncIterator[StartApp]:
         await manager.__aexit__(None, None, None)
 
 
-@pytest.fixture
-async def demo(start_app: StartApp) -> ServiceClient:
-    """A started service on the demo model with default settings."""
-    client: ServiceClient = await start_app()
-    return client
+@pytest.fixture(scope="session")
+async def demo(data_dir: Path) -> AsyncIterator[ServiceClient]:
+    """One started service on the demo model, shared by the tests that only read from it (its
+    cache and counters are shared too: such tests use texts of their own)."""
+    settings = Settings(_env_file=None, data_dir=data_dir, greedy=True, max_wait_ms=2.0)
+    app = create_app(settings)
+    async with LifespanManager(app, startup_timeout=120, shutdown_timeout=60) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://service") as http:
+            client = ServiceClient(app, http)
+            await client.runtime.wait_started()
+            yield client
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)
     settings = Settings()
-    loaded = load_model(settings.model_copy(update={"compile_norms": "off"}))
+    loaded = load_model(settings.model_copy(update={"compile_norms": "off"}).engine_config())
     requests = service_requests(settings, loaded, args.requests + 1, seed=0)
     naive = NaiveGenerator(loaded)
     norms = [m for m in loaded.model.modules() if type(m).__name__.endswith("RMSNorm")]

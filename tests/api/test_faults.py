@@ -31,7 +31,8 @@ def send(client: ServiceClient, text: str) -> asyncio.Task[httpx.Response]:
 
 def engine_pid(client: ServiceClient) -> int:
     engine = client.runtime.supervisor.client
-    assert engine is not None and engine.pid is not None
+    assert engine is not None
+    assert engine.pid is not None
     return engine.pid
 
 
@@ -154,9 +155,7 @@ async def test_a_killed_engine_fails_fast_and_is_restarted(
 async def test_a_hung_engine_is_detected_by_its_missing_heartbeat(
     start_app: StartApp, fake: FakeControl
 ) -> None:
-    client = await start_app(
-        loader=fake.loader(), warmup=False, engine_heartbeat_timeout_s=0.5
-    )
+    client = await start_app(loader=fake.loader(), warmup=False, engine_heartbeat_timeout_s=0.5)
     pid = engine_pid(client)
     os.kill(pid, signal.SIGSTOP)  # alive, silent
     stopped = time.monotonic()

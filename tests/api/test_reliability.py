@@ -45,9 +45,7 @@ async def test_an_expired_request_is_504_and_never_reaches_the_model(
 async def test_the_client_deadline_can_only_lower_the_servers(
     start_app: StartApp, fake: FakeControl
 ) -> None:
-    client = await start_app(
-        loader=fake.loader(delay_s=0.3), warmup=False, request_timeout_s=0.15
-    )
+    client = await start_app(loader=fake.loader(delay_s=0.3), warmup=False, request_timeout_s=0.15)
     response = await client.http.post(
         "/translate",
         json={"text": "slow", "target_lang": "de"},

@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from service.config import Settings
-from tests.conftest import StartApp, fake_loader
-from tests.fakes import FakeEngine
+from tests.conftest import StartApp
+from tests.fakes import FakeControl
 
 BODY = {"text": "hello", "target_lang": "de"}
 
@@ -21,13 +21,11 @@ def everything_logged(caplog: pytest.LogCaptureFixture) -> str:
 
 
 async def test_keys_required_401_without_403_wrong_200_right(
-    start_app: StartApp, tmp_path: Path
+    start_app: StartApp, fake: FakeControl, tmp_path: Path
 ) -> None:
     keys_file = tmp_path / "keys"
     keys_file.write_text("# team keys\nfile-key-1\n\n")
-    client = await start_app(
-        loader=fake_loader(FakeEngine()), api_keys=["env-key"], api_keys_file=keys_file
-    )
+    client = await start_app(loader=fake.loader(), api_keys=["env-key"], api_keys_file=keys_file)
     missing = await client.http.post("/translate", json=BODY)
     assert missing.status_code == 401
     assert missing.json()["error"]["code"] == "unauthenticated"
@@ -46,9 +44,9 @@ async def test_keys_required_401_without_403_wrong_200_right(
 
 
 async def test_keys_never_reach_the_logs(
-    start_app: StartApp, caplog: pytest.LogCaptureFixture
+    start_app: StartApp, fake: FakeControl, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client = await start_app(loader=fake_loader(FakeEngine()), api_keys=["s3cret-key"])
+    client = await start_app(loader=fake.loader(), api_keys=["s3cret-key"])
     with caplog.at_level(logging.DEBUG):
         await client.http.post(
             "/translate", json=BODY, headers={"Authorization": "Bearer s3cret-key"}
@@ -60,9 +58,9 @@ async def test_keys_never_reach_the_logs(
 
 
 async def test_texts_stay_out_of_logs_by_default(
-    start_app: StartApp, caplog: pytest.LogCaptureFixture
+    start_app: StartApp, fake: FakeControl, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client = await start_app(loader=fake_loader(FakeEngine()))
+    client = await start_app(loader=fake.loader())
     with caplog.at_level(logging.DEBUG):
         await client.http.post(
             "/translate", json={"text": "my private letter", "target_lang": "de"}
@@ -72,10 +70,10 @@ async def test_texts_stay_out_of_logs_by_default(
     )
 
 
-async def test_one_clients_burst_does_not_starve_another(start_app: StartApp) -> None:
-    client = await start_app(
-        loader=fake_loader(FakeEngine()), api_keys=["a", "b"], rate_limit="5/minute"
-    )
+async def test_one_clients_burst_does_not_starve_another(
+    start_app: StartApp, fake: FakeControl
+) -> None:
+    client = await start_app(loader=fake.loader(), api_keys=["a", "b"], rate_limit="5/minute")
     burst = await asyncio.gather(
         *(
             client.http.post("/translate", json=BODY, headers={"Authorization": "Bearer a"})
@@ -91,8 +89,8 @@ async def test_one_clients_burst_does_not_starve_another(start_app: StartApp) ->
     assert other.status_code == 200
 
 
-async def test_character_quota_per_client(start_app: StartApp) -> None:
-    client = await start_app(loader=fake_loader(FakeEngine()), char_quota="20/hour")
+async def test_character_quota_per_client(start_app: StartApp, fake: FakeControl) -> None:
+    client = await start_app(loader=fake.loader(), char_quota="20/hour")
     first = await client.http.post("/translate", json={"text": "x" * 15, "target_lang": "de"})
     assert first.status_code == 200
     over = await client.http.post(
@@ -102,16 +100,16 @@ async def test_character_quota_per_client(start_app: StartApp) -> None:
     assert "character quota" in over.json()["error"]["message"]
 
 
-async def test_cors_is_off_by_default_and_configurable(start_app: StartApp) -> None:
-    plain = await start_app(loader=fake_loader(FakeEngine()))
+async def test_cors_is_off_by_default_and_configurable(
+    start_app: StartApp, fake: FakeControl
+) -> None:
+    plain = await start_app(loader=fake.loader())
     response = await plain.http.options(
         "/translate",
         headers={"Origin": "https://example.com", "Access-Control-Request-Method": "POST"},
     )
     assert "access-control-allow-origin" not in response.headers
-    allowed = await start_app(
-        loader=fake_loader(FakeEngine()), cors_origins=["https://example.com"]
-    )
+    allowed = await start_app(loader=fake.loader(), cors_origins=["https://example.com"])
     response = await allowed.http.options(
         "/translate",
         headers={"Origin": "https://example.com", "Access-Control-Request-Method": "POST"},

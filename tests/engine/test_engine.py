@@ -11,10 +11,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from service.config import Settings
 from service.engine.compilation import wants_compiled_norms
 from service.engine.demo import SPECIAL_TOKENS, ensure_demo_model
+from service.engine.encoding import ChatPromptEncoder
 from service.engine.loading import load_model
 from service.engine.output_layer import PaddedOutputLayer, prepare_output_layer
 from service.engine.static import StaticBatchEngine
-from service.engine.tokenization import ChatPromptEncoder
+from service.engine.tokenization import tokenizer_spec
 from service.engine.types import Decoding, GenerationRequest
 from tests.conftest import MakeSettings
 
@@ -24,7 +25,9 @@ SAMPLED = Decoding(greedy=False, temperature=0.7, top_k=20, top_p=0.6, repetitio
 
 @pytest.fixture(scope="module")
 def engine(data_dir: Path) -> StaticBatchEngine:
-    return StaticBatchEngine(load_model(Settings(_env_file=None, data_dir=data_dir)))
+    return StaticBatchEngine(
+        load_model(Settings(_env_file=None, data_dir=data_dir).engine_config())
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,7 @@ def test_demo_build_is_reused(data_dir: Path) -> None:
 def test_chat_encoding_matches_the_tokenizers_chat_template(
     tokenizer: PreTrainedTokenizerBase,
 ) -> None:
-    encoder = ChatPromptEncoder(tokenizer)
+    encoder = ChatPromptEncoder(tokenizer_spec(tokenizer))
     content = "Translate the following segment into German.\n\nGood morning"
     rendered = tokenizer.apply_chat_template(
         [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=False
@@ -73,7 +76,7 @@ def test_chat_encoding_matches_the_tokenizers_chat_template(
 def test_special_token_strings_in_user_text_stay_plain_text(
     tokenizer: PreTrainedTokenizerBase, text: str
 ) -> None:
-    encoder = ChatPromptEncoder(tokenizer)
+    encoder = ChatPromptEncoder(tokenizer_spec(tokenizer))
     ids = encoder.encode_chat(text)
     special = set(tokenizer.all_special_ids)
     before, after = encoder.template_ids
@@ -126,7 +129,7 @@ def test_quantized_demo_model_loads_and_translates(
     make_settings: MakeSettings, quantization: str
 ) -> None:
     settings = make_settings(quantization=quantization)
-    loaded = load_model(settings)
+    loaded = load_model(settings.engine_config())
     linear_types = {type(m).__name__ for m in loaded.model.modules()}
     assert ("Linear4bit" if quantization == "nf4" else "Linear8bitLt") in linear_types
     engine = StaticBatchEngine(loaded)
@@ -143,8 +146,10 @@ def test_quantized_demo_model_loads_and_translates(
 def test_the_output_layer_can_be_quantized_too(
     make_settings: MakeSettings, quantization: str
 ) -> None:
-    default = load_model(make_settings(quantization=quantization))
-    loaded = load_model(make_settings(quantization=quantization, quantize_lm_head=True))
+    default = load_model(make_settings(quantization=quantization).engine_config())
+    loaded = load_model(
+        make_settings(quantization=quantization, quantize_lm_head=True).engine_config()
+    )
     head = loaded.model.get_output_embeddings()  # type: ignore[no-untyped-call]
     assert type(head.inner).__name__ == ("Linear4bit" if quantization == "nf4" else "Linear8bitLt")
     footprint = loaded.model.get_memory_footprint()  # type: ignore[no-untyped-call]
@@ -183,13 +188,13 @@ def test_dummy_load_format_builds_random_weights_from_a_config(
 
     (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIG))
     settings = make_settings(load_format="dummy", model_id=str(tmp_path), quantization=quantization)
-    first = StaticBatchEngine(load_model(settings))
+    first = StaticBatchEngine(load_model(settings.engine_config()))
     assert first.info.model == f"{tmp_path}-dummy"
     request = GenerationRequest(first.encoder.encode_chat("random"), 5, GREEDY)
     (result,) = first.generate([request])
     assert result.completion_tokens == 5  # random weights: runs to the budget
     # Seeded: a second load gives the same weights and so the same greedy output.
-    (again,) = StaticBatchEngine(load_model(settings)).generate([request])
+    (again,) = StaticBatchEngine(load_model(settings.engine_config())).generate([request])
     assert again == result
 
 
@@ -208,7 +213,7 @@ def test_alpha_rope_is_static(data_dir: Path) -> None:
     # Hunyuan's checkpoints label their fixed alpha-NTK RoPE "dynamic"; transformers before 5.24
     # then re-checked the frequencies on the host at every step (a GPU sync that also broke CUDA
     # graph capture). 5.24 gives it its own static type; this guards against that coming back.
-    loaded = load_model(Settings(_env_file=None, data_dir=data_dir))
+    loaded = load_model(Settings(_env_file=None, data_dir=data_dir).engine_config())
     rotary = [m for m in loaded.model.modules() if hasattr(m, "rope_type")]
     assert rotary
     assert {m.rope_type for m in rotary} == {"ntk_alpha"}
@@ -218,7 +223,7 @@ def test_output_layer_is_padded_to_aligned_rows_with_the_same_logits(
     make_settings: MakeSettings,
 ) -> None:
     settings = make_settings()
-    loaded = load_model(settings)
+    loaded = load_model(settings.engine_config())
     head = loaded.model.get_output_embeddings()  # type: ignore[no-untyped-call]
     assert isinstance(head, PaddedOutputLayer)
     assert isinstance(head.inner, torch.nn.Linear)
@@ -237,7 +242,7 @@ def test_an_output_layer_that_cannot_be_padded_is_left_as_it_is(
 ) -> None:
     # Padding only speeds things up: a model whose head has a bias still loads and keeps it;
     # quantizing such a head was asked for and cannot be done, so that is refused.
-    loaded = load_model(make_settings())
+    loaded = load_model(make_settings().engine_config())
     model = loaded.model
     hidden, vocabulary = model.config.hidden_size, model.config.vocab_size
     biased = torch.nn.Linear(hidden, vocabulary, bias=True)
@@ -253,7 +258,7 @@ def test_compiled_norms_choose_the_same_tokens(
 ) -> None:
     # Every RMSNorm (two per layer, query and key norms, the final norm) is compiled, and the
     # fused kernels choose the same greedy tokens as the eager ones.
-    loaded = load_model(make_settings(compile_norms="on"))
+    loaded = load_model(make_settings(compile_norms="on").engine_config())
     compiled = StaticBatchEngine(loaded)
     assert compiled.info.compiled_norms == 4 * loaded.model.config.num_hidden_layers + 1
     norms = [m for m in loaded.model.modules() if type(m).__name__.endswith("RMSNorm")]

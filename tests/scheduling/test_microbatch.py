@@ -63,6 +63,7 @@ class FakeEngine:
     def items_seen(self) -> int:
         return sum(len(batch) for batch in self.batches)
 
+
 DECODING = Decoding(greedy=True, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
 
 
