@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -89,18 +90,27 @@ async def start_app(make_settings: MakeSettings) -> AsyncIterator[StartApp]:
         await manager.__aexit__(None, None, None)
 
 
-@pytest.fixture(scope="session")
-async def demo(data_dir: Path) -> AsyncIterator[ServiceClient]:
-    """One started service on the demo model, shared by the tests that only read from it (its
-    cache and counters are shared too: such tests use texts of their own)."""
-    settings = Settings(_env_file=None, data_dir=data_dir, greedy=True, max_wait_ms=2.0)
-    app = create_app(settings)
+@contextlib.asynccontextmanager
+async def started(
+    settings: Settings, loader: EngineLoader | None = None
+) -> AsyncIterator[ServiceClient]:
+    """An app started on ``settings`` (demo model unless ``loader``), for wider-scoped fixtures."""
+    app = create_app(settings) if loader is None else create_app(settings, loader=loader)
     async with LifespanManager(app, startup_timeout=120, shutdown_timeout=60) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://service") as http:
             client = ServiceClient(app, http)
             await client.runtime.wait_started()
             yield client
+
+
+@pytest.fixture(scope="session")
+async def demo(data_dir: Path) -> AsyncIterator[ServiceClient]:
+    """One started service on the demo model, shared by the tests that only read from it (its
+    cache and counters are shared too: such tests use texts of their own)."""
+    settings = Settings(_env_file=None, data_dir=data_dir, greedy=True, max_wait_ms=2.0)
+    async with started(settings) as client:
+        yield client
 
 
 @pytest.fixture

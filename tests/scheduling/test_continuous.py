@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from service.engine.protocol import TokenizerSpec
 from service.engine.types import (
     Completion,
     Decoding,
@@ -15,6 +16,7 @@ from service.engine.types import (
 )
 from service.errors import EngineUnavailable, GenerationFailed
 from service.scheduling.continuous import ContinuousScheduler
+from tests.fakes import char_tokenizer
 
 DECODING = Decoding(greedy=True, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
 
@@ -38,6 +40,10 @@ class ManualEngine:
 
     def is_alive(self) -> bool:
         return True
+
+    @property
+    def tokenizer(self) -> TokenizerSpec:
+        return char_tokenizer()
 
     def capacity(self) -> int | None:
         return 8
