@@ -6,7 +6,9 @@
    time process start -> ready (``/health`` 200) -> first translation.
 3. Throughput: the load generator, closed loop, through HTTP.
 4. Lone-request latency: one client, one request at a time.
-5. Stop the service (SIGTERM). ``LABEL.json`` is rewritten after every step, so a run cut short by
+5. Optionally overload (``--flood-requests``, ``--goodput-rate``): ``loadtests.overload``'s flood
+   with ``/health`` polled, and goodput under a deadline.
+6. Stop the service (SIGTERM). ``LABEL.json`` is rewritten after every step, so a run cut short by
    a time limit still leaves what it measured, the ratio as soon as both sides exist.
 
     python -m loadtests.bench --out results/ --requests 1024 --concurrency 1024 \\
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from loadtests import loadgen
+from loadtests import loadgen, overload
 
 
 def free_port() -> int:
@@ -105,6 +107,11 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--lone-requests", type=int, default=8)
     parser.add_argument("--baseline-requests", type=int, default=16, help="0 skips the baseline")
     parser.add_argument("--label", default="service")
+    parser.add_argument("--flood-requests", type=int, default=0, help="0 skips the flood")
+    parser.add_argument("--flood-processes", type=int, default=4)
+    parser.add_argument("--goodput-rate", type=float, default=0, help="0 skips goodput")
+    parser.add_argument("--goodput-deadline", type=float, default=10.0)
+    parser.add_argument("--goodput-duration", type=float, default=20.0)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     env = dict(item.split("=", 1) for item in args.env)
@@ -143,6 +150,16 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         result["lone"] = asdict(lone)
         result["gpu_memory_allocated_bytes"] = metric(url, "hymt_gpu_memory_bytes")
         save()
+        if args.flood_requests:
+            result["flood"] = asdict(overload.flood(url, args.flood_requests, args.flood_processes))
+            save()
+        if args.goodput_rate:
+            result["goodput"] = asdict(
+                overload.goodput(
+                    url, args.goodput_rate, args.goodput_duration, args.goodput_deadline
+                )
+            )
+            save()
     finally:
         stop_service(process)
     print(json.dumps(result, indent=2))

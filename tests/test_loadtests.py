@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loadtests import baseline, profile
+from loadtests import baseline, ipc, profile
 from tests.conftest import MakeSettings
 
 
@@ -24,3 +24,11 @@ async def test_profile_measures_the_engine_without_http(make_settings: MakeSetti
     assert report.lone_wall_ms_per_token > 0
     assert report.attention == "sdpa"  # the CPU default
     assert report.profiled_gpu_busy_ms_per_token == 0.0  # no CUDA kernels on a CPU
+
+
+async def test_more_requests_than_a_socket_buffers_all_get_answers() -> None:
+    """2,000 at once through the real engine process: more than ZeroMQ's default high-water
+    mark of 1,000 messages, which once dropped the excess silently."""
+    report = await ipc.measure(lone=10, burst=2000)
+    assert report.burst_requests == 2000
+    assert report.burst_us_per_request > 0

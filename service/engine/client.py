@@ -71,9 +71,15 @@ class EngineClient:
         self._loader = loader
         self._on_exit = on_exit
         self._folder = tempfile.mkdtemp(prefix="hymt-engine-")
+        # Requests are sent synchronously (never blocking: no high-water mark, admission bounds
+        # what is in flight); answers are awaited on the event loop.
+        self._sync_context = zmq.Context()
         self._context = zmq.asyncio.Context()
-        self._requests = self._context.socket(zmq.PUSH)
+        self._requests = self._sync_context.socket(zmq.PUSH)
         self._results = self._context.socket(zmq.PULL)
+        for socket in (self._requests, self._results):
+            socket.setsockopt(zmq.SNDHWM, 0)
+            socket.setsockopt(zmq.RCVHWM, 0)
         self._encoder = encoder()
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[EngineAnswer]] = {}
@@ -83,6 +89,7 @@ class EngineClient:
         self.stats: Stats | None = None
         self.heard_at = time.monotonic()
         self.exited = False
+        self._stopping = False
 
     @property
     def pid(self) -> int | None:
@@ -153,6 +160,7 @@ class EngineClient:
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Ask the engine to stop, then make sure it has: terminate, then kill."""
+        self._stopping = True
         process = self._process
         if process is not None and process.is_alive():
             self._send(Shutdown())
@@ -214,7 +222,8 @@ class EngineClient:
         process.join(0)
         self.exited = True
         code = process.exitcode
-        log.error("engine process exited", extra={"pid": process.pid, "exitcode": code})
+        level = logging.INFO if self._stopping else logging.ERROR
+        log.log(level, "engine process exited", extra={"pid": process.pid, "exitcode": code})
         self.fail_all(EngineDied(f"the engine process exited (code {code})"))
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(
@@ -233,4 +242,5 @@ class EngineClient:
         self._requests.close(linger=0)
         self._results.close(linger=0)
         self._context.term()
+        self._sync_context.term()
         shutil.rmtree(self._folder, ignore_errors=True)

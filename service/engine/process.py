@@ -46,6 +46,10 @@ from service.scheduling.types import GenerationScheduler
 
 log = logging.getLogger("service.engine")
 
+# Under CPU contention (a CPU-only host, or a busy GPU host) the API process goes first: probes
+# and refusals must not wait behind the generation loop. Without contention this costs nothing.
+_NICENESS = 5
+
 
 def run_engine(
     config: EngineConfig, loader: EngineLoader, requests_address: str, results_address: str
@@ -55,6 +59,7 @@ def run_engine(
     _route_transformers_logs()
     # Ctrl-C reaches the whole process group; the API process decides when the engine stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.nice(_NICENESS)
     asyncio.run(EngineHost(config, loader, requests_address, results_address).serve())
 
 
@@ -81,6 +86,9 @@ class EngineHost:
         self._context = zmq.asyncio.Context()
         self._inbox = self._context.socket(zmq.PULL)
         self._outbox = self._context.socket(zmq.PUSH)
+        for socket in (self._inbox, self._outbox):  # admission bounds what is in flight
+            socket.setsockopt(zmq.SNDHWM, 0)
+            socket.setsockopt(zmq.RCVHWM, 0)
 
     async def serve(self) -> None:
         requests_address, results_address = self._addresses
