@@ -44,7 +44,7 @@ def create_app(
         settings.translation_config(),
         metrics or Metrics(),
         loader,
-        workers=settings.prepare_workers,
+        workers=settings.preparation_workers,
         on_fatal=on_fatal,
     )
 

@@ -9,6 +9,7 @@ it into the per-layer configs (``engine_config``, ``policy_config``, ``translati
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -251,10 +252,11 @@ class Settings(BaseSettings):
         description="Engine restarts allowed within 10 minutes (after it died, hung or "
         "stalled); one more and the service exits with status 1 for its orchestrator.",
     )
-    prepare_workers: int = Field(
-        2,
+    prepare_workers: int | None = Field(
+        None,
         ge=1,
-        description="Threads that detect languages and tokenize, off the event loop.",
+        description="Worker processes that detect languages and tokenize, off the API "
+        "process's event loop (unset: a quarter of the CPU cores, 1 to 8).",
     )
 
     # --- micro-batching ----------------------------------------------------------------------
@@ -298,6 +300,12 @@ class Settings(BaseSettings):
         if kind != "auto":
             self.engine_config().check_kind(kind)
         return self
+
+    @property
+    def preparation_workers(self) -> int:
+        if self.prepare_workers is not None:
+            return self.prepare_workers
+        return max(1, min(8, (os.cpu_count() or 2) // 4))
 
     @property
     def uses_demo_model(self) -> bool:

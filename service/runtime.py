@@ -13,11 +13,9 @@ whatever is left is answered 503 at once. ``stop`` then stops the engine process
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from service.engine.client import EngineClient
 from service.engine.config import EngineConfig
@@ -31,8 +29,8 @@ from service.policy.config import PolicyConfig
 from service.policy.dispatch import Dispatcher
 from service.policy.supervisor import EngineState, EngineSupervisor
 from service.translation.cache import ResultCache
-from service.translation.detection import LanguageDetector
 from service.translation.languages import LanguageTable
+from service.translation.preparation import Preparer
 from service.translation.translator import PromptBuilder, TranslationConfig, Translator
 
 log = logging.getLogger(__name__)
@@ -59,7 +57,8 @@ class Runtime:
         self.engine_info: EngineInfo | None = None
         self.engine_kind: str | None = None
         self._translation = translation
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prepare")
+        self._workers = workers
+        self._preparer: Preparer | None = None
         self._translator: Translator | None = None
         self._cache: ResultCache[object] = ResultCache(
             translation.cache_size, translation.cache_ttl_s
@@ -70,7 +69,6 @@ class Runtime:
         self.admission = Admission(policy.max_in_flight, metrics, self.supervisor.availability)
         self._dispatcher = Dispatcher(self.supervisor, self.admission, metrics)
         self._languages = LanguageTable()
-        self._detector: LanguageDetector | None = None
 
     @property
     def state(self) -> EngineState:
@@ -122,15 +120,20 @@ class Runtime:
     async def _on_ready(self, ready: Ready) -> None:
         """A (re)started engine reported ready: build or keep the translator, warm up."""
         self.engine_info, self.engine_kind = ready.info, ready.kind
-        self.admission.set_capacity(ready.capacity)
-        if self._detector is None:
-            self._detector = await asyncio.to_thread(LanguageDetector, self._languages)
+        fingerprint = ready.info.fingerprint
+        if self._preparer is None or self._preparer.fingerprint != fingerprint:
+            if self._preparer is not None:
+                self._preparer.close()
+            self._preparer = Preparer(
+                self._translation, ready.tokenizer, fingerprint, self._workers
+            )
+        # On the event loop only for what is cheap (languages, lengths); texts are prepared by
+        # the preparer's worker processes.
         prompts = PromptBuilder(
             self._translation,
             ChatPromptEncoder(ready.tokenizer),
-            ready.info.fingerprint,
+            fingerprint,
             languages=self._languages,
-            detector=self._detector,
         )
         translator = Translator(
             self._translation,
@@ -139,7 +142,7 @@ class Runtime:
             admission=self.admission,
             cache=self._cache,  # type: ignore[arg-type]
             metrics=self.metrics,
-            pool=self._pool,
+            preparer=self._preparer,
         )
         if self._translation.warmup:
             warm_started = time.monotonic()
@@ -166,4 +169,5 @@ class Runtime:
         """Drain (if SIGTERM did not already), then stop the engine process."""
         await self.drain(drain_timeout_s)
         await self.supervisor.stop()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._preparer is not None:
+            self._preparer.close()

@@ -8,7 +8,10 @@
 # on NF4 weights, plus weights memory), nf4-head (the same with lm_head quantized too), cb-kvN
 # (key/value padding of N tokens for CUDA graphs, e.g. cb-kv1024), profile (loadtests.profile:
 # the engine alone, lone and loaded, with a torch.profiler trace of one lone request),
-# profile-eager (the same without compiled norms, HYMT_COMPILE_NORMS=off).
+# profile-eager (the same without compiled norms, HYMT_COMPILE_NORMS=off), ipc (loadtests.ipc:
+# the process split's own cost, to an engine that answers at once), overload (queue bound 512: a
+# flood of 4,096 requests at once with /health polled, then goodput at RATE requests/s, default
+# 130, under a DEADLINE, default 5 s).
 # Each writes VARIANT.json and VARIANT.log.
 set -uo pipefail
 out=${OUT:?set OUT}; work=${WORK:-/tmp/hymt-bench}; mkdir -p "$work" "$out"
@@ -26,7 +29,15 @@ for variant in "$@"; do
     echo "exit $?"; cat "$work/$variant.json" 2>/dev/null || tail -c 3000 "$work/$variant.out"
     cp "$work/$variant.json" "$out/" 2>/dev/null; continue
   fi
+  if [ "$variant" = ipc ]; then
+    timeout 120 python3 -m loadtests.ipc --report "$work/ipc.json" > "$work/ipc.out" 2>&1
+    echo "exit $?"; cat "$work/ipc.json" 2>/dev/null || tail -c 3000 "$work/ipc.out"
+    cp "$work/ipc.json" "$out/" 2>/dev/null; continue
+  fi
   case $variant in
+    overload)   args=(--env HYMT_ENGINE=continuous --env HYMT_MAX_QUEUE_SIZE=512 --baseline-requests 0
+                      --flood-requests 4096 --flood-processes 4 --goodput-rate "${RATE:-130}"
+                      --goodput-deadline "${DEADLINE:-5}" --goodput-duration 20) ;;
     cb)         args=(--env HYMT_ENGINE=continuous --baseline-requests "${BASELINE:-12}") ;;
     cb-eager)   args=(--env HYMT_ENGINE=continuous --env HYMT_COMPILE_NORMS=off --baseline-requests 0) ;;
     cb-sdpa)    args=(--env HYMT_ENGINE=continuous --env HYMT_CB_ATTENTION=sdpa --baseline-requests 0) ;;
@@ -40,10 +51,11 @@ for variant in "$@"; do
     nf4)        args=(--env HYMT_ENGINE=continuous --env HYMT_QUANTIZATION=nf4 --baseline-requests 0) ;;
     *) echo "unknown variant $variant"; continue ;;
   esac
-  timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.bench --label "$variant" --requests "$requests" \
-    --concurrency "$requests" --lone-requests "${LONE:-6}" "${common[@]}" "${args[@]}" > "$work/$variant.out" 2>&1
+  n=$requests; [ "$variant" = overload ] && n=256  # its throughput step is only a check
+  timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.bench --label "$variant" --requests "$n" \
+    --concurrency "$n" --lone-requests "${LONE:-6}" "${common[@]}" "${args[@]}" > "$work/$variant.out" 2>&1
   echo "exit $?"
-  grep -E '"(output_tokens_per_s|ms_per_output_token_p50|start_to_ready_s|start_to_first_translation_s|ratio_vs_baseline|weights_bytes|ok)"' "$work/$variant.json" || tail -c 3000 "$work/$variant.out"
+  grep -E '"(output_tokens_per_s|ms_per_output_token_p50|start_to_ready_s|start_to_first_translation_s|ratio_vs_baseline|weights_bytes|ok|refusal_p50_ms|refusal_p99_ms|health_p99_ms|health_max_ms|lost|goodput_share_of_admitted)"' "$work/$variant.json" || tail -c 3000 "$work/$variant.out"
   grep -vE '"service.access"' "$work/$variant.log" 2>/dev/null | tail -n 15 | cut -c1-400
   cp "$work/$variant.json" "$out/" 2>/dev/null  # written after every step: partial results survive
 done

@@ -5,19 +5,21 @@ is exact, it needs no message from the engine. A request for ``n`` texts is refu
 (``Overloaded``, 429) when
 
 - ``in_flight + n`` would pass ``max_in_flight`` (the configured bound), or
-- it would likely not finish inside its own deadline: the texts ahead of it beyond what the
-  engine generates at once (``capacity``, from its ``Ready``) have to drain first, at the rate
-  the engine drains texts while it is saturated, and then its own generation takes about the
-  recent per-text generation time. Admitting what cannot finish in time only turns a 429 now
-  into a 504 later, and spends GPU time on answers nobody receives.
+- it would likely not finish inside its own deadline. By Little's law a text admitted now is
+  answered after about ``(in_flight + n) / rate``, where ``rate`` is the texts the engine answers
+  per second *of busy time* (time with anything in flight): idle time is left out, so a lightly
+  loaded engine is not mistaken for a slow one, and under saturation it is the engine's
+  throughput. With continuous batching this also covers the case where everything admitted
+  runs at once but the batch is so large that each step is slow. The estimate must fit in
+  ``_DEADLINE_SHARE`` of the time left, leaving room for the spread of output lengths. Admitting
+  what cannot finish in time only turns a 429 now into a 504 later, and spends GPU time on
+  answers nobody receives.
 
 ``retry_after_s`` is the one estimator of Retry-After for every refusal: the time the current
-backlog needs to drain.
+backlog needs to drain at that rate.
 
-The drain rate is measured only over time the engine was saturated (texts waiting beyond its
-capacity): below saturation, completions measure the arrival rate, not what the engine can do.
-Until a saturated period has lasted long enough to measure, the rate is estimated from the
-capacity and the recent per-text generation time.
+The rate is a ratio of two exponentially decaying sums (answers, busy seconds) with the same time
+constant, updated in O(1) at every admission, answer and release.
 """
 
 from __future__ import annotations
@@ -25,19 +27,17 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 
 from service.errors import DeadlineExceeded, EngineUnavailable, Overloaded, ServiceError
 from service.metrics import Metrics
 
-# A saturated stretch must last this long, with this many completions, to give a rate.
-_MIN_SATURATED_S = 0.5
-_MIN_COMPLETIONS = 4
-_RATE_WINDOW_S = 10.0
-# Weight of the newest observation in the per-text generation time's moving average.
-_EWMA = 0.1
+# Time constant of the rate's decaying sums, and the (decayed) answers it needs to be trusted.
+_RATE_TAU_S = 5.0
+_MIN_ANSWERS = 3.0
+# The expected wait may take this share of the time left to the deadline.
+_DEADLINE_SHARE = 0.7
 
 
 class Reservation:
@@ -62,6 +62,9 @@ class Reservation:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        if isinstance(error, asyncio.CancelledError) and self._held:
+            # The client left: every text of it not yet answered was dropped, wherever it was.
+            self._admission._reject("cancelled", self._held)
         self.release(self._held)
 
 
@@ -80,11 +83,11 @@ class Admission:
         self._availability = availability
         self._clock = clock
         self._in_flight = 0
-        self._capacity = 1
         self._closed = False
-        self._service_s: float | None = None
-        self._completions: deque[float] = deque(maxlen=8192)
-        self._saturated_since: float | None = None
+        # Decaying sums of answers and of busy seconds, as of ``_updated``.
+        self._answers = 0.0
+        self._busy_s = 0.0
+        self._updated = clock()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -103,10 +106,6 @@ class Admission:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def set_capacity(self, capacity: int) -> None:
-        """Texts the engine generates at once (from its ``Ready``)."""
-        self._capacity = max(1, capacity)
 
     def close(self) -> None:
         """Refuse everything from now on (shutdown)."""
@@ -131,7 +130,7 @@ class Admission:
             )
         if deadline is not None:
             expected = self._expected_finish_s(self._in_flight + texts, now)
-            if expected is not None and now + expected > deadline:
+            if expected is not None and expected > _DEADLINE_SHARE * (deadline - now):
                 self._reject("deadline_unreachable")
                 raise Overloaded(
                     f"the backlog would take about {expected:.1f} s, more than this "
@@ -141,65 +140,53 @@ class Admission:
         self._enter(texts, now)
         return Reservation(self, texts)
 
-    def completed(self, inference_s: float | None) -> None:
-        """One text was answered by the engine (``inference_s``: its generation time)."""
-        now = self._clock()
-        self._completions.append(now)
-        if inference_s is not None and inference_s > 0:
-            self._service_s = (
-                inference_s
-                if self._service_s is None
-                else (1 - _EWMA) * self._service_s + _EWMA * inference_s
-            )
+    def completed(self) -> None:
+        """One text was answered by the engine (whatever the outcome)."""
+        self._advance(self._clock())
+        self._answers += 1
 
     def drain_rate(self) -> float | None:
-        """Texts per second the engine answers while saturated, or None before it is known."""
-        now = self._clock()
-        since = self._saturated_since
-        if since is not None and now - since >= _MIN_SATURATED_S:
-            start = max(since, now - _RATE_WINDOW_S)
-            count = 0
-            for instant in reversed(self._completions):
-                if instant < start:
-                    break
-                count += 1
-            if count >= _MIN_COMPLETIONS:
-                return count / (now - start)
-        if self._service_s is not None:
-            return self._capacity / self._service_s
-        return None
+        """Texts answered per second of busy time, or None before it is known."""
+        self._advance(self._clock())
+        if self._answers < _MIN_ANSWERS or self._busy_s <= 0:
+            return None
+        return self._answers / self._busy_s
 
     def retry_after_s(self) -> float:
         """Seconds until the current backlog has likely drained: at least 1, at most 60."""
-        waiting = max(0, self._in_flight - self._capacity)
         rate = self.drain_rate()
-        if not waiting or rate is None:
+        if not self._in_flight or rate is None:
             return 1.0
-        return float(min(60, max(1, math.ceil(waiting / rate))))
+        return float(min(60, max(1, math.ceil(self._in_flight / rate))))
 
     def _expected_finish_s(self, position: int, now: float) -> float | None:
-        waiting = position - self._capacity
-        if waiting <= 0:
-            return None  # it starts generating at once
         rate = self.drain_rate()
-        if rate is None:
-            return None
-        return waiting / rate + (self._service_s or 0.0)
+        return None if rate is None else position / rate
+
+    def _advance(self, now: float) -> None:
+        """Decay both sums to ``now``, counting the busy time since the last update."""
+        elapsed = now - self._updated
+        if elapsed <= 0:
+            return
+        decay = math.exp(-elapsed / _RATE_TAU_S)
+        self._answers *= decay
+        # Busy seconds in (updated, now], decayed as if spread evenly over it.
+        busy = _RATE_TAU_S * (1 - decay) if self._in_flight else 0.0
+        self._busy_s = self._busy_s * decay + busy
+        self._updated = now
 
     def _enter(self, texts: int, now: float) -> None:
+        self._advance(now)
         self._in_flight += texts
         self._idle.clear()
-        if self._in_flight > self._capacity and self._saturated_since is None:
-            self._saturated_since = now
         self._metrics.in_flight.set(self._in_flight)
 
     def _leave(self, texts: int) -> None:
+        self._advance(self._clock())
         self._in_flight -= texts
         if not self._in_flight:
             self._idle.set()
-        if self._in_flight <= self._capacity:
-            self._saturated_since = None
         self._metrics.in_flight.set(self._in_flight)
 
-    def _reject(self, reason: str) -> None:
-        self._metrics.queue_rejections.labels(reason=reason).inc()
+    def _reject(self, reason: str, texts: int = 1) -> None:
+        self._metrics.queue_rejections.labels(reason=reason).inc(texts)

@@ -48,19 +48,18 @@ class Dispatcher:
         except TimeoutError:
             client.cancel(request_id)
             self._metrics.queue_rejections.labels(reason="deadline").inc()
-            self._admission.completed(None)
+            self._admission.completed()
             raise DeadlineExceeded("the request's deadline passed before it finished") from None
         except asyncio.CancelledError:
-            client.cancel(request_id)
-            self._metrics.queue_rejections.labels(reason="cancelled").inc()
+            client.cancel(request_id)  # counted by the request's admission reservation
             raise
         except ServiceError as error:
             self._metrics.generation_failures.labels(code=error.code).inc()
-            self._admission.completed(None)
+            self._admission.completed()
             raise
         total = time.monotonic() - sent
         queue_s = max(0.0, total - answer.inference_s)
-        self._admission.completed(answer.inference_s)
+        self._admission.completed()
         self._metrics.queue_wait.observe(queue_s)
         self._metrics.inference_duration.observe(answer.inference_s)
         self._metrics.prompt_tokens.inc(answer.result.prompt_tokens)

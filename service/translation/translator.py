@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from service.engine.types import Decoding, GenerationRequest, GenerationResult, PromptEncoder
 from service.errors import (
@@ -39,8 +37,6 @@ from service.translation.markup import segment
 from service.translation.prompts import PromptFormat, looks_chinese
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +58,20 @@ class TranslationConfig:
     cache_size: int = 10_000
     cache_ttl_s: float = 3600.0
     warmup: bool = True
+
+
+class TextPreparer(Protocol):
+    """Runs the per-text CPU work off the event loop (``Preparer``: worker processes)."""
+
+    async def prepare(
+        self,
+        texts: Sequence[str],
+        target: Language,
+        source: Language | None,
+        fields: Sequence[str],
+    ) -> list[Prepared]: ...
+
+    async def detect(self, texts: Sequence[str]) -> list[Detection]: ...
 
 
 class Generator(Protocol):
@@ -199,7 +209,7 @@ class Translator:
         admission: Admission,
         cache: ResultCache[GenerationResult],
         metrics: Metrics,
-        pool: Executor | None = None,
+        preparer: TextPreparer,
     ) -> None:
         self._settings = settings
         self._prompts = prompts
@@ -207,7 +217,7 @@ class Translator:
         self._admission = admission
         self._cache = cache
         self._metrics = metrics
-        self._pool = pool
+        self._preparer = preparer
         self.languages = prompts.languages
         self.max_batch_items = settings.max_batch_items
 
@@ -223,9 +233,7 @@ class Translator:
         target, source = self._prompts.languages_of(target_lang, source_lang)
         self._prompts.check_length(text, "text")
         with self._admission.reserve(1, deadline) as reservation:
-            prepared = await self._offload(
-                lambda: self._prompts.prepare(text, target, source, field="text")
-            )
+            (prepared,) = await self._preparer.prepare([text], target, source, ["text"])
             return await self._run(prepared, target, deadline, reservation)
 
     async def translate_batch(
@@ -251,12 +259,8 @@ class Translator:
         for index, text in enumerate(texts):
             self._prompts.check_length(text, f"texts[{index}]")
         with self._admission.reserve(len(texts), deadline) as reservation:
-            prepared = await self._offload(
-                lambda: [
-                    self._prompts.prepare(text, target, source, field=f"texts[{index}]")
-                    for index, text in enumerate(texts)
-                ]
-            )
+            fields = [f"texts[{index}]" for index in range(len(texts))]
+            prepared = await self._preparer.prepare(texts, target, source, fields)
             outcomes = await asyncio.gather(
                 *(self._run(item, target, deadline, reservation) for item in prepared),
                 return_exceptions=True,
@@ -309,20 +313,14 @@ class Translator:
 
     async def detect(self, texts: Sequence[str]) -> list[Detection]:
         """The detected language of each text (no model work; in the worker pool)."""
-        return await self._offload(lambda: [self._prompts.detect(text) for text in texts])
+        return await self._preparer.detect(texts)
 
     async def warm_up(self) -> None:
         """One generation per prompt template, bypassing cache and admission, before serving."""
         english = self.languages["en"]
         for target in (self.languages["de"], self.languages["zh"]):
-            prepared = await self._offload(
-                functools.partial(self._prompts.prepare, "Hello.", target, english, field="warm-up")
-            )
+            (prepared,) = await self._preparer.prepare(["Hello."], target, english, ["warm-up"])
             await self._generator.generate(prepared.request)
-
-    async def _offload(self, work: Callable[[], T]) -> T:
-        """Run per-text CPU work (detection, tokenization) off the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
 
     async def _run(
         self,
@@ -369,8 +367,13 @@ class Translator:
 
 @contextlib.contextmanager
 def _released(reservation: Reservation) -> Iterator[None]:
-    """Give back one admitted slot when one text is answered, however it ends."""
+    """Give back one admitted slot when one text is answered, however it ends; a cancelled text
+    is left to the reservation, which counts it as cancelled."""
     try:
         yield
-    finally:
+    except asyncio.CancelledError:
+        raise
+    except BaseException:
         reservation.release(1)
+        raise
+    reservation.release(1)
