@@ -7,18 +7,21 @@ background so liveness answers at once) and drains and stops it on shutdown. Thi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from starlette.responses import Response
+from starlette.types import Scope
 
 from service import __version__
 from service.access import AccessControl
 from service.api import native, probes
-from service.api.deepl import create_deepl_app
-from service.api.errors import install_error_handlers
-from service.api.libretranslate import create_libretranslate_app
+from service.api.deepl import DEEPL, create_deepl_app
+from service.api.errors import NATIVE, install_error_handlers
+from service.api.libretranslate import LIBRETRANSLATE, create_libretranslate_app
 from service.api.middleware import RequestContextMiddleware
 from service.config import Settings
 from service.engine.factory import EngineLoader, load_engine
@@ -81,6 +84,29 @@ def create_app(
             expose_headers=["X-Request-ID", "X-Queue-Time-Ms", "X-Inference-Time-Ms", "X-Cache"],
         )
     app.add_middleware(
-        RequestContextMiddleware, metrics=runtime.metrics, max_body_bytes=settings.max_body_bytes
+        RequestContextMiddleware,
+        metrics=runtime.metrics,
+        max_body_bytes=settings.max_body_bytes,
+        refuse=functools.partial(refuse_when_full, runtime),
     )
     return app
+
+
+# The routes that admit texts, and the dialect each answers in.
+_ADMITTING = {
+    "/translate": NATIVE,
+    "/batch_translate": NATIVE,
+    "/libretranslate/translate": LIBRETRANSLATE,
+    "/v2/translate": DEEPL,
+}
+
+
+def refuse_when_full(runtime: Runtime, scope: Scope) -> Response | None:
+    """429 in the route's dialect while admission is full, before the body is even read."""
+    if scope.get("method") != "POST" or not runtime.admission.full:
+        return None
+    path = str(scope.get("path", "")).removeprefix(str(scope.get("root_path", "")))
+    dialect = _ADMITTING.get(path)
+    if dialect is None:
+        return None
+    return dialect.response(runtime.admission.refusal())

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from service.access import AccessControl
 from service.api.context import RequestContext
-from service.api.errors import install_dialect_errors
+from service.api.errors import Dialect, install_dialect_errors
 from service.api.params import Params, parse, read_params
 from service.errors import (
     DeadlineExceeded,
@@ -53,6 +53,7 @@ _STATUS = {
 }
 # DeepL spellings that are not simply our code in capitals.
 _TO_OURS = {"EN-US": "en", "EN-GB": "en", "PT-BR": "pt", "PT-PT": "pt", "ZH-HANS": "zh"}
+DEEPL = Dialect("/v2", _STATUS, lambda error: {"message": error.message})
 
 
 class TranslateBody(BaseModel):
@@ -90,7 +91,7 @@ def create_deepl_app(runtime: Runtime, access: AccessControl) -> FastAPI:
     app = FastAPI(title="DeepL-compatible API v2", docs_url=None, redoc_url=None)
     app.state.runtime, app.state.access = runtime, access
 
-    install_dialect_errors(app, _STATUS, lambda error: {"message": error.message})
+    install_dialect_errors(app, DEEPL)
 
     def context_of(request: Request, params: Params | None = None) -> RequestContext:
         header = request.headers.get("authorization", "")

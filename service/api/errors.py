@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -74,12 +75,27 @@ def service_error_response(
     return error_response(status_of(error, overrides), error.code, error.message, headers)
 
 
-def install_dialect_errors(app: FastAPI, overrides: StatusOverrides, body: ErrorBody) -> None:
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """An API's own error shape: statuses that differ from the shared table, and the body."""
+
+    prefix: str
+    overrides: StatusOverrides
+    body: ErrorBody | None
+
+    def response(self, error: errors.ServiceError) -> JSONResponse:
+        return service_error_response(error, self.overrides, self.body)
+
+
+NATIVE = Dialect("", {}, None)
+
+
+def install_dialect_errors(app: FastAPI, dialect: Dialect) -> None:
     """Answer a compatibility dialect's domain errors in that API's own shape and statuses."""
 
     async def on_service_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, errors.ServiceError)
-        return service_error_response(error, overrides, body)
+        return dialect.response(error)
 
     app.add_exception_handler(errors.ServiceError, on_service_error)
 

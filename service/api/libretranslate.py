@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.access import AccessControl
 from service.api.context import RequestContext
-from service.api.errors import install_dialect_errors
+from service.api.errors import Dialect, install_dialect_errors
 from service.api.params import Params, parse, read_params
 from service.errors import (
     DeadlineExceeded,
@@ -30,6 +30,7 @@ from service.translation.translator import Translation
 
 # LibreTranslate's own status codes where they differ from the native API's.
 _STATUS = {InvalidInput: 400, Unauthenticated: 403, Forbidden: 403, DeadlineExceeded: 504}
+LIBRETRANSLATE = Dialect("/libretranslate", _STATUS, lambda error: {"error": error.message})
 
 
 class _Request(BaseModel):
@@ -59,7 +60,7 @@ def create_libretranslate_app(runtime: Runtime, access: AccessControl) -> FastAP
     app = FastAPI(title="LibreTranslate-compatible API", docs_url=None, redoc_url=None)
     app.state.runtime, app.state.access = runtime, access
 
-    install_dialect_errors(app, _STATUS, lambda error: {"error": error.message})
+    install_dialect_errors(app, LIBRETRANSLATE)
 
     def context_of(request: Request, params: Params) -> RequestContext:
         key = params.get("api_key")

@@ -2,6 +2,9 @@
 
 - Request ids: the client's ``X-Request-ID`` when it is sane, else a new one; echoed on every
   response and put on every log line of the request.
+- Refusal before the body: while admission is full, a translation request is answered 429 in
+  its dialect's shape before its body is read or parsed (``refuse``), the cheapest answer there
+  is when thousands arrive at once.
 - Body limit: a body over ``max_body_bytes`` is answered 413 before the route parses it, whether
   the client declared its length or streamed it chunked.
 - Metrics and access log: count and latency by route template (not raw path: bounded labels),
@@ -18,8 +21,10 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.errors import error_response
@@ -30,11 +35,22 @@ log = logging.getLogger("service.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
+Refuse = Callable[[Scope], Response | None]
+
+
 class RequestContextMiddleware:
-    def __init__(self, app: ASGIApp, *, metrics: Metrics, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        metrics: Metrics,
+        max_body_bytes: int,
+        refuse: Refuse = lambda scope: None,
+    ) -> None:
         self.app = app
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        self.refuse = refuse
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -45,6 +61,7 @@ class RequestContextMiddleware:
         scope.setdefault("state", {})["request_id"] = request_id
         status = 500
         response_started = False
+        refused_path: str | None = None
 
         async def send_with_id(message: Message) -> None:
             nonlocal status, response_started
@@ -57,6 +74,12 @@ class RequestContextMiddleware:
             await send(message)
 
         try:
+            refusal = self.refuse(scope)
+            if refusal is not None:
+                # Refused before routing: label it with its path, one of the admitting routes.
+                refused_path = str(scope.get("path", ""))
+                await refusal(scope, receive, send_with_id)
+                return
             body = await self._read_body(scope, receive)
             if body is None:
                 await self._reply(
@@ -73,7 +96,7 @@ class RequestContextMiddleware:
                     500, "internal_error", "internal server error", send_with_id, scope, receive
                 )
         finally:
-            self._record(scope, status, time.perf_counter() - started, request_id)
+            self._record(scope, status, time.perf_counter() - started, request_id, refused_path)
 
     def _too_large(self) -> str:
         return f"request body over {self.max_body_bytes} bytes"
@@ -142,8 +165,10 @@ class RequestContextMiddleware:
     ) -> None:
         await error_response(status, code, message)(scope, receive, send)
 
-    def _record(self, scope: Scope, status: int, seconds: float, request_id: str) -> None:
-        route = _route_template(scope)
+    def _record(
+        self, scope: Scope, status: int, seconds: float, request_id: str, path: str | None
+    ) -> None:
+        route = path or _route_template(scope)
         method = scope["method"]
         self.metrics.requests.labels(route=route, method=method, status=str(status)).inc()
         self.metrics.request_duration.labels(route=route, method=method).observe(seconds)

@@ -111,6 +111,19 @@ class Admission:
         """Refuse everything from now on (shutdown)."""
         self._closed = True
 
+    @property
+    def full(self) -> bool:
+        """Whether any request would be refused for the in-flight bound right now."""
+        return self._in_flight >= self._max
+
+    def refusal(self) -> Overloaded:
+        """The refusal for a request turned away while ``full``, before its body is read."""
+        self._reject("queue_full")
+        return Overloaded(
+            f"{self._in_flight} texts in flight, at most {self._max}",
+            retry_after_s=self.retry_after_s(),
+        )
+
     def reserve(self, texts: int, deadline: float | None) -> Reservation:
         """Admit ``texts`` texts or raise why not; O(1), before any per-text work."""
         if self._closed:

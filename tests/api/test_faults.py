@@ -51,6 +51,20 @@ async def test_full_queue_answers_429_with_retry_after(
     assert refused.status_code == 429
     assert refused.json()["error"]["code"] == "overloaded"
     assert int(refused.headers["retry-after"]) >= 1
+    # Refused before the body is read, in each dialect's own shape.
+    refused_lt = await client.http.post(
+        "/libretranslate/translate", json={"q": "x", "source": "en", "target": "de"}
+    )
+    assert refused_lt.status_code == 429
+    assert "error" in refused_lt.json()
+    refused_deepl = await client.http.post(
+        "/v2/translate", json={"text": ["x"], "target_lang": "DE"}
+    )
+    assert refused_deepl.status_code == 429
+    assert "message" in refused_deepl.json()
+    metrics = (await client.http.get("/metrics")).text
+    assert 'hymt_queue_rejections_total{reason="queue_full"} 3.0' in metrics
+    assert 'route="/v2/translate",status="429"' in metrics
     fake.release()
     assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200, 200]
 
