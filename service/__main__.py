@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         host=settings.host,
         port=settings.port,
         timeout_keep_alive=settings.timeout_keep_alive_s,
+        backlog=settings.listen_backlog,
         # Requests are answered by the drain already; this only bounds slow client writes.
         timeout_graceful_shutdown=5,
         log_config=None,

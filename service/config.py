@@ -59,6 +59,13 @@ class Settings(BaseSettings):
         description="Seconds uvicorn keeps an idle keep-alive connection. Must exceed the "
         "proxy's upstream keepalive_timeout, or idle upstream connections die under the proxy.",
     )
+    listen_backlog: int = Field(
+        4096,
+        ge=1,
+        description="Connections the kernel queues before uvicorn accepts them (capped by "
+        "net.core.somaxconn). A burst larger than the queue has its excess SYNs dropped and "
+        "retried by the clients after a second: an overload answered late instead of at once.",
+    )
     drain_timeout_s: float = Field(
         30.0,
         ge=0,

@@ -120,6 +120,7 @@ class Runtime:
     async def _on_ready(self, ready: Ready) -> None:
         """A (re)started engine reported ready: build or keep the translator, warm up."""
         self.engine_info, self.engine_kind = ready.info, ready.kind
+        self.admission.set_capacity(ready.capacity)
         fingerprint = ready.info.fingerprint
         if self._preparer is None or self._preparer.fingerprint != fingerprint:
             if self._preparer is not None:

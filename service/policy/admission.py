@@ -15,6 +15,13 @@ is exact, it needs no message from the engine. A request for ``n`` texts is refu
   what cannot finish in time only turns a 429 now into a 504 later, and spends GPU time on
   answers nobody receives.
 
+A rate measured while few texts were in flight says little about a larger batch: a batching
+engine answers more texts per second the more it holds, up to what it generates at once
+(``capacity``, from the engine's ``Ready``). So the rate is scaled by how much more the engine
+would batch than it did while measured (the busy-time average in flight), never below the
+measured rate: a burst after a quiet spell is estimated at the engine's per-text latency, not
+refused for the lone requests' rate.
+
 ``retry_after_s`` is the one estimator of Retry-After for every refusal: the time the current
 backlog needs to drain at that rate.
 
@@ -84,9 +91,12 @@ class Admission:
         self._clock = clock
         self._in_flight = 0
         self._closed = False
-        # Decaying sums of answers and of busy seconds, as of ``_updated``.
+        self._capacity = 1
+        # Decaying sums of answers, of busy seconds and of texts in flight times seconds, as
+        # of ``_updated``.
         self._answers = 0.0
         self._busy_s = 0.0
+        self._load = 0.0
         self._updated = clock()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -110,6 +120,10 @@ class Admission:
     def close(self) -> None:
         """Refuse everything from now on (shutdown)."""
         self._closed = True
+
+    def set_capacity(self, capacity: int) -> None:
+        """Texts the engine generates at once (from its ``Ready``)."""
+        self._capacity = max(1, capacity)
 
     @property
     def full(self) -> bool:
@@ -174,7 +188,11 @@ class Admission:
 
     def _expected_finish_s(self, position: int, now: float) -> float | None:
         rate = self.drain_rate()
-        return None if rate is None else position / rate
+        if rate is None:
+            return None
+        measured_at = self._load / self._busy_s  # texts in flight, on average while busy
+        batched = min(position, self._capacity)
+        return position / (rate * max(1.0, batched / max(measured_at, 1.0)))
 
     def _advance(self, now: float) -> None:
         """Decay both sums to ``now``, counting the busy time since the last update."""
@@ -186,6 +204,7 @@ class Admission:
         # Busy seconds in (updated, now], decayed as if spread evenly over it.
         busy = _RATE_TAU_S * (1 - decay) if self._in_flight else 0.0
         self._busy_s = self._busy_s * decay + busy
+        self._load = self._load * decay + busy * self._in_flight
         self._updated = now
 
     def _enter(self, texts: int, now: float) -> None:

@@ -1,0 +1,87 @@
+"""Admission's decisions, on a clock the test moves: bound, deadline estimate, Retry-After."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.errors import DeadlineExceeded, EngineUnavailable, Overloaded, ServiceError
+from service.metrics import Metrics
+from service.policy.admission import Admission
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def admission(clock: Clock, bound: int = 100, capacity: int = 8) -> Admission:
+    def available() -> ServiceError | None:
+        return None
+
+    made = Admission(bound, Metrics(), available, clock=clock)
+    made.set_capacity(capacity)
+    return made
+
+
+def serve_one_at_a_time(gate: Admission, clock: Clock, count: int, seconds: float) -> None:
+    """``count`` lone requests, each answered after ``seconds``."""
+    for _ in range(count):
+        with gate.reserve(1, None):
+            clock.now += seconds
+            gate.completed()
+
+
+def test_the_bound_refuses_with_retry_after() -> None:
+    clock = Clock()
+    gate = admission(clock, bound=3)
+    held = gate.reserve(3, None)
+    with pytest.raises(Overloaded) as refused:
+        gate.reserve(1, None)
+    assert refused.value.retry_after_s >= 1
+    assert gate.full
+    held.release(3)
+    gate.reserve(1, None).release()
+
+
+def test_a_burst_after_lone_requests_is_admitted_at_the_engines_latency() -> None:
+    clock = Clock()
+    gate = admission(clock, capacity=8)
+    serve_one_at_a_time(gate, clock, 5, seconds=1.0)  # rate 1 text/s at one in flight
+    clock.now += 30  # quiet
+    # Eight at once batch together: about a second each, not eight.
+    burst = [gate.reserve(1, clock.now + 3.0) for _ in range(8)]
+    assert gate.in_flight == 8
+    for reservation in burst:
+        reservation.release()
+
+
+def test_under_saturation_a_request_that_cannot_finish_in_time_is_refused() -> None:
+    clock = Clock()
+    gate = admission(clock, capacity=4)
+    held = [gate.reserve(1, None) for _ in range(40)]
+    for _ in range(40):  # 40 in flight, 4 answered per second, for 10 s
+        clock.now += 0.25
+        gate.completed()
+    rate = gate.drain_rate()
+    assert rate is not None
+    assert 3.5 < rate < 4.5
+    # 41st in line: about 10 s; a 20 s deadline allows it, a 5 s one does not.
+    gate.reserve(1, clock.now + 20.0).release()
+    with pytest.raises(Overloaded) as refused:
+        gate.reserve(1, clock.now + 5.0)
+    assert 9 <= refused.value.retry_after_s <= 11
+    for reservation in held:
+        reservation.release()
+
+
+def test_a_deadline_already_past_and_a_closed_gate_are_refused() -> None:
+    clock = Clock()
+    gate = admission(clock)
+    with pytest.raises(DeadlineExceeded):
+        gate.reserve(1, clock.now - 1)
+    gate.close()
+    with pytest.raises(EngineUnavailable):
+        gate.reserve(1, None)
