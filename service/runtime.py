@@ -128,6 +128,7 @@ class Runtime:
             self._preparer = Preparer(
                 self._translation, ready.tokenizer, fingerprint, self._workers
             )
+            await self._preparer.start()
         # On the event loop only for what is cheap (languages, lengths); texts are prepared by
         # the preparer's worker processes.
         prompts = PromptBuilder(

@@ -17,9 +17,9 @@ is exact, it needs no message from the engine. A request for ``n`` texts is refu
 
 A rate measured while few texts were in flight says little about a larger batch: a batching
 engine answers more texts per second the more it holds, up to what it generates at once
-(``capacity``, from the engine's ``Ready``). So the rate is scaled by how much more the engine
-would batch than it did while measured (the busy-time average in flight), never below the
-measured rate: a burst after a quiet spell is estimated at the engine's per-text latency, not
+(``capacity``, from the engine's ``Ready``). So the rate is scaled by half of how much more the
+engine would batch than it did while measured (the busy-time average in flight), never below
+the measured rate: a burst after a quiet spell is estimated at the engine's per-text latency, not
 refused for the lone requests' rate.
 
 ``retry_after_s`` is the one estimator of Retry-After for every refusal: the time the current
@@ -44,7 +44,7 @@ from service.metrics import Metrics
 _RATE_TAU_S = 5.0
 _MIN_ANSWERS = 3.0
 # The expected wait may take this share of the time left to the deadline.
-_DEADLINE_SHARE = 0.7
+_DEADLINE_SHARE = 0.6
 
 
 class Reservation:
@@ -192,7 +192,9 @@ class Admission:
             return None
         measured_at = self._load / self._busy_s  # texts in flight, on average while busy
         batched = min(position, self._capacity)
-        return position / (rate * max(1.0, batched / max(measured_at, 1.0)))
+        # Halved: near saturation more in flight no longer buys proportionally more throughput,
+        # and an estimate that is too kind turns into 504s.
+        return position / (rate * max(1.0, batched / (2 * max(measured_at, 1.0))))
 
     def _advance(self, now: float) -> None:
         """Decay both sums to ``now``, counting the busy time since the last update."""

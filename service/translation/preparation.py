@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
@@ -47,6 +48,11 @@ def _prepare(
     ]
 
 
+def _settle() -> None:
+    # Long enough that the pool hands the next call to another (new) worker.
+    time.sleep(0.2)
+
+
 def _detect(texts: Sequence[str]) -> list[Detection]:
     return [_builder[0].detect(text) for text in texts]
 
@@ -58,11 +64,19 @@ class Preparer:
         self, config: TranslationConfig, spec: TokenizerSpec, fingerprint: str, workers: int
     ) -> None:
         self.fingerprint = fingerprint
+        self._workers = workers
         self._pool = ProcessPoolExecutor(
             max_workers=workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_initialize,
             initargs=(config, spec, fingerprint),
+        )
+
+    async def start(self) -> None:
+        """Start every worker now (each loads the detector and tokenizer), not under load."""
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(
+            *(loop.run_in_executor(self._pool, _settle) for _ in range(self._workers))
         )
 
     async def prepare(
