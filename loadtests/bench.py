@@ -153,6 +153,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         if args.flood_requests:
             result["flood"] = asdict(overload.flood(url, args.flood_requests, args.flood_processes))
             save()
+            warm = overload.flood(url, args.flood_requests, args.flood_processes, warm=True)
+            result["flood_warm"] = asdict(warm)
+            save()
         if args.goodput_rate:
             result["goodput"] = asdict(
                 overload.goodput(

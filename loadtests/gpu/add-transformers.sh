@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Add transformers 5.24, with what it needs beyond the H200 image, to .gpu-site/, after
-# ../shared/gpu/make-site.sh built it, keeping the folder under the 64 MiB the device tool carries.
+# loadtests/gpu/make-site.sh built it, keeping the folder under the 64 MiB the device tool carries.
 # Usage, from the repository root, where pip works:  bash loadtests/gpu/add-transformers.sh
 set -euo pipefail
 site=.gpu-site; tmp=$(mktemp -d)
