@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             warm = overload.flood(url, args.flood_requests, args.flood_processes, warm=True)
             result["flood_warm"] = asdict(warm)
             save()
+            result["refusals_server_side_ms"] = refusal_times(args.out / f"{args.label}.log")
+            save()
         if args.goodput_rate:
             result["goodput"] = asdict(
                 overload.goodput(
@@ -167,6 +169,24 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         stop_service(process)
     print(json.dumps(result, indent=2))
     return result
+
+
+def refusal_times(log: Path) -> dict[str, float]:
+    """p50/p99/max of the 429s in the service's access log: first byte in to response start,
+    the service's own share of a refusal (client-side times add queueing on both ends)."""
+    times: list[float] = []
+    for line in log.read_text(errors="replace").splitlines():
+        if '"service.access"' in line and '"status": 429' in line:
+            try:
+                times.append(float(json.loads(line)["duration_ms"]))
+            except (ValueError, KeyError):
+                continue
+    return {
+        "count": len(times),
+        "p50": loadgen.percentile(times, 0.5),
+        "p99": loadgen.percentile(times, 0.99),
+        "max": max(times, default=0.0),
+    }
 
 
 def run_baseline(env: dict[str, str], requests: int, report: Path) -> dict[str, object]:

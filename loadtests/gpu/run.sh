@@ -36,7 +36,7 @@ for variant in "$@"; do
   fi
   case $variant in
     overload)   args=(--env HYMT_ENGINE=continuous --env HYMT_MAX_QUEUE_SIZE=512 --baseline-requests 0
-                      --flood-requests 4096 --flood-processes 4 --goodput-rate "${RATE:-85}"
+                      --flood-requests 4096 --flood-processes "${FLOOD_PROCESSES:-4}" --goodput-rate "${RATE:-85}"
                       --goodput-deadline "${DEADLINE:-5}" --goodput-duration 20) ;;
     cb)         args=(--env HYMT_ENGINE=continuous --baseline-requests "${BASELINE:-12}") ;;
     cb-eager)   args=(--env HYMT_ENGINE=continuous --env HYMT_COMPILE_NORMS=off --baseline-requests 0) ;;
