@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _stopped)
     holder: list[DrainingServer] = []
-    app: FastAPI = create_app(settings, on_fatal=lambda: holder[0].fatal())
+    app: FastAPI = create_app(settings, on_fatal=lambda: holder[0].fatal(), tune_gc=True)
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -35,11 +35,14 @@ def create_app(
     loader: EngineLoader = load_engine,
     metrics: Metrics | None = None,
     on_fatal: Callable[[], None] = lambda: None,
+    tune_gc: bool = False,
 ) -> FastAPI:
     """A new app with its own runtime and metrics registry; nothing is loaded until it starts.
 
     ``loader`` runs in the engine process and must be picklable (a module-level function, or a
     ``functools.partial`` of one). ``on_fatal`` is called when the engine cannot be (re)started.
+    ``tune_gc``: tune the garbage collector once ready (``service.collector``), for a process
+    that is the service.
     """
     runtime = Runtime(
         settings.engine_config(),
@@ -49,6 +52,7 @@ def create_app(
         loader,
         workers=settings.preparation_workers,
         on_fatal=on_fatal,
+        tune_gc=tune_gc,
     )
 
     @asynccontextmanager

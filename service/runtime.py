@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from service.collector import tune_collector
 from service.engine.client import EngineClient
 from service.engine.config import EngineConfig
 from service.engine.encoding import ChatPromptEncoder
@@ -49,6 +50,7 @@ class Runtime:
         *,
         workers: int = 2,
         on_fatal: Callable[[], None] = lambda: None,
+        tune_gc: bool = False,
     ) -> None:
         self.policy = policy
         self.metrics = metrics
@@ -58,6 +60,8 @@ class Runtime:
         self.engine_kind: str | None = None
         self._translation = translation
         self._workers = workers
+        # Only where this process is the service (not, say, a test process hosting many apps).
+        self._tune_collector = tune_gc
         self._preparer: Preparer | None = None
         self._translator: Translator | None = None
         self._cache: ResultCache[object] = ResultCache(
@@ -153,6 +157,8 @@ class Runtime:
         self._translator = translator
         if self.ready_after_s is None:
             self.ready_after_s = time.monotonic() - self.started_at
+        if self._tune_collector:
+            tune_collector()
 
     async def drain(self, timeout_s: float) -> None:
         """Stop admitting; let texts in flight finish for ``timeout_s``; answer the rest 503."""

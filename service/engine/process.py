@@ -22,6 +22,7 @@ import time
 import zmq
 import zmq.asyncio
 
+from service.collector import tune_collector
 from service.engine.config import EngineConfig
 from service.engine.protocol import (
     Cancel,
@@ -135,6 +136,8 @@ class EngineHost:
             )
         )
         log.info("engine ready", extra={"engine": kind, "capacity": scheduler.capacity})
+        # Collector pauses would stall every request's generation at once.
+        tune_collector()
         return True
 
     async def _receive(self) -> None:

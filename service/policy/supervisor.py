@@ -81,6 +81,16 @@ class EngineSupervisor:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="engine-supervisor")
         self._watchdog = asyncio.create_task(self._watch(), name="engine-watchdog")
+        for task in (self._task, self._watchdog):
+            task.add_done_callback(self._crashed)
+
+    def _crashed(self, task: asyncio.Task[None]) -> None:
+        """A bug in supervision must not leave the service silently unready forever."""
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("engine supervision failed", exc_info=task.exception())
+        if self.state is not EngineState.STOPPING:
+            self._fail()
 
     @property
     def state(self) -> EngineState:
