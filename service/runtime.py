@@ -169,6 +169,8 @@ class Runtime:
         log.info("draining", extra={"in_flight": self.in_flight, "timeout_s": timeout_s})
         drained = await self.admission.wait_idle(timeout_s)
         client: EngineClient | None = self.supervisor.client
+        # Texts still being prepared must not reach the engine after the drain either.
+        self.supervisor.state = EngineState.STOPPING
         if not drained and client is not None:
             log.warning("drain timed out", extra={"in_flight": self.in_flight})
             client.fail_all(EngineUnavailable("the service shut down before this finished"))

@@ -159,7 +159,9 @@ class EngineClient:
                 future.set_exception(error)
 
     async def stop(self, timeout_s: float = 10.0) -> None:
-        """Ask the engine to stop, then make sure it has: terminate, then kill."""
+        """Ask the engine to stop, then make sure it has: terminate, then kill (once)."""
+        if self._stopping:
+            return
         self._stopping = True
         process = self._process
         if process is not None and process.is_alive():
@@ -171,6 +173,8 @@ class EngineClient:
             if process.is_alive():
                 process.kill()
                 await asyncio.to_thread(process.join, 2.0)
+        # Nothing sent from now on can be answered: no caller may wait forever.
+        self.fail_all(EngineUnavailable("the engine stopped before this finished"))
         self._close()
 
     def kill(self) -> None:
