@@ -223,7 +223,7 @@ class EngineClient:
         process = self._process
         assert process is not None
         asyncio.get_running_loop().remove_reader(process.sentinel)
-        process.join(0)
+        process.join(0.5)  # it has ended (its sentinel fired): this only reaps it
         self.exited = True
         code = process.exitcode
         level = logging.INFO if self._stopping else logging.ERROR

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import signal
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -26,6 +27,8 @@ _builder: list[PromptBuilder] = []  # the worker process's own builder (one elem
 
 
 def _initialize(config: TranslationConfig, spec: TokenizerSpec, fingerprint: str) -> None:
+    # Ctrl-C reaches the whole process group; the API process decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     languages = LanguageTable()
     _builder.append(
         PromptBuilder(
