@@ -13,6 +13,7 @@ whatever is left is answered 503 at once. ``stop`` then stops the engine process
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from service.engine.client import EngineClient
 from service.engine.config import EngineConfig
 from service.engine.encoding import ChatPromptEncoder
 from service.engine.protocol import Ready
-from service.engine.types import EngineInfo, EngineLoader
+from service.engine.types import EngineInfo, EngineLoader, GenerationResult
 from service.errors import EngineUnavailable, ServiceError
 from service.metrics import Metrics
 from service.policy.admission import Admission
@@ -64,7 +65,7 @@ class Runtime:
         self._tune_collector = tune_gc
         self._preparer: Preparer | None = None
         self._translator: Translator | None = None
-        self._cache: ResultCache[object] = ResultCache(
+        self._cache: ResultCache[GenerationResult] = ResultCache(
             translation.cache_size, translation.cache_ttl_s
         )
         self.supervisor = EngineSupervisor(
@@ -135,9 +136,11 @@ class Runtime:
             await self._preparer.start()
         # On the event loop only for what is cheap (languages, lengths); texts are prepared by
         # the preparer's worker processes.
+        # Building the tokenizer from its serialized form is CPU work: off the probes' loop.
+        encoder = await asyncio.to_thread(ChatPromptEncoder, ready.tokenizer)
         prompts = PromptBuilder(
             self._translation,
-            ChatPromptEncoder(ready.tokenizer),
+            encoder,
             fingerprint,
             languages=self._languages,
         )
@@ -146,7 +149,7 @@ class Runtime:
             prompts=prompts,
             generator=self._dispatcher,
             admission=self.admission,
-            cache=self._cache,  # type: ignore[arg-type]
+            cache=self._cache,
             metrics=self.metrics,
             preparer=self._preparer,
         )

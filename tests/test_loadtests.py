@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from loadtests import baseline, ipc, profile
 from tests.conftest import MakeSettings
 
@@ -29,6 +31,6 @@ async def test_profile_measures_the_engine_without_http(make_settings: MakeSetti
 async def test_more_requests_than_a_socket_buffers_all_get_answers() -> None:
     """2,000 at once through the real engine process: more than ZeroMQ's default high-water
     mark of 1,000 messages, which once dropped the excess silently."""
-    report = await ipc.measure(lone=10, burst=2000)
+    report = await asyncio.wait_for(ipc.measure(lone=10, burst=2000), timeout=60)
     assert report.burst_requests == 2000
     assert report.burst_us_per_request > 0

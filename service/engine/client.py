@@ -22,7 +22,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
@@ -39,19 +38,11 @@ from service.engine.protocol import (
     api_decoder,
     encoder,
 )
-from service.engine.types import GenerationRequest, GenerationResult
+from service.engine.types import GenerationRequest
 from service.errors import EngineDied, EngineUnavailable, ServiceError, error_of
+from service.scheduling.types import Scheduled
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineAnswer:
-    """A finished generation with where its time went inside the engine."""
-
-    result: GenerationResult
-    queue_s: float
-    inference_s: float
 
 
 class EngineLoadFailed(Exception):
@@ -82,7 +73,7 @@ class EngineClient:
             socket.setsockopt(zmq.RCVHWM, 0)
         self._encoder = encoder()
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[EngineAnswer]] = {}
+        self._pending: dict[int, asyncio.Future[Scheduled]] = {}
         self._ready: asyncio.Future[Ready] | None = None
         self._process: multiprocessing.process.BaseProcess | None = None
         self._receiver: asyncio.Task[None] | None = None
@@ -128,12 +119,12 @@ class EngineClient:
 
     def submit(
         self, request: GenerationRequest, timeout_s: float | None
-    ) -> tuple[int, asyncio.Future[EngineAnswer]]:
+    ) -> tuple[int, asyncio.Future[Scheduled]]:
         """Send ``request``; the future resolves with its answer or the error of its failure."""
         if self.exited:
             raise EngineDied("the engine process is not running")
         request_id = next(self._ids)
-        future: asyncio.Future[EngineAnswer] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Scheduled] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         message = Submit(
             id=request_id,
@@ -211,13 +202,7 @@ class EngineClient:
         future = self._pending.pop(message.id, None)
         if future is None or future.done():
             return
-        result = GenerationResult(
-            text=message.text,
-            prompt_tokens=message.prompt_tokens,
-            completion_tokens=message.completion_tokens,
-            finish_reason="stop" if message.finish_reason == "stop" else "length",
-        )
-        future.set_result(EngineAnswer(result, message.queue_s, message.inference_s))
+        future.set_result(Scheduled(message.result, message.queue_s, message.inference_s))
 
     def _exited(self) -> None:
         process = self._process

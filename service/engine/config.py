@@ -68,10 +68,6 @@ class EngineConfig:
     log_level: str = "info"
     stats_interval_s: float = 0.1
 
-    @property
-    def uses_demo_model(self) -> bool:
-        return self.model_id is None
-
     def check_kind(self, kind: str) -> None:
         """Refuse settings that the chosen engine would silently ignore."""
         unused = self.continuous_only if kind == "static" else self.static_only

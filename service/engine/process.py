@@ -164,14 +164,10 @@ class EngineHost:
         answer: Finished | Failed
         try:
             scheduled = await self._scheduler.submit(request, deadline)
-            result = scheduled.result
-            self._generated += result.completion_tokens
+            self._generated += scheduled.result.completion_tokens
             answer = Finished(
                 id=message.id,
-                text=result.text,
-                prompt_tokens=result.prompt_tokens,
-                completion_tokens=result.completion_tokens,
-                finish_reason=result.finish_reason,
+                result=scheduled.result,
                 queue_s=scheduled.queue_s,
                 inference_s=scheduled.inference_s,
             )

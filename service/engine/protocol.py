@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
-from service.engine.types import Decoding, EngineInfo
+from service.engine.types import Decoding, EngineInfo, GenerationResult
 
 
 class Submit(msgspec.Struct, tag="submit", array_like=True):
@@ -60,10 +60,7 @@ class LoadFailed(msgspec.Struct, tag="load_failed", array_like=True):
 
 class Finished(msgspec.Struct, tag="finished", array_like=True):
     id: int
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str
+    result: GenerationResult
     # Seconds inside the engine before generation started, and generating.
     queue_s: float
     inference_s: float

@@ -99,7 +99,7 @@ class Engine(Protocol):
 class PromptEncoder(Protocol):
     """Turns a user message into the model's chat-formatted token ids.
 
-    Thread-safe: the translator calls it from its worker pool to validate lengths and build
+    Thread-safe: the translator's preparation workers call it to validate lengths and build
     requests before anything is queued.
     """
 
