@@ -1,4 +1,9 @@
-"""FastAPI dependencies of the native API: the runtime of its own app and the request context."""
+"""FastAPI dependencies of the native API: the runtime of its own app and the request context.
+
+Both are ``async def`` on purpose: FastAPI runs a plain ``def`` dependency in its thread pool
+(40 threads), so every request would take two thread hops and, during a flood, even ``/health``
+would queue behind thousands of requests for a thread.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,12 @@ from service.api.context import RequestContext
 from service.runtime import Runtime
 
 
-def get_runtime(request: Request) -> Runtime:
+async def get_runtime(request: Request) -> Runtime:
     runtime: Runtime = request.app.state.runtime
     return runtime
 
 
-def get_context(
+async def get_context(
     request: Request,
     authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
     x_request_timeout: Annotated[

@@ -1,0 +1,72 @@
+"""The API process's event loop: nothing on a request's path waits for a thread, no torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import fastapi.dependencies.utils
+import fastapi.routing
+import pytest
+from starlette.concurrency import run_in_threadpool
+
+from tests.conftest import StartApp
+from tests.fakes import FakeControl
+
+
+async def test_no_route_waits_for_the_thread_pool(
+    start_app: StartApp, fake: FakeControl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # FastAPI runs a plain ``def`` dependency or route in its pool of 40 threads: a sync
+    # dependency on /health made the probe queue behind a flood of translation requests.
+    hops: list[str] = []
+
+    async def recorded(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        hops.append(getattr(func, "__qualname__", repr(func)))
+        return await run_in_threadpool(func, *args, **kwargs)
+
+    for module in (fastapi.routing, fastapi.dependencies.utils):
+        monkeypatch.setattr(module, "run_in_threadpool", recorded)
+    client = await start_app(loader=fake.loader(), warmup=False)
+    native = {"text": "hello", "target_lang": "de"}
+    calls: list[tuple[str, str, dict[str, Any]]] = [
+        ("GET", "/health", {}),
+        ("GET", "/live", {}),
+        ("GET", "/metrics", {}),
+        ("GET", "/languages", {}),
+        ("POST", "/translate", {"json": native}),
+        ("GET", "/translate", {"params": {"text": "hello", "target_lang": "de"}}),
+        ("POST", "/batch_translate", {"json": {"texts": ["a", "b"], "target_lang": "de"}}),
+        ("POST", "/detect", {"json": {"texts": ["hello"]}}),
+        ("GET", "/libretranslate/languages", {}),
+        (
+            "POST",
+            "/libretranslate/translate",
+            {"json": {"q": "hi", "source": "en", "target": "de"}},
+        ),
+        ("POST", "/libretranslate/detect", {"json": {"q": "hello"}}),
+        ("GET", "/v2/languages", {}),
+        ("POST", "/v2/translate", {"json": {"text": ["hi"], "target_lang": "DE"}}),
+        ("GET", "/v2/usage", {}),
+    ]
+    for method, path, kwargs in calls:
+        response = await client.http.request(method, path, **kwargs)
+        assert response.status_code == 200, (path, response.text)
+    assert hops == []
+
+
+def test_the_api_process_never_imports_torch(data_dir: Path) -> None:
+    # The engine process owns torch; an import here would cost the API process seconds and
+    # gigabytes at start and put the GIL-holding model code back beside the event loop.
+    script = (
+        "import sys\n"
+        "from service.app import create_app\n"
+        "from service.config import Settings\n"
+        f"create_app(Settings(_env_file=None, data_dir={str(data_dir)!r}))\n"
+        "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
