@@ -29,6 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests import loadgen, overload
 
@@ -98,6 +99,39 @@ def metric(url: str, name: str) -> float | None:
     return None
 
 
+def stalls(url: str) -> dict[str, float]:
+    return stalls_of(httpx.get(f"{url}/metrics", timeout=10, trust_env=False).text)
+
+
+def stalls_of(text: str) -> dict[str, float]:
+    """The API process's stall counters in a /metrics text (``service.stalls``): loop-lag
+    samples, those over 20/50/100 ms, and collector passes and seconds by generation."""
+    figures: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == "hymt_event_loop_lag_seconds_count":
+                figures["lag_samples"] = sample.value
+            elif sample.name == "hymt_event_loop_lag_seconds_bucket" and labels["le"] in (
+                "0.02",
+                "0.05",
+                "0.1",
+            ):
+                figures[f"lag_upto_{labels['le']}"] = sample.value
+            elif sample.name in ("hymt_gc_pause_seconds_count", "hymt_gc_pause_seconds_sum"):
+                kind = "passes" if sample.name.endswith("count") else "seconds"
+                figures[f"gc{labels['generation']}_{kind}"] = sample.value
+    for bound in ("0.02", "0.05", "0.1"):
+        figures[f"lag_over_{bound}"] = figures.get("lag_samples", 0) - figures.pop(
+            f"lag_upto_{bound}", 0
+        )
+    return figures
+
+
+def _since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {key: round(value - before.get(key, 0.0), 6) for key, value in after.items()}
+
+
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(prog="python -m loadtests.bench", description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
@@ -151,10 +185,14 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         result["gpu_memory_allocated_bytes"] = metric(url, "hymt_gpu_memory_bytes")
         save()
         if args.flood_requests:
+            before = stalls(url)
             result["flood"] = asdict(overload.flood(url, args.flood_requests, args.flood_processes))
+            between = stalls(url)
+            result["flood_stalls"] = _since(before, between)
             save()
             warm = overload.flood(url, args.flood_requests, args.flood_processes, warm=True)
             result["flood_warm"] = asdict(warm)
+            result["flood_warm_stalls"] = _since(between, stalls(url))
             save()
             result["refusals_server_side_ms"] = refusal_times(args.out / f"{args.label}.log")
             save()

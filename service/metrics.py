@@ -5,7 +5,8 @@ as in tests, do not collide. It lives in the API process; the engine process rep
 figures in ``Stats`` messages, recorded here by ``record_engine``. Layers receive the instance and
 record at their boundaries: HTTP middleware (requests), translator (cache), admission (in flight,
 refusals), dispatcher (queue wait, generation time, tokens, failures), supervisor (engine up,
-restarts, load). Labels stay low-cardinality: route templates, status codes, reasons.
+restarts, load), stall monitor (event-loop lag, collector pauses). Labels stay low-cardinality:
+route templates, status codes, reasons.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ _LATENCY_BUCKETS = (
     1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0,
 )  # fmt: skip
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+# Stalls of the API process's event loop: from unnoticeable to over a probe's timeout.
+_STALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 __all__ = ["PROMETHEUS_CONTENT_TYPE", "Metrics"]
 
@@ -157,6 +160,22 @@ class Metrics:
             f"{PREFIX}_gpu_memory_bytes",
             "Accelerator memory held by the model process, by kind (allocated, reserved).",
             ["kind"],
+            registry=r,
+        )
+
+        self.event_loop_lag = Histogram(
+            f"{PREFIX}_event_loop_lag_seconds",
+            "How much later than asked the API process's event loop ran a timer set every "
+            "50 ms: the time it was busy with something else.",
+            buckets=_STALL_BUCKETS,
+            registry=r,
+        )
+        self.gc_pause = Histogram(
+            f"{PREFIX}_gc_pause_seconds",
+            "Garbage-collector passes in the API process by generation, and how long each "
+            "stopped it.",
+            ["generation"],
+            buckets=_STALL_BUCKETS,
             registry=r,
         )
 

@@ -30,6 +30,7 @@ from service.policy.admission import Admission
 from service.policy.config import PolicyConfig
 from service.policy.dispatch import Dispatcher
 from service.policy.supervisor import EngineState, EngineSupervisor
+from service.stalls import StallMonitor
 from service.translation.cache import ResultCache
 from service.translation.languages import LanguageTable
 from service.translation.preparation import Preparer
@@ -74,6 +75,7 @@ class Runtime:
         self.admission = Admission(policy.max_in_flight, metrics, self.supervisor.availability)
         self._dispatcher = Dispatcher(self.supervisor, self.admission, metrics)
         self._languages = LanguageTable()
+        self._stalls = StallMonitor(metrics)
 
     @property
     def state(self) -> EngineState:
@@ -116,6 +118,7 @@ class Runtime:
         return self.admission.in_flight
 
     def start(self) -> None:
+        self._stalls.start()
         self.supervisor.start()
 
     async def wait_started(self) -> None:
@@ -184,3 +187,4 @@ class Runtime:
         await self.supervisor.stop()
         if self._preparer is not None:
             self._preparer.close()
+        await self._stalls.stop()

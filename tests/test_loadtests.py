@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import time
 
-from loadtests import baseline, ipc, profile
+from loadtests import baseline, bench, ipc, profile
+from service.metrics import Metrics
+from service.stalls import StallMonitor
 from tests.conftest import MakeSettings
 
 
@@ -34,3 +38,19 @@ async def test_more_requests_than_a_socket_buffers_all_get_answers() -> None:
     report = await asyncio.wait_for(ipc.measure(lone=10, burst=2000), timeout=60)
     assert report.burst_requests == 2000
     assert report.burst_us_per_request > 0
+
+
+async def test_the_bench_reads_the_stall_counters_of_the_service() -> None:
+    metrics = Metrics()
+    monitor = StallMonitor(metrics, period_s=0.01)
+    monitor.start()
+    await asyncio.sleep(0.02)
+    time.sleep(0.06)  # noqa: ASYNC251 - the stall being measured
+    gc.collect()
+    await asyncio.sleep(0.03)
+    await monitor.stop()
+    figures = bench.stalls_of(metrics.render().decode())
+    assert figures["lag_samples"] >= 2
+    assert figures["lag_over_0.05"] >= 1
+    assert figures["gc2_passes"] >= 1
+    assert figures["gc2_seconds"] > 0
