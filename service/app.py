@@ -22,7 +22,7 @@ from service.api import native, probes
 from service.api.deepl import DEEPL, create_deepl_app
 from service.api.errors import NATIVE, install_error_handlers
 from service.api.libretranslate import LIBRETRANSLATE, create_libretranslate_app
-from service.api.middleware import RequestContextMiddleware
+from service.api.middleware import NO_TELEMETRY, RequestContextMiddleware
 from service.config import Settings
 from service.engine.factory import EngineLoader, load_engine
 from service.metrics import Metrics
@@ -69,6 +69,7 @@ def create_app(
         summary="Micro-batched, cached translation with Tencent Hunyuan-MT.",
         root_path=settings.root_path,
         lifespan=lifespan,
+        telemetry=NO_TELEMETRY,
     )
     access = AccessControl(settings.access_config())
     app.state.runtime = runtime

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from service.access import AccessControl
 from service.api.context import RequestContext
 from service.api.errors import Dialect, install_dialect_errors
+from service.api.middleware import NO_TELEMETRY
 from service.api.params import Params, parse, read_params
 from service.errors import (
     DeadlineExceeded,
@@ -88,7 +89,9 @@ def our_code(deepl: str) -> str:
 
 
 def create_deepl_app(runtime: Runtime, access: AccessControl) -> FastAPI:
-    app = FastAPI(title="DeepL-compatible API v2", docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="DeepL-compatible API v2", docs_url=None, redoc_url=None, telemetry=NO_TELEMETRY
+    )
     app.state.runtime, app.state.access = runtime, access
 
     install_dialect_errors(app, DEEPL)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from service.access import AccessControl
 from service.api.context import RequestContext
 from service.api.errors import Dialect, install_dialect_errors
+from service.api.middleware import NO_TELEMETRY
 from service.api.params import Params, parse, read_params
 from service.errors import (
     DeadlineExceeded,
@@ -57,7 +58,12 @@ class DetectBody(_Request):
 
 
 def create_libretranslate_app(runtime: Runtime, access: AccessControl) -> FastAPI:
-    app = FastAPI(title="LibreTranslate-compatible API", docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="LibreTranslate-compatible API",
+        docs_url=None,
+        redoc_url=None,
+        telemetry=NO_TELEMETRY,
+    )
     app.state.runtime, app.state.access = runtime, access
 
     install_dialect_errors(app, LIBRETRANSLATE)

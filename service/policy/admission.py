@@ -18,9 +18,11 @@ is exact, it needs no message from the engine. A request for ``n`` texts is refu
 A rate measured while few texts were in flight says little about a larger batch: a batching
 engine answers more texts per second the more it holds, up to what it generates at once
 (``capacity``, from the engine's ``Ready``). So the rate is scaled by half of how much more the
-engine would batch than it did while measured (the busy-time average in flight), never below
-the measured rate: a burst after a quiet spell is estimated at the engine's per-text latency, not
-refused for the lone requests' rate.
+engine would batch than it did while measured, never below the measured rate: a burst after a
+quiet spell is estimated at the engine's per-text latency, not refused for the lone requests'
+rate. "While measured" is the in-flight count each answer came out at, averaged over the same
+decaying answers as the rate: a burst still arriving has no answers yet, so it cannot count as
+the load its predecessors' rate was measured at.
 
 ``retry_after_s`` is the one estimator of Retry-After for every refusal: the time the current
 backlog needs to drain at that rate.
@@ -36,6 +38,8 @@ import math
 import time
 from collections.abc import Callable
 from types import TracebackType
+
+from prometheus_client import Counter
 
 from service.errors import DeadlineExceeded, EngineUnavailable, Overloaded, ServiceError
 from service.metrics import Metrics
@@ -92,14 +96,15 @@ class Admission:
         self._in_flight = 0
         self._closed = False
         self._capacity = 1
-        # Decaying sums of answers, of busy seconds and of texts in flight times seconds, as
-        # of ``_updated``.
+        # Decaying sums of answers, of busy seconds and of the in-flight count at each answer,
+        # as of ``_updated``.
         self._answers = 0.0
         self._busy_s = 0.0
-        self._load = 0.0
+        self._answered_at = 0.0
         self._updated = clock()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._rejections: dict[str, Counter] = {}
 
     @property
     def in_flight(self) -> int:
@@ -171,6 +176,7 @@ class Admission:
         """One text was answered by the engine (whatever the outcome)."""
         self._advance(self._clock())
         self._answers += 1
+        self._answered_at += self._in_flight
 
     def drain_rate(self) -> float | None:
         """Texts answered per second of busy time, or None before it is known."""
@@ -190,7 +196,7 @@ class Admission:
         rate = self.drain_rate()
         if rate is None:
             return None
-        measured_at = self._load / self._busy_s  # texts in flight, on average while busy
+        measured_at = self._answered_at / self._answers  # in flight, on average, at an answer
         batched = min(position, self._capacity)
         # Halved: near saturation more in flight no longer buys proportionally more throughput,
         # and an estimate that is too kind turns into 504s.
@@ -206,7 +212,7 @@ class Admission:
         # Busy seconds in (updated, now], decayed as if spread evenly over it.
         busy = _RATE_TAU_S * (1 - decay) if self._in_flight else 0.0
         self._busy_s = self._busy_s * decay + busy
-        self._load = self._load * decay + busy * self._in_flight
+        self._answered_at *= decay
         self._updated = now
 
     def _enter(self, texts: int, now: float) -> None:
@@ -223,4 +229,7 @@ class Admission:
         self._metrics.in_flight.set(self._in_flight)
 
     def _reject(self, reason: str, texts: int = 1) -> None:
-        self._metrics.queue_rejections.labels(reason=reason).inc(texts)
+        counter = self._rejections.get(reason)
+        if counter is None:  # a labelled child's lookup costs more than the rest of a refusal
+            counter = self._rejections[reason] = self._metrics.queue_rejections.labels(reason)
+        counter.inc(texts)

@@ -58,6 +58,23 @@ def test_a_burst_after_lone_requests_is_admitted_at_the_engines_latency() -> Non
         reservation.release()
 
 
+def test_a_burst_is_not_refused_for_the_load_it_brings_itself() -> None:
+    # Seen on the H200: 1,024 requests arriving within 0.3 s after lone requests, with room for
+    # all of them in one batch, got 215 refusals: the burst's own in-flight count was taken for
+    # the load the (lone requests') rate had been measured at.
+    clock = Clock()
+    gate = admission(clock, bound=4096, capacity=1024)
+    serve_one_at_a_time(gate, clock, 8, seconds=1.0)
+    clock.now += 1.0
+    burst = []
+    for _ in range(1024):
+        burst.append(gate.reserve(1, clock.now + 100.0))
+        clock.now += 0.0003
+    assert gate.in_flight == 1024
+    for reservation in burst:
+        reservation.release()
+
+
 def test_under_saturation_a_request_that_cannot_finish_in_time_is_refused() -> None:
     clock = Clock()
     gate = admission(clock, capacity=4)
