@@ -214,11 +214,14 @@ def refusal_times(log: Path) -> dict[str, float]:
     the service's own share of a refusal (client-side times add queueing on both ends)."""
     times: list[float] = []
     for line in log.read_text(errors="replace").splitlines():
-        if '"service.access"' in line and '"status": 429' in line:
-            try:
-                times.append(float(json.loads(line)["duration_ms"]))
-            except (ValueError, KeyError):
-                continue
+        if '"service.access"' not in line:
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("status") == 429 and "duration_ms" in entry:
+            times.append(float(entry["duration_ms"]))
     return {
         "count": len(times),
         "p50": loadgen.percentile(times, 0.5),

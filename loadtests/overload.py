@@ -1,12 +1,13 @@
 """Overload behaviour of a running service: how fast refusals come, whether probes stay fast,
 and how much of what is admitted finishes inside its deadline.
 
-- ``flood``: ``--requests`` requests sent at once (by ``--processes`` client processes, so the
-  load generator's own event loop is not what is measured), while a separate process polls
-  ``/health`` every 50 ms; ``--warm`` opens every connection before the flood, as a proxy's
-  upstream keep-alive pool would have them open, so TCP setup is not what is timed. Reports the
-  count per status, requests lost (no answer), time to 429 p50/p99 (send to answer, client
-  side) and ``/health`` latency p50/p99/max during the flood.
+- ``flood``: ``--requests`` requests sent at once, one connection each, by ``--processes``
+  client processes of raw sockets with the requests encoded beforehand, all released by one
+  barrier (so what is timed is the service, not a client's own event loop), while a separate
+  process polls ``/health`` every 50 ms; ``--warm`` opens every connection before the flood, as
+  a proxy's upstream keep-alive pool would have them open, so TCP setup is not what is timed.
+  Reports the count per status, requests lost (no answer), time to 429 p50/p99 (send to answer,
+  client side) and ``/health`` latency p50/p99/max during the flood.
 - ``goodput``: open-loop arrivals at ``--rate`` per second for ``--duration`` seconds, each with
   ``X-Request-Timeout: --deadline``: the share of admitted requests (not refused with 429) that
   finished 200, the rest 504 or other.
@@ -20,7 +21,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import http.client
+import json
 import multiprocessing
+import selectors
+import socket
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,7 +34,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from loadtests.loadgen import emit, percentile
-from loadtests.texts import make_jobs
+from loadtests.texts import Job, make_jobs
 
 
 @dataclass
@@ -67,40 +71,108 @@ class GoodputReport:
 Outcomes = list[tuple[int, float]]
 
 
-async def _burst(url: str, count: int, seed: int, warm: bool) -> Outcomes:
-    jobs = make_jobs(count, seed=seed)
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(
-        url, connector=connector, timeout=timeout, trust_env=False
-    ) as client:
-
-        async def one(index: int) -> tuple[int, float]:
-            job = jobs[index]
-            started = time.perf_counter()
-            try:
-                async with client.post(
-                    "/translate", json={"text": job.texts[0], "target_lang": job.target_lang}
-                ) as response:
-                    await response.read()
-                    return response.status, time.perf_counter() - started
-            except (aiohttp.ClientError, TimeoutError):
-                return 0, time.perf_counter() - started
-
-        if warm:
-            # One open keep-alive connection per request first, as behind a proxy's upstream
-            # pool: what is then timed is the service's answer, not TCP connection setup.
-            await asyncio.gather(*(_probe(client) for _ in range(count)))
-        return list(await asyncio.gather(*(one(i) for i in range(count))))
+def _request_bytes(host: str, job: Job) -> bytes:
+    body = json.dumps({"text": job.texts[0], "target_lang": job.target_lang}).encode()
+    head = (
+        f"POST /translate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
 
 
-async def _probe(client: aiohttp.ClientSession) -> None:
-    async with client.get("/live") as response:
-        await response.read()
+class _Exchange:
+    """One request on its own connection: sent, then read until its whole answer is in."""
+
+    def __init__(self, request: bytes) -> None:
+        self.request = request
+        self.socket: socket.socket | None = None
+        self.started = 0.0
+        self.answered = 0.0
+        self.status = 0
+        self.buffer = b""
+        self.expected: int | None = None  # bytes of the whole answer, once its head is in
+
+    def connect(self, address: tuple[str, int]) -> None:
+        self.socket = socket.create_connection(address, timeout=30)
+        self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self) -> None:
+        assert self.socket is not None
+        self.started = time.perf_counter()
+        self.socket.sendall(self.request)
+        self.socket.setblocking(False)
+
+    def receive(self) -> bool:
+        """Read what has arrived; True once the answer is complete (or the peer closed)."""
+        assert self.socket is not None
+        try:
+            chunk = self.socket.recv(65536)
+        except BlockingIOError:
+            return False
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return True  # closed: lost, unless a whole answer was already in
+        if not self.buffer:
+            self.answered = time.perf_counter()
+        self.buffer += chunk
+        if self.expected is None and b"\r\n\r\n" in self.buffer:
+            head, _, _ = self.buffer.partition(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            self.status = int(lines[0].split()[1])
+            length = next(
+                (int(v) for k, _, v in (line.partition(":") for line in lines[1:])
+                 if k.strip().lower() == "content-length"),
+                0,
+            )  # fmt: skip
+            self.expected = len(head) + 4 + length
+        return self.expected is not None and len(self.buffer) >= self.expected
 
 
-def _burst_process(url: str, count: int, seed: int, warm: bool) -> Outcomes:
-    return asyncio.run(_burst(url, count, seed, warm))
+def _burst(
+    url: str, count: int, seed: int, warm: bool, start: object, timeout_s: float = 600
+) -> Outcomes:
+    """``count`` requests on ``count`` connections, sent back to back once every client is at
+    the ``start`` barrier.
+
+    Raw sockets and requests encoded beforehand: an aiohttp client's own event loop took tens of
+    milliseconds to issue a few hundred requests, and that was timed as the service's refusal.
+    """
+    parts = urlsplit(url)
+    address = (parts.hostname or "127.0.0.1", parts.port or 80)
+    host = f"{address[0]}:{address[1]}"
+    exchanges = [_Exchange(_request_bytes(host, job)) for job in make_jobs(count, seed=seed)]
+    if warm:
+        for exchange in exchanges:
+            exchange.connect(address)
+    start.wait()  # type: ignore[attr-defined]
+    selector = selectors.DefaultSelector()
+    for exchange in exchanges:
+        if not warm:
+            began = time.perf_counter()
+            exchange.connect(address)
+            exchange.send()
+            exchange.started = began  # cold: the connection's setup is part of the wait
+        else:
+            exchange.send()
+        assert exchange.socket is not None
+        selector.register(exchange.socket, selectors.EVENT_READ, exchange)
+    pending = len(exchanges)
+    deadline = time.perf_counter() + timeout_s
+    while pending and time.perf_counter() < deadline:
+        for key, _ in selector.select(timeout=1.0):
+            exchange = key.data
+            if exchange.receive():
+                selector.unregister(key.fileobj)
+                pending -= 1
+    outcomes: Outcomes = []
+    for exchange in exchanges:
+        assert exchange.socket is not None
+        exchange.socket.close()
+        complete = exchange.expected is not None and len(exchange.buffer) >= exchange.expected
+        status = exchange.status if complete else 0
+        outcomes.append((status, (exchange.answered or time.perf_counter()) - exchange.started))
+    return outcomes
 
 
 def _poll_health(url: str, period_s: float, stop: object, results: object) -> None:
@@ -136,11 +208,17 @@ def flood(
     share = [
         requests // processes + (1 if i < requests % processes else 0) for i in range(processes)
     ]
-    started = time.perf_counter()
-    with context.Pool(processes) as pool:
-        parts = pool.starmap(
-            _burst_process, [(url, n, seed + i, warm) for i, n in enumerate(share)]
-        )
+    with context.Manager() as manager:
+        # Every client has its requests encoded (and, warm, its connections open) before any
+        # of them sends: the flood is one burst, not one client after another.
+        start = manager.Barrier(processes + 1)
+        with context.Pool(processes) as pool:
+            pending = pool.starmap_async(
+                _burst, [(url, n, seed + i, warm, start) for i, n in enumerate(share)]
+            )
+            start.wait(timeout=300)
+            started = time.perf_counter()
+            parts = pending.get(timeout=900)
     duration = time.perf_counter() - started
     stop.set()
     health: list[tuple[int, float]] = results.get(timeout=30)

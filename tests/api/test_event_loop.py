@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import Callable
@@ -13,6 +14,7 @@ import fastapi.routing
 import pytest
 from starlette.concurrency import run_in_threadpool
 
+from tests.api.test_faults import until
 from tests.conftest import StartApp
 from tests.fakes import FakeControl
 
@@ -70,3 +72,32 @@ def test_the_api_process_never_imports_torch(data_dir: Path) -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+
+
+async def test_a_burst_is_turned_away_at_the_door_once_its_first_requests_fill_the_queue(
+    start_app: StartApp, fake: FakeControl
+) -> None:
+    # A request reaches admission before the loop serves the next one. Otherwise every request
+    # of a burst passes the door's "full?" check before the first is admitted, and the rest go
+    # the long way (body, validation, routing) to a refusal: here a malformed body would then
+    # be answered 422 instead of the door's 429.
+    bound = 4
+    client = await start_app(loader=fake.loader(), warmup=False, max_queue_size=bound)
+    fake.hold()
+    valid = [
+        client.http.post("/translate", json={"text": f"held {i}", "target_lang": "de"})
+        for i in range(bound)
+    ]
+    malformed = [
+        client.http.post(
+            "/translate", content=b"{not json", headers={"content-type": "application/json"}
+        )
+        for _ in range(20)
+    ]
+    tasks = [asyncio.ensure_future(request) for request in valid + malformed]
+    await until(lambda: client.runtime.in_flight == bound)
+    await until(lambda: all(task.done() for task in tasks[bound:]))
+    statuses = [task.result().status_code for task in tasks[bound:]]
+    assert statuses == [429] * 20
+    fake.release()
+    assert [(await task).status_code for task in tasks[:bound]] == [200] * bound
