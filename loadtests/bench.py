@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -32,6 +33,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests import loadgen, overload
+from loadtests.timeline import Timeline, summarize
 
 
 def free_port() -> int:
@@ -97,6 +99,48 @@ def metric(url: str, name: str) -> float | None:
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+class RunningSampler:
+    """``hymt_engine_running_texts`` every 200 ms in a thread, from when the measured requests
+    are sent (the first sample that sees texts in flight) until the block ends."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._samples: list[tuple[float, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> RunningSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self._url, timeout=10, trust_env=False) as client:
+            while not self._stop.is_set():
+                text = client.get("/metrics").text
+                running = in_flight = 0
+                for line in text.splitlines():
+                    if line.startswith("hymt_engine_running_texts "):
+                        running = int(float(line.split()[1]))
+                    elif line.startswith("hymt_in_flight_texts "):
+                        in_flight = int(float(line.split()[1]))
+                self._samples.append((time.perf_counter(), running, in_flight))
+                self._stop.wait(0.2)  # each scrape is work for the loop being measured
+
+    def timeline(self, duration_s: float) -> Timeline:
+        """From the first sample with more in flight than the loadgen's warm-up (one at a time)
+        until the end of the measured run."""
+        start = next((t for t, _, in_flight in self._samples if in_flight > 1), None)
+        if start is None:
+            return summarize([], duration_s)
+        return summarize(
+            [(t - start, running) for t, running, _ in self._samples if t >= start], duration_s
+        )
 
 
 def stalls(url: str) -> dict[str, float]:
@@ -171,11 +215,13 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         result["weights_bytes"] = metric(url, "hymt_model_weights_bytes")
         result["load_seconds"] = metric(url, "hymt_model_load_seconds")
         save()
-        throughput = loadgen.main(
-            ["--url", url, "--requests", str(args.requests), "--concurrency",
-             str(args.concurrency), "--warmup", "8", "--quiet"]
-        )  # fmt: skip
+        with RunningSampler(url) as sampler:
+            throughput = loadgen.main(
+                ["--url", url, "--requests", str(args.requests), "--concurrency",
+                 str(args.concurrency), "--warmup", "8", "--quiet"]
+            )  # fmt: skip
         result["throughput"] = asdict(throughput)
+        result["throughput_timeline"] = asdict(sampler.timeline(throughput.duration_s))
         save()
         lone = loadgen.main(
             ["--url", url, "--requests", str(args.lone_requests), "--concurrency", "1",

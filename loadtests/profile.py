@@ -21,7 +21,7 @@ import argparse
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from torch._C._autograd import DeviceType
@@ -29,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from loadtests.baseline import service_requests
 from loadtests.loadgen import emit
+from loadtests.timeline import summarize
 from service.config import Settings
 from service.engine.continuous import ContinuousBatchingEngine
 from service.engine.loading import load_model
@@ -52,6 +53,7 @@ class ProfileReport:
     throughput_duration_s: float
     throughput_output_tokens_per_s: float
     top_kernels_ms: dict[str, float] = field(default_factory=dict)
+    throughput_timeline: dict[str, float] = field(default_factory=dict)
 
 
 def _resolver(
@@ -107,9 +109,12 @@ async def run(settings: Settings, requests: int, lone: int, seed: int) -> Profil
         top = {e.key[:80]: round(e.self_device_time_total / 1000, 2) for e in kernels[:12]}
 
         batch = prepared[2 + lone :]
+        samples: list[tuple[float, int]] = []
         started = time.perf_counter()
+        sampler = asyncio.create_task(_sample(engine, started, samples))
         batch_tokens = await _generate(engine, batch, "load")
         batch_wall = time.perf_counter() - started
+        sampler.cancel()
     finally:
         engine.close()
     return ProfileReport(
@@ -127,7 +132,16 @@ async def run(settings: Settings, requests: int, lone: int, seed: int) -> Profil
         throughput_duration_s=round(batch_wall, 3),
         throughput_output_tokens_per_s=round(batch_tokens / batch_wall, 1),
         top_kernels_ms=top,
+        throughput_timeline=asdict(summarize(samples, batch_wall)),
     )
+
+
+async def _sample(
+    engine: ContinuousBatchingEngine, started: float, samples: list[tuple[float, int]]
+) -> None:
+    while True:
+        samples.append((time.perf_counter() - started, engine.running() or 0))
+        await asyncio.sleep(0.05)
 
 
 def main(argv: list[str] | None = None) -> ProfileReport:

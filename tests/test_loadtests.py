@@ -30,6 +30,7 @@ async def test_profile_measures_the_engine_without_http(make_settings: MakeSetti
     assert report.lone_wall_ms_per_token > 0
     assert report.attention == "sdpa"  # the CPU default
     assert report.profiled_gpu_busy_ms_per_token == 0.0  # no CUDA kernels on a CPU
+    assert report.throughput_timeline["peak_running"] >= 1
 
 
 async def test_more_requests_than_a_socket_buffers_all_get_answers() -> None:

@@ -12,12 +12,14 @@
 # the process split's own cost, to an engine that answers at once), overload (queue bound 512: a
 # flood of 4,096 requests at once with /health polled, then goodput at RATE requests/s, default
 # 85 (twice the 41 requests/s the cb variant sustains), under a DEADLINE, default 5 s).
-# Each writes VARIANT.json and VARIANT.log.
+# Each writes VARIANT.json and VARIANT.log. SERVICE_ENV="NAME=VALUE ..." adds settings to every
+# service the bench variants start.
 set -uo pipefail
 out=${OUT:?set OUT}; work=${WORK:-/tmp/hymt-bench}; mkdir -p "$work" "$out"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 common=(--env HYMT_LOAD_FORMAT=dummy --env HYMT_CACHE_SIZE=0 --env HYMT_DATA_DIR="$work/data"
         --env HYMT_MAX_QUEUE_SIZE=4096 --out "$work")
+for setting in ${SERVICE_ENV:-}; do common+=(--env "$setting"); done  # e.g. SERVICE_ENV="HYMT_X=1"
 requests=${REQUESTS:-1024}
 for variant in "$@"; do
   echo "=== $variant $(date +%T)"

@@ -1,0 +1,34 @@
+"""How a throughput run used the engine over time: the texts generating at once, sampled.
+
+The engine alone (``loadtests.profile``) and through HTTP (``loadtests.bench``) do the same work;
+where their durations differ, the samples say whether it was at the start (the batch filled
+later: ``ramp_s``) or at the end (a longer tail of a few texts: ``tail_s``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass
+class Timeline:
+    samples: int
+    peak_running: int
+    # From the start until the first sample with at least 90% of the peak generating.
+    ramp_s: float
+    # From the last sample with at least half the peak generating until the end.
+    tail_s: float
+
+
+def summarize(samples: Sequence[tuple[float, int]], duration_s: float) -> Timeline:
+    """``samples``: (seconds since the start, texts generating) pairs, in order."""
+    peak = max((running for _, running in samples), default=0)
+    ramp = next((t for t, running in samples if running >= 0.9 * peak), 0.0)
+    last_half = max((t for t, running in samples if running >= 0.5 * peak), default=0.0)
+    return Timeline(
+        samples=len(samples),
+        peak_running=peak,
+        ramp_s=round(ramp, 3),
+        tail_s=round(max(0.0, duration_s - last_half), 3),
+    )
