@@ -102,6 +102,11 @@ class Runtime:
         return None
 
     @property
+    def preparer(self) -> Preparer | None:
+        """The text-preparation workers, once the engine has reported its tokenizer."""
+        return self._preparer
+
+    @property
     def max_text_chars(self) -> int:
         return self._translation.max_text_chars
 

@@ -2,62 +2,122 @@
 
 These are the only per-text CPU costs before generation (detection alone is milliseconds per
 text), and they hold the GIL: run in threads of the API process they starve the event loop that
-answers ``/health`` and refusals. ``Preparer`` runs them in a pool of worker processes instead
-(multiprocessing spawn). Each worker builds its ``PromptBuilder`` once, in the pool's initializer,
-from what the engine reported (tokenizer, model fingerprint); the builder is that worker
-process's own state, which is how a process pool keeps per-worker resources.
+answers ``/health`` and refusals. ``Preparer`` runs them in worker processes (multiprocessing
+spawn), each with its own ``PromptBuilder`` built once from what the engine reported (tokenizer,
+model fingerprint).
+
+The workers are reached over ZeroMQ, as the engine is: one ``ipc://`` PUSH socket per worker
+(the API process picks the worker with the fewest jobs outstanding) and one PULL socket for
+every answer, read by a task of the event loop. A ``ProcessPoolExecutor`` did the same with two
+Python threads of its own in the API process (pickling, result handling) that took the GIL from
+the event loop on every call, and one dead worker broke the whole pool for good. Here a worker
+that dies fails only its own jobs (503, retry) and is started again.
+
+Jobs and answers are pickled: they are the translator's own objects (languages, prompts, cache
+keys), between processes of one service, on sockets in a private directory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import itertools
+import logging
 import multiprocessing
+import os
+import pickle
+import shutil
 import signal
-import time
+import tempfile
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import zmq
+import zmq.asyncio
 
 from service.engine.encoding import ChatPromptEncoder
 from service.engine.protocol import TokenizerSpec
+from service.errors import EngineUnavailable, ServiceError, error_of
 from service.translation.detection import Detection, LanguageDetector
 from service.translation.languages import Language, LanguageTable
 from service.translation.translator import Prepared, PromptBuilder, TranslationConfig
 
-_builder: list[PromptBuilder] = []  # the worker process's own builder (one element)
+log = logging.getLogger(__name__)
+
+_READY = "ready"
+_START_TIMEOUT_S = 120.0
+_RESTART_DELAY_S = 1.0
 
 
-def _initialize(config: TranslationConfig, spec: TokenizerSpec, fingerprint: str) -> None:
+def _serve(
+    config: TranslationConfig,
+    spec: TokenizerSpec,
+    fingerprint: str,
+    jobs_address: str,
+    results_address: str,
+    index: int,
+) -> None:
+    """Entry point of a preparation worker: answer jobs until the API process is gone."""
     # Ctrl-C reaches the whole process group; the API process decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     languages = LanguageTable()
-    _builder.append(
-        PromptBuilder(
-            config,
-            ChatPromptEncoder(spec),
-            fingerprint,
-            languages=languages,
-            detector=LanguageDetector(languages),
-        )
+    builder = PromptBuilder(
+        config,
+        ChatPromptEncoder(spec),
+        fingerprint,
+        languages=languages,
+        detector=LanguageDetector(languages),
     )
+    parent = os.getppid()
+    context = zmq.Context()
+    jobs = context.socket(zmq.PULL)
+    results = context.socket(zmq.PUSH)
+    for socket in (jobs, results):  # admission bounds what is in flight
+        socket.setsockopt(zmq.SNDHWM, 0)
+        socket.setsockopt(zmq.RCVHWM, 0)
+    jobs.connect(jobs_address)
+    results.connect(results_address)
+    results.send(pickle.dumps((0, _READY, index)))
+    try:
+        while os.getppid() == parent:  # an orphaned worker exits by itself
+            if not jobs.poll(1000):
+                continue
+            job_id, kind, args = pickle.loads(jobs.recv())
+            results.send(pickle.dumps((job_id, *_answer(builder, kind, args)), protocol=5))
+    finally:
+        jobs.close(linger=0)
+        results.close(linger=0)
+        context.term()
 
 
-def _prepare(
-    texts: Sequence[str], target: Language, source: Language | None, fields: Sequence[str]
-) -> list[Prepared]:
-    builder = _builder[0]
-    return [
-        builder.prepare(text, target, source, field=field)
-        for text, field in zip(texts, fields, strict=True)
-    ]
+def _answer(builder: PromptBuilder, kind: str, args: tuple[Any, ...]) -> tuple[str, object]:
+    try:
+        if kind == "prepare":
+            texts, target, source, fields = args
+            return "ok", [
+                builder.prepare(text, target, source, field=field)
+                for text, field in zip(texts, fields, strict=True)
+            ]
+        (texts,) = args
+        return "ok", [builder.detect(text) for text in texts]
+    except ServiceError as error:
+        return "error", (error.code, error.message)
+    except Exception as error:
+        log.exception("preparation failed")
+        return "crash", f"{type(error).__name__}: {error}"
 
 
-def _settle() -> None:
-    # Long enough that the pool hands the next call to another (new) worker.
-    time.sleep(0.2)
+class _Worker:
+    """One worker process, the socket that feeds it and the jobs it has not answered."""
 
-
-def _detect(texts: Sequence[str]) -> list[Detection]:
-    return [_builder[0].detect(text) for text in texts]
+    def __init__(self, index: int, socket: zmq.Socket[bytes], address: str) -> None:
+        self.index = index
+        self.socket = socket
+        self.address = address
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.ready = False
+        self.outstanding: set[int] = set()
 
 
 class Preparer:
@@ -67,19 +127,39 @@ class Preparer:
         self, config: TranslationConfig, spec: TokenizerSpec, fingerprint: str, workers: int
     ) -> None:
         self.fingerprint = fingerprint
-        self._workers = workers
-        self._pool = ProcessPoolExecutor(
-            max_workers=workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_initialize,
-            initargs=(config, spec, fingerprint),
-        )
+        self._args = (config, spec, fingerprint)
+        self._folder = tempfile.mkdtemp(prefix="hymt-prepare-")
+        self._sync_context = zmq.Context()
+        self._context = zmq.asyncio.Context()
+        self._results = self._context.socket(zmq.PULL)
+        self._results.setsockopt(zmq.RCVHWM, 0)
+        self._results_address = f"ipc://{self._folder}/results"
+        self._workers: list[_Worker] = []
+        for index in range(workers):
+            socket = self._sync_context.socket(zmq.PUSH)
+            socket.setsockopt(zmq.SNDHWM, 0)
+            self._workers.append(_Worker(index, socket, f"ipc://{self._folder}/jobs-{index}"))
+        self._pending: dict[int, tuple[_Worker, asyncio.Future[Any]]] = {}
+        self._ids = itertools.count(1)
+        self._started: dict[int, asyncio.Future[None]] = {}
+        self._receiver: asyncio.Task[None] | None = None
+        self._restarts: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @property
+    def pids(self) -> list[int | None]:
+        """The workers' process ids (None while one is being started)."""
+        return [w.process.pid if w.process is not None else None for w in self._workers]
 
     async def start(self) -> None:
         """Start every worker now (each loads the detector and tokenizer), not under load."""
-        loop = asyncio.get_running_loop()
-        await asyncio.gather(
-            *(loop.run_in_executor(self._pool, _settle) for _ in range(self._workers))
+        self._results.bind(self._results_address)
+        for worker in self._workers:
+            worker.socket.bind(worker.address)
+        self._receiver = asyncio.create_task(self._receive(), name="preparation-results")
+        await asyncio.wait_for(
+            asyncio.gather(*(self._spawn(worker) for worker in self._workers)),
+            _START_TIMEOUT_S,
         )
 
     async def prepare(
@@ -89,14 +169,129 @@ class Preparer:
         source: Language | None,
         fields: Sequence[str],
     ) -> list[Prepared]:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._pool, _prepare, list(texts), target, source, list(fields)
+        result: list[Prepared] = await self._run(
+            "prepare", (list(texts), target, source, list(fields))
         )
+        return result
 
     async def detect(self, texts: Sequence[str]) -> list[Detection]:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, _detect, list(texts))
+        result: list[Detection] = await self._run("detect", (list(texts),))
+        return result
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the workers; jobs still outstanding fail with a 503."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in [self._receiver, *self._restarts]:
+            if task is not None:
+                task.cancel()
+        loop = asyncio.get_running_loop()
+        for worker in self._workers:
+            process = worker.process
+            if process is not None:
+                with contextlib.suppress(ValueError, OSError):
+                    loop.remove_reader(process.sentinel)
+                if process.is_alive():
+                    process.terminate()
+                process.join(2.0)
+            worker.socket.close(linger=0)
+        self._fail(list(self._pending), EngineUnavailable("the service is stopping"))
+        self._results.close(linger=0)
+        self._context.term()
+        self._sync_context.term()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+    async def _run(self, kind: str, args: tuple[Any, ...]) -> Any:
+        ready = [worker for worker in self._workers if worker.ready]
+        if not ready or self._closed:
+            raise EngineUnavailable("no text-preparation worker is running; retry shortly")
+        worker = min(ready, key=lambda w: len(w.outstanding))
+        job_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[job_id] = (worker, future)
+        worker.outstanding.add(job_id)
+        try:
+            worker.socket.send(pickle.dumps((job_id, kind, args), protocol=5), flags=zmq.NOBLOCK)
+            return await future
+        finally:
+            # Answered, failed or abandoned (the caller left): either way no longer this job's.
+            self._pending.pop(job_id, None)
+            worker.outstanding.discard(job_id)
+
+    async def _spawn(self, worker: _Worker) -> None:
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._started[worker.index] = started
+        context = multiprocessing.get_context("spawn")
+        process = context.Process(
+            target=_serve,
+            args=(*self._args, worker.address, self._results_address, worker.index),
+            name=f"hymt-prepare-{worker.index}",
+            daemon=True,
+        )
+        # Spawning pickles the arguments and starts an interpreter: off the event loop.
+        await asyncio.to_thread(process.start)
+        worker.process = process
+        asyncio.get_running_loop().add_reader(
+            process.sentinel, functools.partial(self._exited, worker, process)
+        )
+        await started
+
+    async def _receive(self) -> None:
+        while True:
+            job_id, status, payload = pickle.loads(await self._results.recv())
+            if status == _READY:
+                worker = self._workers[payload]
+                worker.ready = True
+                started = self._started.pop(payload, None)
+                if started is not None and not started.done():
+                    started.set_result(None)
+                continue
+            entry = self._pending.get(job_id)
+            if entry is None or entry[1].done():
+                continue  # its caller left, or its worker died and it was failed already
+            future = entry[1]
+            if status == "ok":
+                future.set_result(payload)
+            elif status == "error":
+                future.set_exception(error_of(*payload))
+            else:
+                log.error("text preparation failed", extra={"error": payload})
+                future.set_exception(ServiceError("text preparation failed"))
+
+    def _exited(self, worker: _Worker, process: multiprocessing.process.BaseProcess) -> None:
+        asyncio.get_running_loop().remove_reader(process.sentinel)
+        process.join(0.5)
+        was_ready, worker.ready = worker.ready, False
+        self._fail(list(worker.outstanding), EngineUnavailable("a preparation worker stopped"))
+        started = self._started.pop(worker.index, None)
+        if started is not None and not started.done():
+            started.set_exception(
+                EngineUnavailable(
+                    f"a preparation worker exited while starting ({process.exitcode})"
+                )
+            )
+        if self._closed or not was_ready:
+            return  # one that was starting is retried (or reported) by whoever started it
+        log.error(
+            "preparation worker exited; starting it again",
+            extra={"pid": process.pid, "exitcode": process.exitcode},
+        )
+        task = asyncio.get_running_loop().create_task(self._keep_starting(worker))
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    async def _keep_starting(self, worker: _Worker) -> None:
+        while not self._closed:
+            try:
+                await self._spawn(worker)
+                return
+            except (ServiceError, OSError) as error:
+                log.error("preparation worker failed to start", extra={"error": str(error)})
+                await asyncio.sleep(_RESTART_DELAY_S)
+
+    def _fail(self, job_ids: list[int], error: ServiceError) -> None:
+        for job_id in job_ids:
+            entry = self._pending.get(job_id)
+            if entry is not None and not entry[1].done():
+                entry[1].set_exception(error)

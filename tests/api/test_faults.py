@@ -217,3 +217,20 @@ def _zombie(pid: int) -> bool:
             return stat.read().split()[2] == "Z"
     except FileNotFoundError:
         return True
+
+
+async def test_a_killed_preparation_worker_is_replaced_and_nothing_else_fails(
+    start_app: StartApp, fake: FakeControl
+) -> None:
+    client = await start_app(loader=fake.loader(), warmup=False, prepare_workers=2)
+    preparer = client.runtime.preparer
+    assert preparer is not None
+    before = list(preparer.pids)
+    victim = before[0]
+    assert victim is not None
+    os.kill(victim, signal.SIGKILL)
+    await until(lambda: None not in preparer.pids and preparer.pids[0] != victim)
+    # The replacement takes work again; the other worker never stopped.
+    responses = await asyncio.gather(*(send(client, f"after {i}") for i in range(8)))
+    assert [r.status_code for r in responses] == [200] * 8
+    assert preparer.pids[1] == before[1]
