@@ -164,6 +164,9 @@ class EngineClient:
             if process.is_alive():
                 process.kill()
                 await asyncio.to_thread(process.join, 2.0)
+            log.info(
+                "engine process stopped", extra={"pid": process.pid, "exitcode": process.exitcode}
+            )
         # Nothing sent from now on can be answered: no caller may wait forever.
         self.fail_all(EngineUnavailable("the engine stopped before this finished"))
         self._close()
@@ -211,8 +214,8 @@ class EngineClient:
         process.join(0.5)  # it has ended (its sentinel fired): this only reaps it
         self.exited = True
         code = process.exitcode
-        level = logging.INFO if self._stopping else logging.ERROR
-        log.log(level, "engine process exited", extra={"pid": process.pid, "exitcode": code})
+        if not self._stopping:  # a stop logs the exit code once the process is reaped
+            log.error("engine process exited", extra={"pid": process.pid, "exitcode": code})
         self.fail_all(EngineDied(f"the engine process exited (code {code})"))
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(
