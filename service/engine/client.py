@@ -1,7 +1,7 @@
 """The API process's side of one engine process: start it, talk to it, notice when it is gone.
 
 ``EngineClient`` spawns the engine process (multiprocessing spawn: a fresh interpreter, no
-inherited CUDA or thread state), binds the two ZeroMQ ``ipc://`` sockets it connects to, and
+inherited CUDA or thread state), sets up the two ZeroMQ ``ipc://`` sockets between them, and
 answers each ``submit`` with a future resolved by the engine's ``Finished`` or ``Failed``. It
 keeps the engine's last ``Stats`` and when it was heard from. The process's exit is watched on
 its sentinel from the event loop, so a SIGKILL is known at once: every future in flight fails
@@ -98,7 +98,10 @@ class EngineClient:
         loop = asyncio.get_running_loop()
         requests_address = f"ipc://{self._folder}/requests"
         results_address = f"ipc://{self._folder}/results"
-        self._requests.bind(requests_address)
+        # The engine binds the requests socket and this side connects: a connecting PUSH
+        # queues from the start, where a bound one refuses to send until the engine's
+        # connection is registered, which can be after its ``Ready`` arrived on the other socket.
+        self._requests.connect(requests_address)
         self._results.bind(results_address)
         self._ready = loop.create_future()
         self._receiver = asyncio.create_task(self._receive(), name="engine-results")

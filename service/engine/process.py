@@ -1,10 +1,10 @@
 """The engine process: the model, its scheduler and the generation loop, away from HTTP.
 
-``run_engine`` is the target the API process starts with multiprocessing spawn. It connects to
-the API process's two ZeroMQ sockets, reports ``Stats`` (its heartbeat) from the first moment,
-loads the engine on its worker thread, sends ``Ready`` with the tokenizer the API process
-needs, then serves ``Submit`` and ``Cancel`` until ``Shutdown`` (or until the API process is
-gone: an orphaned engine exits by itself rather than holding the GPU).
+``run_engine`` is the target the API process starts with multiprocessing spawn. It binds the
+requests socket, connects to the API process's results socket, reports ``Stats`` (its heartbeat)
+from the first moment, loads the engine on its worker thread, sends ``Ready`` with the tokenizer
+the API process needs, then serves ``Submit`` and ``Cancel`` until ``Shutdown`` (or until the
+API process is gone: an orphaned engine exits by itself rather than holding the GPU).
 
 Every request is one asyncio task awaiting the scheduler; its answer (``Finished`` or
 ``Failed``) is sent the moment it is known. A cancelled task sends nothing: the API process
@@ -93,7 +93,7 @@ class EngineHost:
 
     async def serve(self) -> None:
         requests_address, results_address = self._addresses
-        self._inbox.connect(requests_address)
+        self._inbox.bind(requests_address)
         self._outbox.connect(results_address)
         reporter = asyncio.create_task(self._report(), name="engine-stats")
         worker = EngineWorker(lambda: self._loader(self._config))

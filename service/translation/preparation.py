@@ -8,10 +8,13 @@ model fingerprint).
 
 The workers are reached over ZeroMQ, as the engine is: one ``ipc://`` PUSH socket per worker
 (the API process picks the worker with the fewest jobs outstanding) and one PULL socket for
-every answer, read by a task of the event loop. A ``ProcessPoolExecutor`` did the same with two
-Python threads of its own in the API process (pickling, result handling) that took the GIL from
-the event loop on every call, and one dead worker broke the whole pool for good. Here a worker
-that dies fails only its own jobs (503, retry) and is started again.
+every answer, read by a task of the event loop. Each worker binds its own jobs socket and the
+API process connects to it: a connecting PUSH queues messages from the moment it connects, so a
+job sent right after the worker said it was ready cannot find the socket without a peer (a bound
+PUSH refuses to send until the peer's connection has been registered). A ``ProcessPoolExecutor``
+did the same with two Python threads of its own in the API process (pickling, result handling)
+that took the GIL from the event loop on every call, and one dead worker broke the whole pool
+for good. Here a worker that dies fails only its own jobs (503, retry) and is started again.
 
 Jobs and answers are pickled: they are the translator's own objects (languages, prompts, cache
 keys), between processes of one service, on sockets in a private directory.
@@ -76,7 +79,7 @@ def _serve(
     for socket in (jobs, results):  # admission bounds what is in flight
         socket.setsockopt(zmq.SNDHWM, 0)
         socket.setsockopt(zmq.RCVHWM, 0)
-    jobs.connect(jobs_address)
+    jobs.bind(jobs_address)
     results.connect(results_address)
     results.send(pickle.dumps((0, _READY, index)))
     try:
@@ -155,7 +158,7 @@ class Preparer:
         """Start every worker now (each loads the detector and tokenizer), not under load."""
         self._results.bind(self._results_address)
         for worker in self._workers:
-            worker.socket.bind(worker.address)
+            worker.socket.connect(worker.address)
         self._receiver = asyncio.create_task(self._receive(), name="preparation-results")
         await asyncio.wait_for(
             asyncio.gather(*(self._spawn(worker) for worker in self._workers)),
@@ -212,7 +215,12 @@ class Preparer:
         self._pending[job_id] = (worker, future)
         worker.outstanding.add(job_id)
         try:
-            worker.socket.send(pickle.dumps((job_id, kind, args), protocol=5), flags=zmq.NOBLOCK)
+            try:
+                worker.socket.send(
+                    pickle.dumps((job_id, kind, args), protocol=5), flags=zmq.NOBLOCK
+                )
+            except zmq.Again:
+                raise EngineUnavailable("a preparation worker is not reachable; retry") from None
             return await future
         finally:
             # Answered, failed or abandoned (the caller left): either way no longer this job's.
