@@ -95,7 +95,12 @@ def stop_service(process: subprocess.Popen[bytes]) -> None:
 
 
 def metric(url: str, name: str) -> float | None:
-    for line in httpx.get(f"{url}/metrics", timeout=10, trust_env=False).text.splitlines():
+    return value_of(httpx.get(f"{url}/metrics", timeout=10, trust_env=False).text, name)
+
+
+def value_of(text: str, name: str) -> float | None:
+    """The first sample of metric ``name`` in a /metrics text."""
+    for line in text.splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     return None
@@ -123,13 +128,9 @@ class RunningSampler:
         with httpx.Client(base_url=self._url, timeout=10, trust_env=False) as client:
             while not self._stop.is_set():
                 text = client.get("/metrics").text
-                running = in_flight = 0
-                for line in text.splitlines():
-                    if line.startswith("hymt_engine_running_texts "):
-                        running = int(float(line.split()[1]))
-                    elif line.startswith("hymt_in_flight_texts "):
-                        in_flight = int(float(line.split()[1]))
-                self._samples.append((time.perf_counter(), running, in_flight))
+                running = value_of(text, "hymt_engine_running_texts") or 0
+                in_flight = value_of(text, "hymt_in_flight_texts") or 0
+                self._samples.append((time.perf_counter(), int(running), int(in_flight)))
                 self._stop.wait(0.2)  # each scrape is work for the loop being measured
 
     def timeline(self, duration_s: float) -> Timeline:

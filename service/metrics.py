@@ -11,7 +11,7 @@ route templates, status codes, reasons.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST as PROMETHEUS_CONTENT_TYPE,
@@ -24,6 +24,7 @@ from prometheus_client import (
     Info,
     generate_latest,
 )
+from prometheus_client.metrics import MetricWrapperBase
 
 if TYPE_CHECKING:
     from service.engine.protocol import Stats
@@ -39,7 +40,25 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 # Stalls of the API process's event loop: from unnoticeable to over a probe's timeout.
 _STALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
-__all__ = ["PROMETHEUS_CONTENT_TYPE", "Metrics"]
+__all__ = ["PROMETHEUS_CONTENT_TYPE", "Children", "Metrics"]
+
+_M = TypeVar("_M", bound=MetricWrapperBase)
+
+
+class Children(Generic[_M]):
+    """A labelled metric's children, each looked up once: ``labels()`` validates its arguments
+    and takes a lock on every call, which on a refusal's path cost more than the rest of its
+    metrics. Label values must stay bounded (route templates, status codes, reasons)."""
+
+    def __init__(self, metric: _M) -> None:
+        self._metric: _M = metric
+        self._children: dict[tuple[str, ...], _M] = {}
+
+    def __call__(self, *values: str) -> _M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 class Metrics:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import http.server
+import threading
 import time
 
-from loadtests import baseline, bench, ipc, profile
+from loadtests import baseline, bench, ipc, overload, profile
 from service.metrics import Metrics
 from service.stalls import StallMonitor
 from tests.conftest import MakeSettings
@@ -55,3 +57,41 @@ async def test_the_bench_reads_the_stall_counters_of_the_service() -> None:
     assert figures["lag_over_0.05"] >= 1
     assert figures["gc2_passes"] >= 1
     assert figures["gc2_seconds"] > 0
+
+
+class _Refusing(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self._reply(200, b'{"status":"ready"}')
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self._reply(429, b'{"error":{"code":"overloaded"}}')
+
+    def _reply(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        return None
+
+
+def test_the_flood_client_counts_every_answer_on_warm_and_cold_connections() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for warm in (False, True):
+            report = overload.flood(url, 24, 2, warm=warm)
+            assert report.by_status == {"429": 24}
+            assert report.lost == 0
+            assert report.refusal_p99_ms > 0
+            assert report.health_polls > 0
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -25,12 +25,11 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi.telemetry import TelemetryConfig
-from prometheus_client import Counter, Histogram
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.errors import error_response
-from service.metrics import Metrics
+from service.metrics import Children, Metrics
 
 log = logging.getLogger("service.access")
 
@@ -58,7 +57,8 @@ class RequestContextMiddleware:
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.refuse = refuse
-        self._series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+        self._requests = Children(metrics.requests)
+        self._durations = Children(metrics.request_duration)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -188,18 +188,8 @@ class RequestContextMiddleware:
     ) -> None:
         route = path or _route_template(scope)
         method = scope["method"]
-        key = (route, method, status)
-        series = self._series.get(key)
-        if series is None:
-            # Looking a labelled child up costs more than the rest of a refusal's metrics; the
-            # keys are bounded (route templates, methods, status codes).
-            series = (
-                self.metrics.requests.labels(route=route, method=method, status=str(status)),
-                self.metrics.request_duration.labels(route=route, method=method),
-            )
-            self._series[key] = series
-        series[0].inc()
-        series[1].observe(seconds)
+        self._requests(route, method, str(status)).inc()
+        self._durations(route, method).observe(seconds)
         log.info(
             "request",
             extra={

@@ -39,10 +39,8 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from prometheus_client import Counter
-
 from service.errors import DeadlineExceeded, EngineUnavailable, Overloaded, ServiceError
-from service.metrics import Metrics
+from service.metrics import Children, Metrics
 
 # Time constant of the rate's decaying sums, and the (decayed) answers it needs to be trusted.
 _RATE_TAU_S = 5.0
@@ -104,7 +102,7 @@ class Admission:
         self._updated = clock()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._rejections: dict[str, Counter] = {}
+        self._rejections = Children(metrics.queue_rejections)
 
     @property
     def in_flight(self) -> int:
@@ -229,7 +227,4 @@ class Admission:
         self._metrics.in_flight.set(self._in_flight)
 
     def _reject(self, reason: str, texts: int = 1) -> None:
-        counter = self._rejections.get(reason)
-        if counter is None:  # a labelled child's lookup costs more than the rest of a refusal
-            counter = self._rejections[reason] = self._metrics.queue_rejections.labels(reason)
-        counter.inc(texts)
+        self._rejections(reason).inc(texts)

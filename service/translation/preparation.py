@@ -120,6 +120,8 @@ class _Worker:
         self.address = address
         self.process: multiprocessing.process.BaseProcess | None = None
         self.ready = False
+        # Resolved by the worker's ready message while it is being started.
+        self.started: asyncio.Future[None] | None = None
         self.outstanding: set[int] = set()
 
 
@@ -142,16 +144,16 @@ class Preparer:
             socket = self._sync_context.socket(zmq.PUSH)
             socket.setsockopt(zmq.SNDHWM, 0)
             self._workers.append(_Worker(index, socket, f"ipc://{self._folder}/jobs-{index}"))
-        self._pending: dict[int, tuple[_Worker, asyncio.Future[Any]]] = {}
+        self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
-        self._started: dict[int, asyncio.Future[None]] = {}
         self._receiver: asyncio.Task[None] | None = None
         self._restarts: set[asyncio.Task[None]] = set()
         self._closed = False
 
     @property
     def pids(self) -> list[int | None]:
-        """The workers' process ids (None while one is being started)."""
+        """The workers' process ids: a restarted worker's once it is started, None before the
+        first start."""
         return [w.process.pid if w.process is not None else None for w in self._workers]
 
     async def start(self) -> None:
@@ -212,15 +214,11 @@ class Preparer:
         worker = min(ready, key=lambda w: len(w.outstanding))
         job_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[job_id] = (worker, future)
+        self._pending[job_id] = future
         worker.outstanding.add(job_id)
         try:
-            try:
-                worker.socket.send(
-                    pickle.dumps((job_id, kind, args), protocol=5), flags=zmq.NOBLOCK
-                )
-            except zmq.Again:
-                raise EngineUnavailable("a preparation worker is not reachable; retry") from None
+            # A connecting PUSH without a high-water mark queues: this never blocks.
+            worker.socket.send(pickle.dumps((job_id, kind, args), protocol=5))
             return await future
         finally:
             # Answered, failed or abandoned (the caller left): either way no longer this job's.
@@ -229,7 +227,7 @@ class Preparer:
 
     async def _spawn(self, worker: _Worker) -> None:
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._started[worker.index] = started
+        worker.started = started
         context = multiprocessing.get_context("spawn")
         process = context.Process(
             target=_serve,
@@ -251,14 +249,12 @@ class Preparer:
             if status == _READY:
                 worker = self._workers[payload]
                 worker.ready = True
-                started = self._started.pop(payload, None)
-                if started is not None and not started.done():
-                    started.set_result(None)
+                if worker.started is not None and not worker.started.done():
+                    worker.started.set_result(None)
                 continue
-            entry = self._pending.get(job_id)
-            if entry is None or entry[1].done():
+            future = self._pending.get(job_id)
+            if future is None or future.done():
                 continue  # its caller left, or its worker died and it was failed already
-            future = entry[1]
             if status == "ok":
                 future.set_result(payload)
             elif status == "error":
@@ -272,7 +268,7 @@ class Preparer:
         process.join(0.5)
         was_ready, worker.ready = worker.ready, False
         self._fail(list(worker.outstanding), EngineUnavailable("a preparation worker stopped"))
-        started = self._started.pop(worker.index, None)
+        started = worker.started
         if started is not None and not started.done():
             started.set_exception(
                 EngineUnavailable(
@@ -300,6 +296,6 @@ class Preparer:
 
     def _fail(self, job_ids: list[int], error: ServiceError) -> None:
         for job_id in job_ids:
-            entry = self._pending.get(job_id)
-            if entry is not None and not entry[1].done():
-                entry[1].set_exception(error)
+            future = self._pending.get(job_id)
+            if future is not None and not future.done():
+                future.set_exception(error)
