@@ -21,7 +21,7 @@ import multiprocessing
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import zmq
 import zmq.asyncio
@@ -31,6 +31,7 @@ from service.engine.protocol import (
     Cancel,
     Failed,
     Finished,
+    Peer,
     Ready,
     Shutdown,
     Stats,
@@ -57,8 +58,12 @@ class EngineClient:
         config: EngineConfig,
         loader: Callable[[EngineConfig], object],
         on_exit: Callable[[EngineClient], None] | None = None,
+        followers: Sequence[Peer] = (),
     ) -> None:
+        """``followers``: the sockets of further API processes the engine serves as well (each
+        binds its own results socket; the engine binds their requests sockets)."""
         self._config = config
+        self._followers = list(followers)
         self._loader = loader
         self._on_exit = on_exit
         self._folder = tempfile.mkdtemp(prefix="hymt-engine-")
@@ -108,7 +113,11 @@ class EngineClient:
         context = multiprocessing.get_context("spawn")
         process = context.Process(
             target=run_engine,
-            args=(self._config, self._loader, requests_address, results_address),
+            args=(
+                self._config,
+                self._loader,
+                [(requests_address, results_address), *self._followers],
+            ),
             name="hymt-engine",
             daemon=True,
         )

@@ -6,6 +6,10 @@ from the first moment, loads the engine on its worker thread, sends ``Ready`` wi
 the API process needs, then serves ``Submit`` and ``Cancel`` until ``Shutdown`` (or until the
 API process is gone: an orphaned engine exits by itself rather than holding the GPU).
 
+It can serve several API processes (``peers``, the one that started it first): each has its own
+pair of sockets and its own request ids, gets the answers to its own requests, and every one gets
+``Ready`` and ``Stats``. Only the first may stop the engine.
+
 Every request is one asyncio task awaiting the scheduler; its answer (``Finished`` or
 ``Failed``) is sent the moment it is known. A cancelled task sends nothing: the API process
 already answered its client.
@@ -18,6 +22,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Sequence
 
 import zmq
 import zmq.asyncio
@@ -30,6 +35,7 @@ from service.engine.protocol import (
     Finished,
     FromEngine,
     LoadFailed,
+    Peer,
     Ready,
     Shutdown,
     Stats,
@@ -52,64 +58,67 @@ log = logging.getLogger("service.engine")
 _NICENESS = 5
 
 
-def run_engine(
-    config: EngineConfig, loader: EngineLoader, requests_address: str, results_address: str
-) -> None:
-    """Entry point of the engine process."""
+def run_engine(config: EngineConfig, loader: EngineLoader, peers: Sequence[Peer]) -> None:
+    """Entry point of the engine process; ``peers[0]`` is the API process that started it."""
     configure_logging(config.log_level, process="engine")
     _route_transformers_logs()
     # Ctrl-C reaches the whole process group; the API process decides when the engine stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.nice(_NICENESS)
-    asyncio.run(EngineHost(config, loader, requests_address, results_address).serve())
+    asyncio.run(EngineHost(config, loader, peers).serve())
 
 
 class EngineHost:
     """Owns the engine process's sockets, engine, scheduler and request tasks."""
 
-    def __init__(
-        self,
-        config: EngineConfig,
-        loader: EngineLoader,
-        requests_address: str,
-        results_address: str,
-    ) -> None:
+    def __init__(self, config: EngineConfig, loader: EngineLoader, peers: Sequence[Peer]) -> None:
         self._config = config
         self._loader = loader
-        self._addresses = (requests_address, results_address)
+        self._peers = list(peers)
         self._encoder = encoder()
-        self._tasks: dict[int, asyncio.Task[None]] = {}
+        # Request ids are the sending API process's own: a task is keyed by (peer, id).
+        self._tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self._engine: AnyEngine | None = None
         self._scheduler: GenerationScheduler | None = None
         self._answered = 0
         self._generated = 0
         self._parent = os.getppid()
         self._context = zmq.asyncio.Context()
-        self._inbox = self._context.socket(zmq.PULL)
-        self._outbox = self._context.socket(zmq.PUSH)
-        for socket in (self._inbox, self._outbox):  # admission bounds what is in flight
+        self._inboxes = [self._context.socket(zmq.PULL) for _ in self._peers]
+        self._outboxes = [self._context.socket(zmq.PUSH) for _ in self._peers]
+        for socket in (*self._inboxes, *self._outboxes):  # admission bounds what is in flight
             socket.setsockopt(zmq.SNDHWM, 0)
             socket.setsockopt(zmq.RCVHWM, 0)
 
     async def serve(self) -> None:
-        requests_address, results_address = self._addresses
-        self._inbox.bind(requests_address)
-        self._outbox.connect(results_address)
+        for (requests_address, results_address), inbox, outbox in zip(
+            self._peers, self._inboxes, self._outboxes, strict=True
+        ):
+            inbox.bind(requests_address)
+            outbox.connect(results_address)
         reporter = asyncio.create_task(self._report(), name="engine-stats")
         worker = EngineWorker(lambda: self._loader(self._config))
+        receivers: list[asyncio.Task[None]] = []
         try:
             if await self._start(worker):
-                await self._receive()
+                receivers = [
+                    asyncio.create_task(self._receive(peer), name=f"engine-inbox-{peer}")
+                    for peer in range(1, len(self._peers))
+                ]
+                await self._receive(0)  # the API process that started the engine stops it
         finally:
-            reporter.cancel()
-            for task in list(self._tasks.values()):
+            for task in [reporter, *receivers, *self._tasks.values()]:
                 task.cancel()
-            await asyncio.gather(reporter, *self._tasks.values(), return_exceptions=True)
+            await asyncio.gather(
+                reporter, *receivers, *self._tasks.values(), return_exceptions=True
+            )
             if self._scheduler is not None:
                 await self._scheduler.close(0)
             await worker.close()
-            self._inbox.close(linger=0)
-            self._outbox.close(linger=1000)
+            for inbox in self._inboxes:
+                inbox.close(linger=0)
+            for outbox in self._outboxes:
+                outbox.close(linger=1000)
             self._context.term()
 
     async def _start(self, worker: EngineWorker) -> bool:
@@ -140,20 +149,22 @@ class EngineHost:
         tune_collector()
         return True
 
-    async def _receive(self) -> None:
+    async def _receive(self, peer: int) -> None:
         decoder = engine_decoder()
+        inbox = self._inboxes[peer]
         while True:
-            message = decoder.decode(await self._inbox.recv())
+            message = decoder.decode(await inbox.recv())
             if isinstance(message, Submit):
-                self._tasks[message.id] = asyncio.create_task(self._generate(message))
+                key = (peer, message.id)
+                self._tasks[key] = asyncio.create_task(self._generate(peer, message))
             elif isinstance(message, Cancel):
-                task = self._tasks.get(message.id)
+                task = self._tasks.get((peer, message.id))
                 if task is not None:
                     task.cancel()
-            elif isinstance(message, Shutdown):
+            elif isinstance(message, Shutdown) and peer == 0:
                 return
 
-    async def _generate(self, message: Submit) -> None:
+    async def _generate(self, peer: int, message: Submit) -> None:
         assert self._scheduler is not None
         request = GenerationRequest(
             prompt_ids=tuple(message.prompt_ids),
@@ -180,9 +191,9 @@ class EngineHost:
             failure = GenerationFailed("the model failed to generate")
             answer = Failed(id=message.id, code=failure.code, message=failure.message)
         finally:
-            self._tasks.pop(message.id, None)
+            self._tasks.pop((peer, message.id), None)
             self._answered += 1
-        await self._send(answer)
+        await self._send(answer, peer)
 
     async def _report(self) -> None:
         """The heartbeat: load figures every interval, from before the model is loaded."""
@@ -203,8 +214,12 @@ class EngineHost:
             )
             await asyncio.sleep(self._config.stats_interval_s)
 
-    async def _send(self, message: FromEngine) -> None:
-        await self._outbox.send(self._encoder.encode(message), copy=False)
+    async def _send(self, message: FromEngine, peer: int | None = None) -> None:
+        """To the API process ``peer``; to every one when None (ready, stats, load failure)."""
+        payload = self._encoder.encode(message)
+        outboxes = self._outboxes if peer is None else [self._outboxes[peer]]
+        for outbox in outboxes:
+            await outbox.send(payload, copy=False)
 
 
 def _route_transformers_logs() -> None:

@@ -85,6 +85,10 @@ class Stats(msgspec.Struct, tag="stats", array_like=True):
     memory: dict[str, int]
 
 
+# An API process's (requests, results) socket addresses: the engine binds the first and
+# connects to the second. The API process that started the engine is the first peer.
+Peer = tuple[str, str]
+
 ToEngine = Submit | Cancel | Shutdown
 FromEngine = Ready | LoadFailed | Finished | Failed | Stats
 

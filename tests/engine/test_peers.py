@@ -1,0 +1,56 @@
+"""One engine process serving several API processes: each gets its own answers, all get reports."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from loadtests.ipc import DECODING
+from service.engine.client import EngineClient
+from service.engine.config import BatchingConfig, EngineConfig
+from service.engine.protocol import Finished, Ready, Stats, Submit, api_decoder, encoder
+from service.engine.types import GenerationRequest
+from tests.fakes import FakeControl
+
+
+async def test_a_second_api_process_gets_its_own_answers_and_every_report(
+    tmp_path: Path,
+) -> None:
+    fake = FakeControl(tmp_path / "fake")
+    context = zmq.asyncio.Context()
+    requests, results = context.socket(zmq.PUSH), context.socket(zmq.PULL)
+    follower = (f"ipc://{tmp_path}/f-requests", f"ipc://{tmp_path}/f-results")
+    results.bind(follower[1])
+    requests.connect(follower[0])
+    config = EngineConfig(batching=BatchingConfig(max_batch_size=8, max_wait_s=0.0))
+    leader = EngineClient(config, fake.loader(), followers=[follower])
+    decoder = api_decoder()
+    try:
+        await leader.start()
+
+        async def next_of(kind: type) -> object:
+            while True:
+                message = decoder.decode(await asyncio.wait_for(results.recv(), 10))
+                if isinstance(message, kind):
+                    return message
+
+        assert isinstance(await next_of(Ready), Ready)
+        assert isinstance(await next_of(Stats), Stats)
+        # The same id as a request of the leader's: ids are each API process's own.
+        request = GenerationRequest(tuple(range(5)), 4, DECODING)
+        _, leaders = leader.submit(request, None)
+        submit = Submit(id=1, prompt_ids=[1, 2, 3], max_new_tokens=4, decoding=DECODING)
+        requests.send(encoder().encode(submit))
+        finished = await next_of(Finished)
+        assert isinstance(finished, Finished)
+        assert finished.id == 1
+        assert finished.result.prompt_tokens == 3
+        assert (await asyncio.wait_for(leaders, 10)).result.prompt_tokens == 5
+    finally:
+        await leader.stop()
+        requests.close(linger=0)
+        results.close(linger=0)
+        context.term()
