@@ -142,6 +142,7 @@ class EngineHost:
                 tokenizer=engine.tokenizer,
                 kind=kind,
                 capacity=scheduler.capacity,
+                incarnation=os.getpid(),
             )
         )
         log.info("engine ready", extra={"engine": kind, "capacity": scheduler.capacity})
@@ -155,6 +156,8 @@ class EngineHost:
         while True:
             message = decoder.decode(await inbox.recv())
             if isinstance(message, Submit):
+                if message.incarnation not in (0, os.getpid()):
+                    continue  # sent to an engine before this one; its caller was answered
                 key = (peer, message.id)
                 self._tasks[key] = asyncio.create_task(self._generate(peer, message))
             elif isinstance(message, Cancel):

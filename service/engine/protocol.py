@@ -26,6 +26,10 @@ class Submit(msgspec.Struct, tag="submit", array_like=True):
     decoding: Decoding
     # Seconds left to the deadline when sent (clocks of two processes are not compared).
     timeout_s: float | None = None
+    # The engine (its ``Ready.incarnation``) the request was meant for; another drops it: a
+    # follower's socket may still hold requests for an engine that has since been restarted.
+    # 0: whichever engine receives it (the leader's sockets live as long as one engine).
+    incarnation: int = 0
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):
@@ -52,6 +56,8 @@ class Ready(msgspec.Struct, tag="ready", array_like=True):
     kind: str
     # Texts the engine generates at once at most (batch size, or requests per step).
     capacity: int
+    # Which engine this is (its process id): a new one means the old one's requests are lost.
+    incarnation: int = 0
 
 
 class LoadFailed(msgspec.Struct, tag="load_failed", array_like=True):

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 import zmq
 import zmq.asyncio
 
 from loadtests.ipc import DECODING
 from service.engine.client import EngineClient
 from service.engine.config import BatchingConfig, EngineConfig
+from service.engine.follower import EngineFollower
 from service.engine.protocol import Finished, Ready, Stats, Submit, api_decoder, encoder
 from service.engine.types import GenerationRequest
+from service.errors import EngineUnavailable
+from tests.api.test_faults import until
 from tests.fakes import FakeControl
 
 
@@ -54,3 +58,46 @@ async def test_a_second_api_process_gets_its_own_answers_and_every_report(
         requests.close(linger=0)
         results.close(linger=0)
         context.term()
+
+
+async def test_a_follower_serves_through_the_leaders_engine_and_follows_its_restart(
+    tmp_path: Path,
+) -> None:
+    fake = FakeControl(tmp_path / "fake")
+    peer = (f"ipc://{tmp_path}/f-requests", f"ipc://{tmp_path}/f-results")
+    adopted: list[int] = []
+
+    async def on_ready(ready: Ready) -> None:
+        adopted.append(ready.incarnation)
+
+    follower = EngineFollower(peer, heartbeat_timeout_s=0.5, on_ready=on_ready)
+    follower.start()
+    config = EngineConfig(batching=BatchingConfig(max_batch_size=8, max_wait_s=0.0))
+    request = GenerationRequest(tuple(range(7)), 4, DECODING)
+    first = EngineClient(config, fake.loader(), followers=[peer])
+    try:
+        await first.start()
+        await until(lambda: follower.available)
+        _, answer = follower.submit(request, None)
+        assert (await asyncio.wait_for(answer, 10)).result.prompt_tokens == 7
+        fake.hold()
+        _, held = follower.submit(request, None)
+        await first.stop()  # the engine is gone; the follower hears nothing more
+        await until(lambda: not follower.available, timeout_s=5)
+        follower.check()
+        with pytest.raises(EngineUnavailable):
+            await asyncio.wait_for(held, 5)
+        fake.release()
+        second = EngineClient(config, fake.loader(), followers=[peer])
+        await second.start()
+        try:
+            await until(lambda: follower.available)
+            _, again = follower.submit(request, None)
+            assert (await asyncio.wait_for(again, 10)).result.prompt_tokens == 7
+            assert len(adopted) == 2
+            assert adopted[0] != adopted[1]
+        finally:
+            await second.stop()
+    finally:
+        await first.stop()
+        await follower.stop()
