@@ -8,7 +8,7 @@ background so liveness answers at once) and drains and stops it on shutdown. Thi
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -25,6 +25,7 @@ from service.api.libretranslate import LIBRETRANSLATE, create_libretranslate_app
 from service.api.middleware import NO_TELEMETRY, RequestContextMiddleware
 from service.config import Settings
 from service.engine.factory import EngineLoader, load_engine
+from service.engine.protocol import Peer
 from service.metrics import Metrics
 from service.runtime import Runtime
 
@@ -36,13 +37,16 @@ def create_app(
     metrics: Metrics | None = None,
     on_fatal: Callable[[], None] = lambda: None,
     tune_gc: bool = False,
+    followers: Sequence[Peer] = (),
+    follow: Peer | None = None,
 ) -> FastAPI:
     """A new app with its own runtime and metrics registry; nothing is loaded until it starts.
 
     ``loader`` runs in the engine process and must be picklable (a module-level function, or a
     ``functools.partial`` of one). ``on_fatal`` is called when the engine cannot be (re)started.
     ``tune_gc``: tune the garbage collector once ready (``service.collector``), for a process
-    that is the service.
+    that is the service. ``followers`` / ``follow``: this app leads (starts the engine for)
+    or follows other API processes sharing one engine (``service.policy.following``).
     """
     runtime = Runtime(
         settings.engine_config(),
@@ -53,6 +57,8 @@ def create_app(
         workers=settings.preparation_workers,
         on_fatal=on_fatal,
         tune_gc=tune_gc,
+        followers=followers,
+        follow=follow,
     )
 
     @asynccontextmanager

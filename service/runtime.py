@@ -16,19 +16,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from service.collector import tune_collector
-from service.engine.client import EngineClient
 from service.engine.config import EngineConfig
 from service.engine.encoding import ChatPromptEncoder
-from service.engine.protocol import Ready
+from service.engine.protocol import Peer, Ready
 from service.engine.types import EngineInfo, EngineLoader, GenerationResult
 from service.errors import EngineUnavailable, ServiceError
 from service.metrics import Metrics
 from service.policy.admission import Admission
 from service.policy.config import PolicyConfig
 from service.policy.dispatch import Dispatcher
+from service.policy.following import FollowingSupervisor, Supervision
 from service.policy.supervisor import EngineState, EngineSupervisor
 from service.stalls import StallMonitor
 from service.translation.cache import ResultCache
@@ -53,7 +53,12 @@ class Runtime:
         workers: int = 2,
         on_fatal: Callable[[], None] = lambda: None,
         tune_gc: bool = False,
+        follow: Peer | None = None,
+        followers: Sequence[Peer] = (),
     ) -> None:
+        """``followers``: the sockets of follower API processes the engine serves as well;
+        ``follow``: this API process is one of them, reaching the leader's engine over these
+        sockets (``service.policy.following``)."""
         self.policy = policy
         self.metrics = metrics
         self.started_at = time.monotonic()
@@ -69,9 +74,19 @@ class Runtime:
         self._cache: ResultCache[GenerationResult] = ResultCache(
             translation.cache_size, translation.cache_ttl_s
         )
-        self.supervisor = EngineSupervisor(
-            engine, loader, policy, metrics, on_ready=self._on_ready, on_fatal=on_fatal
-        )
+        self.supervisor: Supervision
+        if follow is None:
+            self.supervisor = EngineSupervisor(
+                engine,
+                loader,
+                policy,
+                metrics,
+                on_ready=self._on_ready,
+                on_fatal=on_fatal,
+                followers=followers,
+            )
+        else:  # a follower API process: the leader runs the engine
+            self.supervisor = FollowingSupervisor(follow, policy, metrics, self._on_ready)
         self.admission = Admission(policy.max_in_flight, metrics, self.supervisor.availability)
         self._dispatcher = Dispatcher(self.supervisor, self.admission, metrics)
         self._languages = LanguageTable()
@@ -179,12 +194,13 @@ class Runtime:
         self.metrics.ready.set(0)
         log.info("draining", extra={"in_flight": self.in_flight, "timeout_s": timeout_s})
         drained = await self.admission.wait_idle(timeout_s)
-        client: EngineClient | None = self.supervisor.client
         # Texts still being prepared must not reach the engine after the drain either.
         self.supervisor.state = EngineState.STOPPING
-        if not drained and client is not None:
+        if not drained:
             log.warning("drain timed out", extra={"in_flight": self.in_flight})
-            client.fail_all(EngineUnavailable("the service shut down before this finished"))
+            self.supervisor.fail_all(
+                EngineUnavailable("the service shut down before this finished")
+            )
 
     async def stop(self, drain_timeout_s: float) -> None:
         """Drain (if SIGTERM did not already), then stop the engine process."""

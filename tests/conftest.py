@@ -92,10 +92,13 @@ async def start_app(make_settings: MakeSettings) -> AsyncIterator[StartApp]:
 
 @contextlib.asynccontextmanager
 async def started(
-    settings: Settings, loader: EngineLoader | None = None
+    settings: Settings, loader: EngineLoader | None = None, **options: Any
 ) -> AsyncIterator[ServiceClient]:
-    """An app started on ``settings`` (demo model unless ``loader``), for wider-scoped fixtures."""
-    app = create_app(settings) if loader is None else create_app(settings, loader=loader)
+    """An app started on ``settings`` (demo model unless ``loader``), for wider-scoped fixtures;
+    ``options`` go to ``create_app``."""
+    if loader is not None:
+        options["loader"] = loader
+    app = create_app(settings, **options)
     async with LifespanManager(app, startup_timeout=120, shutdown_timeout=60) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://service") as http:

@@ -177,5 +177,6 @@ class EngineFollower:
         self._adopting = asyncio.create_task(self._adopt(ready), name="engine-adopt")
 
     async def _adopt(self, ready: Ready) -> None:
-        await self._on_ready(ready)
+        # Takes work from now on: the warm-up that ``on_ready`` may run goes through it.
         self.ready = ready
+        await self._on_ready(ready)

@@ -16,16 +16,14 @@ from service.engine.types import GenerationRequest
 from service.errors import DeadlineExceeded, EngineUnavailable, ServiceError
 from service.metrics import Metrics
 from service.policy.admission import Admission
-from service.policy.supervisor import EngineSupervisor
+from service.policy.following import Supervision
 from service.scheduling.types import Scheduled
 
 
 class Dispatcher:
     """Sends generation requests to the supervised engine."""
 
-    def __init__(
-        self, supervisor: EngineSupervisor, admission: Admission, metrics: Metrics
-    ) -> None:
+    def __init__(self, supervisor: Supervision, admission: Admission, metrics: Metrics) -> None:
         self._supervisor = supervisor
         self._admission = admission
         self._metrics = metrics

@@ -25,11 +25,11 @@ import enum
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from service.engine.client import EngineClient, EngineLoadFailed
 from service.engine.config import EngineConfig
-from service.engine.protocol import Ready, Stats
+from service.engine.protocol import Peer, Ready, Stats
 from service.errors import EngineStalled, EngineUnavailable, NotReady, ServiceError
 from service.metrics import Metrics
 from service.policy.config import PolicyConfig
@@ -59,8 +59,10 @@ class EngineSupervisor:
         metrics: Metrics,
         on_ready: Callable[[Ready], Awaitable[None]],
         on_fatal: Callable[[], None] = lambda: None,
+        followers: Sequence[Peer] = (),
     ) -> None:
         self._engine = engine
+        self._followers = list(followers)
         self._loader = loader
         self._policy = policy
         self._metrics = metrics
@@ -136,6 +138,11 @@ class EngineSupervisor:
         starting = self.state in (EngineState.LOADING, EngineState.WARMING)
         return starting or self.availability() is None
 
+    def fail_all(self, error: ServiceError) -> None:
+        """Answer every request in flight to the engine with ``error`` (a drain that timed out)."""
+        if self.client is not None:
+            self.client.fail_all(error)
+
     async def stop(self) -> None:
         self.state = EngineState.STOPPING
         for task in (self._task, self._watchdog):
@@ -150,7 +157,9 @@ class EngineSupervisor:
         ever_ready = False
         while True:
             self._exit.clear()
-            client = EngineClient(self._engine, self._loader, on_exit=self._exited)
+            client = EngineClient(
+                self._engine, self._loader, on_exit=self._exited, followers=self._followers
+            )
             self.client = client
             started = time.monotonic()
             try:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import httpx
 
+from service.engine.client import EngineClient
 from tests.conftest import ServiceClient, StartApp
 from tests.fakes import FakeControl, process_alive
 
@@ -31,7 +32,7 @@ def send(client: ServiceClient, text: str) -> asyncio.Task[httpx.Response]:
 
 def engine_pid(client: ServiceClient) -> int:
     engine = client.runtime.supervisor.client
-    assert engine is not None
+    assert isinstance(engine, EngineClient)
     assert engine.pid is not None
     return engine.pid
 
