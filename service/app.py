@@ -8,7 +8,7 @@ background so liveness answers at once) and drains and stops it on shutdown. Thi
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -39,6 +39,7 @@ def create_app(
     tune_gc: bool = False,
     followers: Sequence[Peer] = (),
     follow: Peer | None = None,
+    before_engine_stop: Callable[[], Awaitable[None]] | None = None,
 ) -> FastAPI:
     """A new app with its own runtime and metrics registry; nothing is loaded until it starts.
 
@@ -46,7 +47,8 @@ def create_app(
     ``functools.partial`` of one). ``on_fatal`` is called when the engine cannot be (re)started.
     ``tune_gc``: tune the garbage collector once ready (``service.collector``), for a process
     that is the service. ``followers`` / ``follow``: this app leads (starts the engine for)
-    or follows other API processes sharing one engine (``service.policy.following``).
+    or follows other API processes sharing one engine (``service.policy.following``);
+    ``before_engine_stop`` is awaited on shutdown between the drain and the engine's stop.
     """
     runtime = Runtime(
         settings.engine_config(),
@@ -59,6 +61,7 @@ def create_app(
         tune_gc=tune_gc,
         followers=followers,
         follow=follow,
+        before_engine_stop=before_engine_stop,
     )
 
     @asynccontextmanager

@@ -10,6 +10,7 @@ it into the per-layer configs (``engine_config``, ``policy_config``, ``translati
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -65,6 +66,16 @@ class Settings(BaseSettings):
         description="Connections the kernel queues before uvicorn accepts them (capped by "
         "net.core.somaxconn). A burst larger than the queue has its excess SYNs dropped and "
         "retried by the clients after a second: an overload answered late instead of at once.",
+    )
+    api_processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="API processes answering HTTP in front of the one engine process, each "
+        "on the same port (SO_REUSEPORT: the kernel spreads connections over them). One event "
+        "loop answers one request after another, so several turn a flood of thousands away "
+        "sooner. Each admits its share of max_queue_size and keeps its own "
+        "result cache. Rate limits and quotas need one process until they are kept in Redis.",
     )
     drain_timeout_s: float = Field(
         30.0,
@@ -302,6 +313,20 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_api_processes(self) -> Settings:
+        if self.api_processes == 1:
+            return self
+        if self.rate_limit is not None or self.char_quota is not None:
+            # Each process would count on its own: a client would get api_processes times
+            # the limit it was given.
+            raise ValueError("rate_limit and char_quota need api_processes=1")
+        if not hasattr(socket, "SO_REUSEPORT"):
+            raise ValueError("api_processes > 1 needs SO_REUSEPORT (Linux, BSD, macOS)")
+        if self.max_queue_size < self.api_processes:
+            raise ValueError("max_queue_size must be at least api_processes")
+        return self
+
+    @model_validator(mode="after")
     def _check_engine_settings(self) -> Settings:
         kind = self.engine
         if kind != "auto":
@@ -366,6 +391,7 @@ class Settings(BaseSettings):
     def policy_config(self) -> PolicyConfig:
         return PolicyConfig(
             max_in_flight=self.max_queue_size,
+            processes=self.api_processes,
             request_timeout_s=self.request_timeout_s,
             min_request_timeout_s=self.min_request_timeout_s,
             stall_timeout_s=self.stall_timeout_s,

@@ -7,10 +7,18 @@ record at their boundaries: HTTP middleware (requests), translator (cache), admi
 refusals), dispatcher (queue wait, generation time, tokens, failures), supervisor (engine up,
 restarts, load), stall monitor (event-loop lag, collector pauses). Labels stay low-cardinality:
 route templates, status codes, reasons.
+
+With several API processes (``HYMT_API_PROCESSES``) every process records into files of
+prometheus-client's multiprocess mode (``shared_dir``), and ``render`` adds up all of them, so
+``/metrics`` of any process shows the whole service. Each gauge says how its processes' values
+combine (``multiprocess_mode``): counts held per process are summed over the live ones; what
+only the leader records (the engine's reports, the model) is the live maximum; ``ready`` is the
+live minimum (1 only while every process serves).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from prometheus_client import (
@@ -21,10 +29,10 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    Info,
     generate_latest,
 )
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.multiprocess import MultiProcessCollector
 
 if TYPE_CHECKING:
     from service.engine.protocol import Stats
@@ -64,7 +72,10 @@ class Children(Generic[_M]):
 class Metrics:
     """The service's metrics on a private registry."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared_dir: Path | None = None) -> None:
+        """``shared_dir``: the multiprocess-mode directory of a group of API processes (the
+        environment's ``PROMETHEUS_MULTIPROC_DIR``, set before prometheus-client was imported)."""
+        self._shared_dir = shared_dir
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -94,21 +105,27 @@ class Metrics:
             registry=r,
         )
         self.cache_entries = Gauge(
-            f"{PREFIX}_cache_entries", "Translations held by the result cache.", registry=r
+            f"{PREFIX}_cache_entries",
+            "Translations held by the result cache.",
+            multiprocess_mode="livesum",
+            registry=r,
         )
         self.in_flight = Gauge(
             f"{PREFIX}_in_flight_texts",
             "Texts admitted and not yet answered (being prepared, waiting or generating).",
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.queue_depth = Gauge(
             f"{PREFIX}_queue_depth",
             "Texts inside the engine waiting to start generating (engine's last report).",
+            multiprocess_mode="livemax",
             registry=r,
         )
         self.engine_running = Gauge(
             f"{PREFIX}_engine_running_texts",
             "Texts generating right now (engine's last report).",
+            multiprocess_mode="livemax",
             registry=r,
         )
         self.queue_wait = Histogram(
@@ -147,6 +164,7 @@ class Metrics:
         self.engine_up = Gauge(
             f"{PREFIX}_engine_up",
             "1 while an engine process is running and loaded, 0 while it is down or loading.",
+            multiprocess_mode="livemax",
             registry=r,
         )
         self.engine_restarts = Counter(
@@ -164,21 +182,35 @@ class Metrics:
         self.model_load_seconds = Gauge(
             f"{PREFIX}_model_load_seconds",
             "Seconds the model took to load (weights and tokenizer, before warm-up).",
+            multiprocess_mode="livemax",
             registry=r,
         )
         self.model_weights_bytes = Gauge(
-            f"{PREFIX}_model_weights_bytes", "Bytes of the loaded model's weights.", registry=r
+            f"{PREFIX}_model_weights_bytes",
+            "Bytes of the loaded model's weights.",
+            multiprocess_mode="livemax",
+            registry=r,
         )
-        self.model = Info(
-            f"{PREFIX}_model", "The loaded model, dtype, quantization and device.", registry=r
+        # A gauge of 1 rather than an Info (which multiprocess mode lacks); same exposition.
+        self.model = Gauge(
+            f"{PREFIX}_model_info",
+            "The loaded model, dtype, quantization, device and engine (value 1).",
+            ["model", "dtype", "quantization", "device", "engine"],
+            multiprocess_mode="livemax",
+            registry=r,
         )
+        self._model_labels: tuple[str, ...] | None = None
         self.ready = Gauge(
-            f"{PREFIX}_ready", "1 when the model is loaded, warm and serving.", registry=r
+            f"{PREFIX}_ready",
+            "1 when the model is loaded, warm and serving.",
+            multiprocess_mode="livemin",
+            registry=r,
         )
         self.gpu_memory = Gauge(
             f"{PREFIX}_gpu_memory_bytes",
             "Accelerator memory held by the model process, by kind (allocated, reserved).",
             ["kind"],
+            multiprocess_mode="livemax",
             registry=r,
         )
 
@@ -207,6 +239,18 @@ class Metrics:
         for kind, value in stats.memory.items():
             self.gpu_memory.labels(kind=kind).set(value)
 
+    def record_model(self, labels: tuple[str, str, str, str, str]) -> None:
+        """The loaded model's description (model, dtype, quantization, device, engine)."""
+        if self._model_labels is not None and self._model_labels != labels:
+            # Set to 0, not removed: a multiprocess file keeps every value it was ever given.
+            self.model.labels(*self._model_labels).set(0)
+        self._model_labels = labels
+        self.model.labels(*labels).set(1)
+
     def render(self) -> bytes:
-        """The exposition text of every metric."""
-        return generate_latest(self.registry)
+        """The exposition text of every metric (of every API process, with several)."""
+        if self._shared_dir is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(self._shared_dir))  # type: ignore[no-untyped-call]
+        return generate_latest(registry)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from service.collector import tune_collector
 from service.engine.config import EngineConfig
@@ -55,6 +55,7 @@ class Runtime:
         tune_gc: bool = False,
         follow: Peer | None = None,
         followers: Sequence[Peer] = (),
+        before_engine_stop: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """``followers``: the sockets of follower API processes the engine serves as well;
         ``follow``: this API process is one of them, reaching the leader's engine over these
@@ -67,6 +68,7 @@ class Runtime:
         self.engine_kind: str | None = None
         self._translation = translation
         self._workers = workers
+        self._before_engine_stop = before_engine_stop
         # Only where this process is the service (not, say, a test process hosting many apps).
         self._tune_collector = tune_gc
         self._preparer: Preparer | None = None
@@ -87,7 +89,12 @@ class Runtime:
             )
         else:  # a follower API process: the leader runs the engine
             self.supervisor = FollowingSupervisor(follow, policy, metrics, self._on_ready)
-        self.admission = Admission(policy.max_in_flight, metrics, self.supervisor.availability)
+        self.admission = Admission(
+            policy.max_in_flight,
+            metrics,
+            self.supervisor.availability,
+            processes=policy.processes,
+        )
         self._dispatcher = Dispatcher(self.supervisor, self.admission, metrics)
         self._languages = LanguageTable()
         self._stalls = StallMonitor(metrics)
@@ -205,6 +212,8 @@ class Runtime:
     async def stop(self, drain_timeout_s: float) -> None:
         """Drain (if SIGTERM did not already), then stop the engine process."""
         await self.drain(drain_timeout_s)
+        if self._before_engine_stop is not None:
+            await self._before_engine_stop()
         await self.supervisor.stop()
         if self._preparer is not None:
             self._preparer.close()

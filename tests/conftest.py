@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -103,7 +104,7 @@ async def started(
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://service") as http:
             client = ServiceClient(app, http)
-            await client.runtime.wait_started()
+            await asyncio.wait_for(client.runtime.wait_started(), 120)
             yield client
 
 

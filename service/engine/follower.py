@@ -31,6 +31,7 @@ from service.engine.protocol import (
     Cancel,
     Failed,
     Finished,
+    Hello,
     Peer,
     Ready,
     Stats,
@@ -87,6 +88,8 @@ class EngineFollower:
         requests_address, results_address = self._peer
         self._results.bind(results_address)
         self._requests.connect(requests_address)
+        # An engine that is ready already sends its Ready again (queued until it is reached).
+        self._send(Hello())
         self._receiver = asyncio.create_task(self._receive(), name="engine-follower")
 
     def check(self) -> None:
@@ -137,7 +140,7 @@ class EngineFollower:
         self._context.term()
         self._sync_context.term()
 
-    def _send(self, message: Submit | Cancel) -> None:
+    def _send(self, message: Submit | Cancel | Hello) -> None:
         try:
             self._requests.send(self._encoder.encode(message), flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:

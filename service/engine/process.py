@@ -34,6 +34,7 @@ from service.engine.protocol import (
     Failed,
     Finished,
     FromEngine,
+    Hello,
     LoadFailed,
     Peer,
     Ready,
@@ -80,6 +81,7 @@ class EngineHost:
         self._tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self._engine: AnyEngine | None = None
         self._scheduler: GenerationScheduler | None = None
+        self._ready: Ready | None = None
         self._answered = 0
         self._generated = 0
         self._parent = os.getppid()
@@ -136,15 +138,14 @@ class EngineHost:
             log.exception("engine failed to load")
             await self._send(LoadFailed(message=f"{type(error).__name__}: {error}"))
             return False
-        await self._send(
-            Ready(
-                info=engine.info,
-                tokenizer=engine.tokenizer,
-                kind=kind,
-                capacity=scheduler.capacity,
-                incarnation=os.getpid(),
-            )
+        self._ready = Ready(
+            info=engine.info,
+            tokenizer=engine.tokenizer,
+            kind=kind,
+            capacity=scheduler.capacity,
+            incarnation=os.getpid(),
         )
+        await self._send(self._ready)
         log.info("engine ready", extra={"engine": kind, "capacity": scheduler.capacity})
         # Collector pauses would stall every request's generation at once.
         tune_collector()
@@ -164,6 +165,8 @@ class EngineHost:
                 task = self._tasks.get((peer, message.id))
                 if task is not None:
                     task.cancel()
+            elif isinstance(message, Hello) and self._ready is not None:
+                await self._send(self._ready, peer)  # a follower started after the Ready
             elif isinstance(message, Shutdown) and peer == 0:
                 return
 

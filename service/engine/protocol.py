@@ -5,7 +5,8 @@ msgpack through msgspec: typed structs, tagged so one decoder reads every kind, 
 answers and reports flow engine -> API on another. Ids are integers the API process assigns.
 
 API -> engine: ``Submit`` (a prompt to generate from, with the seconds left to its deadline),
-``Cancel`` (the caller went away or gave up), ``Shutdown``.
+``Cancel`` (the caller went away or gave up), ``Shutdown``, ``Hello`` (a follower API process
+started after the engine: it is sent the engine's ``Ready`` again).
 Engine -> API: ``Ready`` (loaded and warm enough to take work: what the model is and the
 tokenizer the API needs to build prompts), ``LoadFailed``, ``Finished`` and ``Failed`` (one
 per submitted request), and ``Stats`` every ``stats_interval_s`` from the moment the process
@@ -37,6 +38,10 @@ class Cancel(msgspec.Struct, tag="cancel", array_like=True):
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
+    pass
+
+
+class Hello(msgspec.Struct, tag="hello", array_like=True):
     pass
 
 
@@ -95,7 +100,7 @@ class Stats(msgspec.Struct, tag="stats", array_like=True):
 # connects to the second. The API process that started the engine is the first peer.
 Peer = tuple[str, str]
 
-ToEngine = Submit | Cancel | Shutdown
+ToEngine = Submit | Cancel | Shutdown | Hello
 FromEngine = Ready | LoadFailed | Finished | Failed | Stats
 
 

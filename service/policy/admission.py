@@ -27,6 +27,10 @@ the load its predecessors' rate was measured at.
 ``retry_after_s`` is the one estimator of Retry-After for every refusal: the time the current
 backlog needs to drain at that rate.
 
+With several API processes in front of one engine each process admits its share: the bound and
+the capacity are divided by the number of processes, and the rate and the load it was measured
+at are each process's own, so their ratio stays the engine's.
+
 The rate is a ratio of two exponentially decaying sums (answers, busy seconds) with the same time
 constant, updated in O(1) at every admission, answer and release.
 """
@@ -86,8 +90,11 @@ class Admission:
         metrics: Metrics,
         availability: Callable[[], ServiceError | None],
         clock: Callable[[], float] = time.monotonic,
+        processes: int = 1,
     ) -> None:
-        self._max = max_in_flight
+        """``processes``: API processes sharing the engine, each admitting its share."""
+        self._processes = processes
+        self._max = max(1, max_in_flight // processes)
         self._metrics = metrics
         self._availability = availability
         self._clock = clock
@@ -126,7 +133,7 @@ class Admission:
 
     def set_capacity(self, capacity: int) -> None:
         """Texts the engine generates at once (from its ``Ready``)."""
-        self._capacity = max(1, capacity)
+        self._capacity = max(1, capacity // self._processes)
 
     @property
     def full(self) -> bool:

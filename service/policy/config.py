@@ -9,6 +9,9 @@ from dataclasses import dataclass
 class PolicyConfig:
     # Most texts admitted and not yet answered; beyond it, 429.
     max_in_flight: int = 1024
+    # API processes sharing one engine: each admits its share of max_in_flight and of the
+    # engine's capacity (connections are spread evenly over the processes by the kernel).
+    processes: int = 1
     # Deadline of a request, and the least a client may ask for with X-Request-Timeout.
     request_timeout_s: float = 100.0
     min_request_timeout_s: float = 0.1

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from service.engine.follower import EngineFollower
-from service.engine.protocol import Peer, Ready, Stats
+from service.engine.protocol import Peer, Ready
 from service.errors import EngineUnavailable, NotReady, ServiceError
 from service.metrics import Metrics
 from service.policy.config import PolicyConfig
@@ -43,7 +43,6 @@ class FollowingSupervisor:
         self.state = EngineState.LOADING
         self._settled = asyncio.Event()
         self._watchdog: asyncio.Task[None] | None = None
-        self._recorded: Stats | None = None
 
     def start(self) -> None:
         self.client.start()
@@ -97,6 +96,8 @@ class FollowingSupervisor:
         self._settled.set()
 
     async def _watch(self) -> None:
+        # The engine's reports are not recorded here but by the leader: recorded by every
+        # process, a histogram such as the batch size would count each report once per process.
         while True:
             await asyncio.sleep(_WATCH_PERIOD_S)
             if self.state is not EngineState.READY:
@@ -107,11 +108,6 @@ class FollowingSupervisor:
                 self.state = EngineState.RESTARTING
                 self._metrics.engine_up.set(0)
                 self._metrics.ready.set(0)
-                continue
-            stats = self.client.stats
-            if stats is not None and stats is not self._recorded:
-                self._recorded = stats
-                self._metrics.record_engine(stats)
 
 
 # What the runtime and the dispatcher supervise through, in a leader or a follower.

@@ -268,12 +268,6 @@ class EngineSupervisor:
         info = ready.info
         self._metrics.model_load_seconds.set(info.load_seconds)
         self._metrics.model_weights_bytes.set(info.weights_bytes)
-        self._metrics.model.info(
-            {
-                "model": info.model,
-                "dtype": info.dtype,
-                "quantization": info.quantization,
-                "device": info.device,
-                "engine": ready.kind,
-            }
+        self._metrics.record_model(
+            (info.model, info.dtype, info.quantization, info.device, ready.kind)
         )

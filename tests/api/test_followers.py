@@ -13,23 +13,25 @@ from tests.fakes import FakeControl
 BODY = {"text": "hello", "target_lang": "de"}
 
 
-async def test_a_follower_translates_through_the_leaders_engine(
+async def test_a_follower_started_again_translates_through_the_leaders_engine(
     make_settings: MakeSettings, tmp_path: Path
 ) -> None:
     fake = FakeControl(tmp_path / "fake")
     peer = (f"ipc://{tmp_path}/follower-requests", f"ipc://{tmp_path}/follower-results")
     settings = make_settings(warmup=False)
-    async with (
-        started(settings, fake.loader(), followers=[peer]) as leader,
-        started(settings, follow=peer) as follower,
-    ):
-        await until(lambda: follower.runtime.failure() is None)
-        for client in (leader, follower):
-            health = await client.http.get("/health")
-            assert health.status_code == 200, health.text
-            answer = await client.http.post("/translate", json=BODY)
-            assert answer.status_code == 200, answer.text
-        assert follower.runtime.supervisor.working_client() is not None
+    async with started(settings, fake.loader(), followers=[peer]) as leader:
+        async with started(settings, follow=peer) as first:
+            await until(lambda: first.runtime.failure() is None)
+        # A follower started again on the same sockets, after the engine's Ready was taken by
+        # its predecessor (as the launcher restarts one that died): it asks for it again.
+        async with started(settings, follow=peer) as follower:
+            await until(lambda: follower.runtime.failure() is None)
+            for client in (leader, follower):
+                health = await client.http.get("/health")
+                assert health.status_code == 200, health.text
+                answer = await client.http.post("/translate", json=BODY)
+                assert answer.status_code == 200, answer.text
+            assert follower.runtime.supervisor.working_client() is not None
 
 
 async def test_a_follower_follows_the_leaders_engine_through_its_restart(
