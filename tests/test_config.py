@@ -32,3 +32,12 @@ def test_invalid_values_are_refused() -> None:
         Settings(_env_file=None, quantization="int4")
     with pytest.raises(ValidationError, match="max_input_tokens"):
         Settings(_env_file=None, max_input_tokens=4096, max_batch_tokens=1024)
+
+
+def test_several_api_processes_refuse_limits_each_would_count_alone() -> None:
+    with pytest.raises(ValidationError, match="rate_limit and char_quota need api_processes=1"):
+        Settings(_env_file=None, api_processes=4, rate_limit="10/minute")
+    with pytest.raises(ValidationError, match="rate_limit and char_quota"):
+        Settings(_env_file=None, api_processes=2, char_quota="1000/hour")
+    policy = Settings(_env_file=None, api_processes=4, max_queue_size=512).policy_config()
+    assert (policy.max_in_flight, policy.processes) == (512, 4)

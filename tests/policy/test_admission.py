@@ -102,3 +102,14 @@ def test_a_deadline_already_past_and_a_closed_gate_are_refused() -> None:
     gate.close()
     with pytest.raises(EngineUnavailable):
         gate.reserve(1, None)
+
+
+def test_each_of_several_api_processes_admits_its_share_of_the_bound() -> None:
+    made = Admission(10, Metrics(), lambda: None, processes=4)
+    made.set_capacity(8)
+    held = [made.reserve(1, None) for _ in range(2)]
+    assert made.full  # 10 // 4
+    with pytest.raises(Overloaded):
+        made.reserve(1, None)
+    held[0].release()
+    assert not made.full

@@ -1,0 +1,127 @@
+"""Several API processes in front of one engine (HYMT_API_PROCESSES): real processes on loopback.
+
+The connections are spread over the processes by the kernel, /metrics of any of them counts all,
+a follower that dies is started again, and SIGTERM to the launcher drains every process and
+stops the engine last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.deploy.conftest import Process, start_service
+from tests.deploy.test_lifecycle import metric
+
+PROCESSES = 3
+
+
+@pytest.fixture(scope="module")
+def group(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    log = tmp_path_factory.mktemp("processes") / "service.log"
+    process = start_service(data_dir, log, HYMT_API_PROCESSES=str(PROCESSES))
+    yield process
+    process.stop()
+
+
+def records(log: Path) -> list[dict[str, object]]:
+    lines = log.read_text("utf-8", errors="replace").splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def server_pids(log: Path) -> dict[str, int]:
+    """The latest uvicorn server pid of each API process, from the log."""
+    pids: dict[str, int] = {}
+    for record in records(log):
+        found = re.match(r"Started server process \[(\d+)\]", str(record.get("message")))
+        if found:
+            pids[str(record["process_kind"])] = int(found.group(1))
+    return pids
+
+
+async def translate_on_fresh_connections(url: str, count: int, tag: str) -> list[int]:
+    # No keep-alive: each request is a new connection, which the kernel may hand to any process.
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        responses = await asyncio.gather(
+            *(
+                client.post("/translate", json={"text": f"{tag} {i}", "target_lang": "de"})
+                for i in range(count)
+            )
+        )
+    return [response.status_code for response in responses]
+
+
+async def test_every_process_serves_and_metrics_count_them_all(group: Process) -> None:
+    before = metric(group.url, 'hymt_requests_total{method="POST",route="/translate",status="200"}')
+    assert await translate_on_fresh_connections(group.url, 60, "spread") == [200] * 60
+    served = Counter(
+        str(record["process_kind"])
+        for record in records(group.log)
+        if record.get("message") == "request" and record.get("route") == "/translate"
+    )
+    assert len(served) >= 2, served  # spread over the processes, not all on one
+    # Whichever process answers /metrics, it counts the requests every process answered.
+    series = 'hymt_requests_total{method="POST",route="/translate",status="200"}'
+    for _ in range(5):
+        assert metric(group.url, series) == before + 60
+    assert metric(group.url, "hymt_ready") == 1
+    assert metric(group.url, "hymt_engine_up") == 1
+
+
+async def test_a_follower_that_dies_is_started_again(group: Process) -> None:
+    killed = server_pids(group.log)["api-2"]
+    os.kill(killed, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while server_pids(group.log).get("api-2") == killed:
+        assert time.monotonic() < deadline, group.log.read_text()
+        await asyncio.sleep(0.2)
+    # The new one takes its share of the connections once it has adopted the engine.
+    while metric(group.url, "hymt_ready") != 1:
+        assert time.monotonic() < deadline, group.log.read_text()
+        await asyncio.sleep(0.2)
+    assert await translate_on_fresh_connections(group.url, 30, "again") == [200] * 30
+
+
+async def test_sigterm_drains_every_process_and_stops_the_engine_last(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    service = start_service(
+        data_dir,
+        tmp_path / "service.log",
+        HYMT_API_PROCESSES="2",
+        HYMT_MAX_NEW_TOKENS="96",
+        HYMT_OUTPUT_TOKENS_RATIO="16",
+        HYMT_MAX_BATCH_SIZE="4",
+        HYMT_DRAIN_TIMEOUT_S="60",
+    )
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=service.url, timeout=120, limits=limits) as client:
+        requests = [
+            asyncio.ensure_future(
+                client.post("/translate", json={"text": f"drained {i}", "target_lang": "de"})
+            )
+            for i in range(16)
+        ]
+        for _ in range(300):
+            if metric(service.url, "hymt_in_flight_texts") >= 8:
+                break
+            await asyncio.sleep(0.02)
+        service.popen.send_signal(signal.SIGTERM)
+        responses = await asyncio.gather(*requests)
+    assert [r.status_code for r in responses] == [200] * 16
+    assert service.popen.wait(timeout=90) == 0
+    logged = records(service.log)
+    # The engine was stopped (not found dead) after both processes had drained.
+    assert not [r for r in logged if r.get("message") == "engine process exited"]
+    assert any(r.get("message") == "engine process stopped" for r in logged)
