@@ -256,10 +256,12 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     return result
 
 
-def refusal_times(log: Path) -> dict[str, float]:
+def refusal_times(log: Path) -> dict[str, object]:
     """p50/p99/max of the 429s in the service's access log: first byte in to response start,
-    the service's own share of a refusal (client-side times add queueing on both ends)."""
+    the service's own share of a refusal (client-side times add queueing on both ends), and
+    how many each API process answered (how evenly the kernel spread the connections)."""
     times: list[float] = []
+    by_process: dict[str, int] = {}
     for line in log.read_text(errors="replace").splitlines():
         if '"service.access"' not in line:
             continue
@@ -269,7 +271,10 @@ def refusal_times(log: Path) -> dict[str, float]:
             continue
         if entry.get("status") == 429 and "duration_ms" in entry:
             times.append(float(entry["duration_ms"]))
+            process = str(entry.get("process_kind"))
+            by_process[process] = by_process.get(process, 0) + 1
     return {
+        "by_process": dict(sorted(by_process.items())),
         "count": len(times),
         "p50": loadgen.percentile(times, 0.5),
         "p99": loadgen.percentile(times, 0.99),

@@ -274,7 +274,8 @@ class Settings(BaseSettings):
         None,
         ge=1,
         description="Worker processes that detect languages and tokenize, off the API "
-        "process's event loop (unset: a quarter of the CPU cores, 1 to 8).",
+        "process's event loop (unset: a quarter of the CPU cores, 1 to 8, shared out over the API "
+        "processes, at least 1 each).",
     )
 
     # --- micro-batching ----------------------------------------------------------------------
@@ -337,7 +338,8 @@ class Settings(BaseSettings):
     def preparation_workers(self) -> int:
         if self.prepare_workers is not None:
             return self.prepare_workers
-        return max(1, min(8, (os.cpu_count() or 2) // 4))
+        # The quarter of the cores is shared by all API processes: each has workers of its own.
+        return max(1, min(8, (os.cpu_count() or 2) // 4) // self.api_processes)
 
     @property
     def uses_demo_model(self) -> bool:
