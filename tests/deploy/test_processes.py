@@ -100,9 +100,9 @@ async def test_sigterm_drains_every_process_and_stops_the_engine_last(
         data_dir,
         tmp_path / "service.log",
         HYMT_API_PROCESSES="2",
-        HYMT_MAX_NEW_TOKENS="96",
+        HYMT_MAX_NEW_TOKENS="192",
         HYMT_OUTPUT_TOKENS_RATIO="16",
-        HYMT_MAX_BATCH_SIZE="4",
+        HYMT_MAX_BATCH_SIZE="2",
         HYMT_DRAIN_TIMEOUT_S="60",
     )
     limits = httpx.Limits(max_keepalive_connections=0)
@@ -113,10 +113,12 @@ async def test_sigterm_drains_every_process_and_stops_the_engine_last(
             )
             for i in range(16)
         ]
-        for _ in range(300):
-            if metric(service.url, "hymt_in_flight_texts") >= 8:
+        # Every one admitted (in either process) before the signal: what comes after is 503.
+        for _ in range(500):
+            if metric(service.url, "hymt_in_flight_texts") == 16:
                 break
             await asyncio.sleep(0.02)
+        assert metric(service.url, "hymt_in_flight_texts") == 16
         service.popen.send_signal(signal.SIGTERM)
         responses = await asyncio.gather(*requests)
     assert [r.status_code for r in responses] == [200] * 16
