@@ -113,15 +113,22 @@ async def test_sigterm_drains_every_process_and_stops_the_engine_last(
             )
             for i in range(16)
         ]
-        # Every one admitted (in either process) before the signal: what comes after is 503.
         for _ in range(500):
-            if metric(service.url, "hymt_in_flight_texts") == 16:
+            held = metric(service.url, "hymt_in_flight_texts")
+            if held >= 4:
                 break
             await asyncio.sleep(0.02)
-        assert metric(service.url, "hymt_in_flight_texts") == 16
+        assert held >= 4
         service.popen.send_signal(signal.SIGTERM)
         responses = await asyncio.gather(*requests)
-    assert [r.status_code for r in responses] == [200] * 16
+    # What was admitted (in either process) when the signal came finished; what came after
+    # was refused in JSON.
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 503}, statuses
+    assert statuses.count(200) >= held
+    for response in responses:
+        if response.status_code == 503:
+            assert response.json()["error"]["code"] == "engine_unavailable"
     assert service.popen.wait(timeout=90) == 0
     logged = records(service.log)
     # The engine was stopped (not found dead) after both processes had drained.
