@@ -69,6 +69,8 @@ class GoodputReport:
 
 
 Outcomes = list[tuple[int, float]]
+# While sending a burst, answers already in are read after every this many requests.
+_READ_EVERY = 16
 
 
 def _request_bytes(host: str, job: Job) -> bytes:
@@ -95,12 +97,16 @@ class _Exchange:
     def connect(self, address: tuple[str, int]) -> None:
         self.socket = socket.create_connection(address, timeout=30)
         self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.socket.setblocking(False)
 
     def send(self) -> None:
         assert self.socket is not None
         self.started = time.perf_counter()
-        self.socket.sendall(self.request)
-        self.socket.setblocking(False)
+        sent = self.socket.send(self.request)  # a few hundred bytes: all fit the empty buffer
+        if sent < len(self.request):
+            self.socket.setblocking(True)
+            self.socket.sendall(self.request[sent:])
+            self.socket.setblocking(False)
 
     def receive(self) -> bool:
         """Read what has arrived; True once the answer is complete (or the peer closed)."""
@@ -142,29 +148,38 @@ def _burst(
     address = (parts.hostname or "127.0.0.1", parts.port or 80)
     host = f"{address[0]}:{address[1]}"
     exchanges = [_Exchange(_request_bytes(host, job)) for job in make_jobs(count, seed=seed)]
-    if warm:
+    selector = selectors.DefaultSelector()
+    if warm:  # connected and registered before the barrier: only the sends are in the window
         for exchange in exchanges:
             exchange.connect(address)
+            selector.register(exchange.socket, selectors.EVENT_READ, exchange)  # type: ignore[arg-type]
     start.wait()  # type: ignore[attr-defined]
-    selector = selectors.DefaultSelector()
-    for exchange in exchanges:
+    pending = len(exchanges)
+
+    def read(timeout: float) -> None:
+        nonlocal pending
+        for key, _ in selector.select(timeout=timeout):
+            exchange = key.data
+            if exchange.receive():
+                selector.unregister(key.fileobj)
+                pending -= 1
+
+    for index, exchange in enumerate(exchanges):
         if not warm:
             began = time.perf_counter()
             exchange.connect(address)
             exchange.send()
             exchange.started = began  # cold: the connection's setup is part of the wait
+            selector.register(exchange.socket, selectors.EVENT_READ, exchange)  # type: ignore[arg-type]
         else:
             exchange.send()
-        assert exchange.socket is not None
-        selector.register(exchange.socket, selectors.EVENT_READ, exchange)
-    pending = len(exchanges)
+        if index % _READ_EVERY == _READ_EVERY - 1:
+            # Answers that arrived while sending are read now, not once every request is out:
+            # otherwise the client's own sending would be timed as the service's answer.
+            read(0)
     deadline = time.perf_counter() + timeout_s
     while pending and time.perf_counter() < deadline:
-        for key, _ in selector.select(timeout=1.0):
-            exchange = key.data
-            if exchange.receive():
-                selector.unregister(key.fileobj)
-                pending -= 1
+        read(1.0)
     outcomes: Outcomes = []
     for exchange in exchanges:
         assert exchange.socket is not None

@@ -8,7 +8,10 @@
 - Body limit: a body over ``max_body_bytes`` is answered 413 before the route parses it, whether
   the client declared its length or streamed it chunked.
 - Metrics and access log: count and latency by route template (not raw path: bounded labels),
-  one structured log line per request, never the request's texts.
+  one structured log line per request, never the request's texts. Refusals at the door are
+  counted in the metrics one by one but logged as one line a second (``DoorRefusals``): under a
+  flood the log line was a large share of what each refusal cost, and a line with the count
+  says more than thousands of identical ones.
 - Disconnects: a client that goes away before its answer cancels its request (status 499 in
   logs and metrics), so its queued texts are dropped before they reach the model.
 - Last resort: an exception no handler took becomes a 500 in the one error shape.
@@ -21,6 +24,7 @@ import logging
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +48,41 @@ Refuse = Callable[[Scope], Response | None]
 NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
 
 
+# Refusals at the door are summed up in one log line per this many seconds.
+_SUMMARY_PERIOD_S = 1.0
+
+
+class DoorRefusals:
+    """Refusals at the door, logged together: count, routes and durations per period."""
+
+    def __init__(self) -> None:
+        self._durations: list[float] = []
+        self._routes: Counter[str] = Counter()
+
+    def add(self, route: str, seconds: float) -> None:
+        if not self._durations:
+            asyncio.get_running_loop().call_later(_SUMMARY_PERIOD_S, self.flush)
+        self._durations.append(seconds)
+        self._routes[route] += 1
+
+    def flush(self) -> None:
+        durations, self._durations = sorted(self._durations), []
+        routes, self._routes = dict(self._routes), Counter()
+        if not durations:
+            return
+        log.info(
+            "refused at the door",
+            extra={
+                "status": 429,
+                "count": len(durations),
+                "routes": routes,
+                "duration_ms_p50": round(durations[len(durations) // 2] * 1000, 3),
+                "duration_ms_p99": round(durations[int(len(durations) * 0.99)] * 1000, 3),
+                "duration_ms_max": round(durations[-1] * 1000, 3),
+            },
+        )
+
+
 class RequestContextMiddleware:
     def __init__(
         self,
@@ -59,6 +98,7 @@ class RequestContextMiddleware:
         self.refuse = refuse
         self._requests = Children(metrics.requests)
         self._durations = Children(metrics.request_duration)
+        self._door = DoorRefusals()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -190,6 +230,9 @@ class RequestContextMiddleware:
         method = scope["method"]
         self._requests(route, method, str(status)).inc()
         self._durations(route, method).observe(seconds)
+        if path is not None and status == 429:
+            self._door.add(route, seconds)
+            return
         log.info(
             "request",
             extra={

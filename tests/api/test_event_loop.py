@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 from collections.abc import Callable
@@ -101,3 +102,29 @@ async def test_a_burst_is_turned_away_at_the_door_once_its_first_requests_fill_t
     assert statuses == [429] * 20
     fake.release()
     assert [(await task).status_code for task in tasks[:bound]] == [200] * bound
+
+
+async def test_refusals_at_the_door_are_logged_as_one_line_with_their_count(
+    start_app: StartApp, fake: FakeControl, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = await start_app(loader=fake.loader(), warmup=False, max_queue_size=1)
+    fake.hold()
+    held = asyncio.ensure_future(
+        client.http.post("/translate", json={"text": "held", "target_lang": "de"})
+    )
+    await until(lambda: client.runtime.in_flight == 1)
+    with caplog.at_level(logging.INFO, logger="service.access"):
+        refused = [
+            await client.http.post("/translate", json={"text": f"x{i}", "target_lang": "de"})
+            for i in range(30)
+        ]
+        assert [r.status_code for r in refused] == [429] * 30
+        await until(lambda: any(r.getMessage() == "refused at the door" for r in caplog.records))
+    summaries = [r for r in caplog.records if r.getMessage() == "refused at the door"]
+    assert [(s.count, s.routes) for s in summaries] == [(30, {"/translate": 30})]  # type: ignore[attr-defined]
+    assert not [r for r in caplog.records if r.getMessage() == "request"]
+    # Counted one by one in the metrics all the same.
+    metrics = (await client.http.get("/metrics")).text
+    assert 'hymt_requests_total{method="POST",route="/translate",status="429"} 30.0' in metrics
+    fake.release()
+    assert (await held).status_code == 200
