@@ -22,7 +22,7 @@ from service.api import native, probes
 from service.api.deepl import DEEPL, create_deepl_app
 from service.api.errors import NATIVE, install_error_handlers
 from service.api.libretranslate import LIBRETRANSLATE, create_libretranslate_app
-from service.api.middleware import NO_TELEMETRY, RequestContextMiddleware
+from service.api.middleware import NO_TELEMETRY, Door, RequestContextMiddleware
 from service.config import Settings
 from service.engine.factory import EngineLoader, load_engine
 from service.engine.protocol import Peer
@@ -67,6 +67,11 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime.start()
+        if follow is not None:
+            # A follower starts listening only once it serves (uvicorn listens after start-up):
+            # until then the kernel hands its share of the connections to the processes that
+            # listen, rather than to one that could only answer 503.
+            await runtime.wait_started()
         try:
             yield
         finally:
@@ -97,11 +102,13 @@ def create_app(
             allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
             expose_headers=["X-Request-ID", "X-Queue-Time-Ms", "X-Inference-Time-Ms", "X-Cache"],
         )
+    door = Door(runtime.metrics, functools.partial(refuse_when_full, runtime))
+    app.state.door = door  # the HTTP server's protocol refuses through it too
     app.add_middleware(
         RequestContextMiddleware,
         metrics=runtime.metrics,
         max_body_bytes=settings.max_body_bytes,
-        refuse=functools.partial(refuse_when_full, runtime),
+        door=door,
     )
     return app
 

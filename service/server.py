@@ -14,13 +14,18 @@ import asyncio
 import logging
 import signal
 import socket
+import time
 from collections.abc import Callable, Collection
+from http import HTTPStatus
 from types import FrameType
+from typing import Any, cast
 
 import uvicorn
 from fastapi import FastAPI
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from starlette.types import ASGIApp, Scope
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from service.api.middleware import Door, request_id_of
 from service.config import Settings
 from service.runtime import Runtime
 
@@ -122,17 +127,63 @@ class _CoalescedWrites:
         return getattr(self._transport, name)
 
 
-class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, writing each response in one system call."""
+class ServiceHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with two shortcuts for the answers a flood gets most.
+
+    - Each response leaves in one system call (``_CoalescedWrites``).
+    - A request the app's ``Door`` refuses (a translation while admission is full) is answered
+      here, once its head is parsed, without becoming an ASGI request: no task, no middleware,
+      no framework, which is most of what such a refusal cost. Its body is skipped by the
+      parser as for any finished response, and the connection is kept alive as HTTP says.
+    """
+
+    def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        self._door: Door | None = getattr(config, "door", None)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         coalesced = _CoalescedWrites(transport, asyncio.get_running_loop())
         super().connection_made(coalesced)  # type: ignore[arg-type]
 
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        started = time.perf_counter()
+        door = self._door
+        scope = cast(Scope, cycle.scope)
+        refusal = door.refusal(scope) if door is not None else None
+        if refusal is None:
+            super()._start_asgi_task(cycle, app)
+            return
+        assert door is not None
+        status = refusal.status_code
+        head = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())]
+        for name, value in (*self.server_state.default_headers, *refusal.raw_headers):
+            head += (name, b": ", value, b"\r\n")
+        head += (b"x-request-id: ", request_id_of(scope).encode(), b"\r\n")
+        if not cycle.keep_alive:
+            head.append(b"connection: close\r\n")
+        self.transport.write(b"".join((*head, b"\r\n", refusal.body)))
+        # As uvicorn's own cycle ends a response: later body bytes are ignored, the connection
+        # is closed or kept alive, and a pipelined request (if any) is started.
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            self.transport.close()
+        cycle.on_response()
+        door.record(scope, time.perf_counter() - started)
+
+
+class ServiceConfig(uvicorn.Config):
+    """uvicorn's config, carrying the app's door to the protocol."""
+
+    def __init__(self, app: ASGIApp, *, door: Door | None, **options: Any) -> None:
+        super().__init__(app, **options)
+        self.door = door
+
 
 def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
-    return uvicorn.Config(
+    return ServiceConfig(
         app,
+        door=getattr(app.state, "door", None),
         host=settings.host,
         port=settings.port,
         timeout_keep_alive=settings.timeout_keep_alive_s,
@@ -140,7 +191,7 @@ def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
         # Requests are answered by the drain already; this only bounds slow client writes.
         timeout_graceful_shutdown=5,
         log_config=None,
-        http=CoalescingHttpToolsProtocol,
+        http=ServiceHttpProtocol,
         # Several API processes are started by ``service.launcher``, not by uvicorn: they share
         # one engine process, which uvicorn's workers would not.
         workers=1,
@@ -148,8 +199,9 @@ def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
 
 
 def shared_port_socket(settings: Settings) -> socket.socket:
-    """A listening socket on the settings' address that other processes may bind as well
-    (SO_REUSEPORT): the kernel spreads new connections evenly over all of them."""
+    """A socket bound to the settings' address that other processes may bind as well
+    (SO_REUSEPORT): the kernel spreads new connections evenly over all that listen. uvicorn
+    makes it listen once the app has started."""
     family, kind, protocol, _, address = socket.getaddrinfo(
         settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
@@ -157,7 +209,6 @@ def shared_port_socket(settings: Settings) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(address)
-    sock.listen(settings.listen_backlog)
     return sock
 
 

@@ -9,7 +9,7 @@
   the client declared its length or streamed it chunked.
 - Metrics and access log: count and latency by route template (not raw path: bounded labels),
   one structured log line per request, never the request's texts. Refusals at the door are
-  counted in the metrics one by one but logged as one line a second (``DoorRefusals``): under a
+  counted in the metrics one by one but logged as one line a second (``Door``): under a
   flood the log line was a large share of what each refusal cost, and a line with the count
   says more than thousands of identical ones.
 - Disconnects: a client that goes away before its answer cancels its request (status 499 in
@@ -52,21 +52,33 @@ NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": Fal
 _SUMMARY_PERIOD_S = 1.0
 
 
-class DoorRefusals:
-    """Refusals at the door, logged together: count, routes and durations per period."""
+class Door:
+    """Refusals before a request's body is read: while admission is full, a translation request
+    gets its dialect's 429 (``refuse``) at once. The middleware asks for every request it sees;
+    the service's own HTTP protocol (``service.server``) asks earlier still, before a request
+    becomes an ASGI request at all, and writes the answer itself. Either way it is recorded
+    here: counted one by one in the metrics, logged as one line per period with the count,
+    routes and durations."""
 
-    def __init__(self) -> None:
-        self._durations: list[float] = []
+    def __init__(self, metrics: Metrics, refuse: Refuse = lambda scope: None) -> None:
+        self.refusal = refuse
+        self._requests = Children(metrics.requests)
+        self._durations = Children(metrics.request_duration)
+        self._logged: list[float] = []
         self._routes: Counter[str] = Counter()
 
-    def add(self, route: str, seconds: float) -> None:
-        if not self._durations:
+    def record(self, scope: Scope, seconds: float) -> None:
+        """One request refused at the door, ``seconds`` after its first byte."""
+        route, method = str(scope.get("path", "")), scope["method"]
+        self._requests(route, method, "429").inc()
+        self._durations(route, method).observe(seconds)
+        if not self._logged:
             asyncio.get_running_loop().call_later(_SUMMARY_PERIOD_S, self.flush)
-        self._durations.append(seconds)
+        self._logged.append(seconds)
         self._routes[route] += 1
 
     def flush(self) -> None:
-        durations, self._durations = sorted(self._durations), []
+        durations, self._logged = sorted(self._logged), []
         routes, self._routes = dict(self._routes), Counter()
         if not durations:
             return
@@ -90,26 +102,24 @@ class RequestContextMiddleware:
         *,
         metrics: Metrics,
         max_body_bytes: int,
-        refuse: Refuse = lambda scope: None,
+        door: Door | None = None,
     ) -> None:
         self.app = app
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
-        self.refuse = refuse
+        self.door = door or Door(metrics)
         self._requests = Children(metrics.requests)
         self._durations = Children(metrics.request_duration)
-        self._door = DoorRefusals()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        request_id = _request_id(scope)
+        request_id = request_id_of(scope)
         scope.setdefault("state", {})["request_id"] = request_id
         status = 500
         response_started = False
-        refused_path: str | None = None
 
         async def send_with_id(message: Message) -> None:
             nonlocal status, response_started
@@ -121,11 +131,11 @@ class RequestContextMiddleware:
                 message = {**message, "headers": headers}
             await send(message)
 
+        refused = False
         try:
-            refusal = self.refuse(scope)
+            refusal = self.door.refusal(scope)
             if refusal is not None:
-                # Refused before routing: label it with its path, one of the admitting routes.
-                refused_path = str(scope.get("path", ""))
+                refused = True
                 await refusal(scope, receive, send_with_id)
                 return
             body = await self._read_body(scope, receive)
@@ -144,7 +154,10 @@ class RequestContextMiddleware:
                     500, "internal_error", "internal server error", send_with_id, scope, receive
                 )
         finally:
-            self._record(scope, status, time.perf_counter() - started, request_id, refused_path)
+            if refused and status == 429:
+                self.door.record(scope, time.perf_counter() - started)
+            else:
+                self._record(scope, status, time.perf_counter() - started, request_id)
 
     def _too_large(self) -> str:
         return f"request body over {self.max_body_bytes} bytes"
@@ -223,16 +236,11 @@ class RequestContextMiddleware:
     ) -> None:
         await error_response(status, code, message)(scope, receive, send)
 
-    def _record(
-        self, scope: Scope, status: int, seconds: float, request_id: str, path: str | None
-    ) -> None:
-        route = path or _route_template(scope)
+    def _record(self, scope: Scope, status: int, seconds: float, request_id: str) -> None:
+        route = _route_template(scope)
         method = scope["method"]
         self._requests(route, method, str(status)).inc()
         self._durations(route, method).observe(seconds)
-        if path is not None and status == 429:
-            self._door.add(route, seconds)
-            return
         log.info(
             "request",
             extra={
@@ -252,7 +260,8 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def _request_id(scope: Scope) -> str:
+def request_id_of(scope: Scope) -> str:
+    """The client's X-Request-ID when it is sane, else a new one."""
     given = _header(scope, b"x-request-id")
     if given and _REQUEST_ID.match(given):
         return given

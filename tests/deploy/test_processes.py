@@ -30,6 +30,12 @@ PROCESSES = 3
 def group(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     log = tmp_path_factory.mktemp("processes") / "service.log"
     process = start_service(data_dir, log, HYMT_API_PROCESSES=str(PROCESSES))
+    # /health answered by one; every process listens once it serves (ready is their minimum).
+    deadline = time.monotonic() + 60
+    while metric(process.url, "hymt_ready") != 1:
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+    time.sleep(0.5)
     yield process
     process.stop()
 
@@ -105,6 +111,24 @@ async def test_sigterm_drains_every_process_and_stops_the_engine_last(
         HYMT_MAX_BATCH_SIZE="2",
         HYMT_DRAIN_TIMEOUT_S="60",
     )
+    try:
+        statuses, held = await drain_during_requests(service)
+        assert service.popen.wait(timeout=90) == 0
+    finally:
+        service.stop()
+    # What was admitted (in either process) when the signal came finished; what came after
+    # was refused in JSON.
+    assert set(statuses) <= {200, 503}, statuses
+    assert statuses.count(200) >= held
+    logged = records(service.log)
+    # The engine was stopped (not found dead) after both processes had drained.
+    assert not [r for r in logged if r.get("message") == "engine process exited"]
+    assert any(r.get("message") == "engine process stopped" for r in logged)
+
+
+async def drain_during_requests(service: Process) -> tuple[list[int], float]:
+    """16 requests on new connections, SIGTERM once 4 are in flight; their statuses, and how
+    many were in flight at the signal."""
     limits = httpx.Limits(max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=service.url, timeout=120, limits=limits) as client:
         requests = [
@@ -121,16 +145,7 @@ async def test_sigterm_drains_every_process_and_stops_the_engine_last(
         assert held >= 4
         service.popen.send_signal(signal.SIGTERM)
         responses = await asyncio.gather(*requests)
-    # What was admitted (in either process) when the signal came finished; what came after
-    # was refused in JSON.
-    statuses = [r.status_code for r in responses]
-    assert set(statuses) <= {200, 503}, statuses
-    assert statuses.count(200) >= held
     for response in responses:
         if response.status_code == 503:
             assert response.json()["error"]["code"] == "engine_unavailable"
-    assert service.popen.wait(timeout=90) == 0
-    logged = records(service.log)
-    # The engine was stopped (not found dead) after both processes had drained.
-    assert not [r for r in logged if r.get("message") == "engine process exited"]
-    assert any(r.get("message") == "engine process stopped" for r in logged)
+    return [response.status_code for response in responses], held
