@@ -7,7 +7,6 @@ background so liveness answers at once) and drains and stops it on shutdown. Thi
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 
@@ -102,7 +101,7 @@ def create_app(
             allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
             expose_headers=["X-Request-ID", "X-Queue-Time-Ms", "X-Inference-Time-Ms", "X-Cache"],
         )
-    door = Door(runtime.metrics, functools.partial(refuse_when_full, runtime))
+    door = Door(runtime.metrics, RefuseWhenFull(runtime))
     app.state.door = door  # the HTTP server's protocol refuses through it too
     app.add_middleware(
         RequestContextMiddleware,
@@ -122,12 +121,28 @@ _ADMITTING = {
 }
 
 
-def refuse_when_full(runtime: Runtime, scope: Scope) -> Response | None:
-    """429 in the route's dialect while admission is full, before the body is even read."""
-    if scope.get("method") != "POST" or not runtime.admission.full:
-        return None
-    path = str(scope.get("path", "")).removeprefix(str(scope.get("root_path", "")))
-    dialect = _ADMITTING.get(path)
-    if dialect is None:
-        return None
-    return dialect.response(runtime.admission.refusal())
+class RefuseWhenFull:
+    """429 in the route's dialect while admission is full, before the body is even read.
+
+    The last refusal is kept and sent again while it would say the same (dialect, message,
+    Retry-After), as it does all through a flood: building a JSON response was most of what was
+    left of a refusal's cost once it no longer went through ASGI.
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._last: tuple[tuple[str, str, float], Response] | None = None
+
+    def __call__(self, scope: Scope) -> Response | None:
+        admission = self._runtime.admission
+        if scope.get("method") != "POST" or not admission.full:
+            return None
+        path = str(scope.get("path", "")).removeprefix(str(scope.get("root_path", "")))
+        dialect = _ADMITTING.get(path)
+        if dialect is None:
+            return None
+        error = admission.refusal()
+        key = (dialect.prefix, error.message, error.retry_after_s)
+        if self._last is None or self._last[0] != key:
+            self._last = (key, dialect.response(error))
+        return self._last[1]

@@ -25,7 +25,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from service.api.middleware import Door, request_id_of
+from service.api.middleware import Door
 from service.config import Settings
 from service.runtime import Runtime
 
@@ -158,7 +158,7 @@ class ServiceHttpProtocol(HttpToolsProtocol):
         head = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())]
         for name, value in (*self.server_state.default_headers, *refusal.raw_headers):
             head += (name, b": ", value, b"\r\n")
-        head += (b"x-request-id: ", request_id_of(scope).encode(), b"\r\n")
+        head += (b"x-request-id: ", door.request_id(scope).encode(), b"\r\n")
         if not cycle.keep_alive:
             head.append(b"connection: close\r\n")
         self.transport.write(b"".join((*head, b"\r\n", refusal.body)))

@@ -29,15 +29,21 @@ PROCESSES = 3
 @pytest.fixture(scope="module")
 def group(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     log = tmp_path_factory.mktemp("processes") / "service.log"
-    process = start_service(data_dir, log, HYMT_API_PROCESSES=str(PROCESSES))
-    # /health answered by one; every process listens once it serves (ready is their minimum).
-    deadline = time.monotonic() + 60
-    while metric(process.url, "hymt_ready") != 1:
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.1)
-    time.sleep(0.5)
+    process = start_group(data_dir, log, HYMT_API_PROCESSES=str(PROCESSES))
     yield process
     process.stop()
+
+
+def start_group(data_dir: Path, log: Path, **env: str) -> Process:
+    """The service with several API processes, once every one of them serves: /health is
+    answered by whichever the kernel picks, and the leader warms up after its followers may."""
+    process = start_service(data_dir, log, **env)
+    deadline = time.monotonic() + 60
+    while metric(process.url, "hymt_ready") != 1:  # the minimum over the processes
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+    time.sleep(0.5)  # the last to be ready listens right after
+    return process
 
 
 def records(log: Path) -> list[dict[str, object]]:
@@ -102,7 +108,7 @@ async def test_a_follower_that_dies_is_started_again(group: Process) -> None:
 async def test_sigterm_drains_every_process_and_stops_the_engine_last(
     data_dir: Path, tmp_path: Path
 ) -> None:
-    service = start_service(
+    service = start_group(
         data_dir,
         tmp_path / "service.log",
         HYMT_API_PROCESSES="2",
