@@ -7,6 +7,7 @@ background so liveness answers at once) and drains and stops it on shutdown. Thi
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 
@@ -39,6 +40,8 @@ def create_app(
     followers: Sequence[Peer] = (),
     follow: Peer | None = None,
     before_engine_stop: Callable[[], Awaitable[None]] | None = None,
+    on_serving: Callable[[], None] | None = None,
+    before_listening: Callable[[], Awaitable[None]] | None = None,
 ) -> FastAPI:
     """A new app with its own runtime and metrics registry; nothing is loaded until it starts.
 
@@ -47,7 +50,9 @@ def create_app(
     ``tune_gc``: tune the garbage collector once ready (``service.collector``), for a process
     that is the service. ``followers`` / ``follow``: this app leads (starts the engine for)
     or follows other API processes sharing one engine (``service.policy.following``);
-    ``before_engine_stop`` is awaited on shutdown between the drain and the engine's stop.
+    ``before_engine_stop`` is awaited on shutdown between the drain and the engine's stop;
+    ``on_serving`` is called once the app first serves; a follower awaits ``before_listening``
+    (after it serves itself) before uvicorn listens.
     """
     runtime = Runtime(
         settings.engine_config(),
@@ -63,17 +68,26 @@ def create_app(
         before_engine_stop=before_engine_stop,
     )
 
+    async def announce() -> None:
+        await runtime.wait_started()
+        if on_serving is not None and runtime.failure() is None:
+            on_serving()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime.start()
+        announcing = asyncio.create_task(announce(), name="announce-serving")
         if follow is not None:
-            # A follower starts listening only once it serves (uvicorn listens after start-up):
-            # until then the kernel hands its share of the connections to the processes that
-            # listen, rather than to one that could only answer 503.
-            await runtime.wait_started()
+            # A follower starts listening only once it serves (uvicorn listens after start-up)
+            # and the leader does: until then the kernel hands its share of the connections to
+            # the processes that listen, rather than to one that could only answer 503.
+            await announcing
+            if before_listening is not None:
+                await before_listening()
         try:
             yield
         finally:
+            announcing.cancel()
             await runtime.stop(settings.drain_timeout_s)
 
     app = FastAPI(

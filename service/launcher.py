@@ -8,7 +8,10 @@ kernel spreads connections evenly over them:
 - process 0 is the **leader**: it starts and supervises the engine process as a lone API
   process would, and has the engine serve the followers' sockets as well;
 - the others are **followers** (``service.policy.following``): they reach the leader's engine
-  over their own ZeroMQ sockets and follow it through restarts.
+  over their own ZeroMQ sockets and follow it through restarts. A follower listens only once it
+  and the leader serve: while the model loads only the leader answers (``/live`` 200,
+  ``/health`` 503), and the first ``/health`` 200 comes from a group whose every listening
+  process serves.
 
 Each admits its share of ``max_queue_size`` and keeps its own result cache and preparation
 workers. Metrics are recorded in prometheus-client's multiprocess mode, so ``/metrics`` of any
@@ -81,7 +84,9 @@ class Member:
         return self.index == 0
 
 
-def run_member(settings: Settings, member: Member, followers_gone: Event) -> None:
+def run_member(
+    settings: Settings, member: Member, leader_serving: Event, followers_gone: Event
+) -> None:
     """The body of one API process (runs in the spawned child)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(settings.log_level, process=f"api-{member.index}")
@@ -93,6 +98,12 @@ def run_member(settings: Settings, member: Member, followers_gone: Event) -> Non
         if not await asyncio.to_thread(followers_gone.wait, timeout_s):
             log.warning("followers still running; stopping the engine anyway")
 
+    async def wait_leader() -> None:
+        # A multiprocessing event, polled: waited on in a thread, a wait that never ends would
+        # hold up the process's exit.
+        while not leader_serving.is_set():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
     def make_app(on_fatal: Callable[[], None]) -> FastAPI:
         metrics = Metrics(shared_dir=member.metrics_dir)
         if member.leads:
@@ -103,9 +114,15 @@ def run_member(settings: Settings, member: Member, followers_gone: Event) -> Non
                 tune_gc=True,
                 followers=member.peers,
                 before_engine_stop=wait_followers,
+                on_serving=leader_serving.set,
             )
         return create_app(
-            settings, metrics=metrics, on_fatal=on_fatal, tune_gc=True, follow=member.peers[0]
+            settings,
+            metrics=metrics,
+            on_fatal=on_fatal,
+            tune_gc=True,
+            follow=member.peers[0],
+            before_listening=wait_leader,
         )
 
     sys.exit(
@@ -133,6 +150,7 @@ class Launcher:
             (f"ipc://{self._folder}/api-{i}-requests", f"ipc://{self._folder}/api-{i}-results")
             for i in range(1, count)
         )
+        self._leader_serving = self._context.Event()
         self._followers_gone = self._context.Event()
         self._processes: dict[int, SpawnProcess] = {}
         self._respawns: deque[float] = deque()
@@ -165,7 +183,12 @@ class Launcher:
     def _start(self, index: int) -> None:
         process = self._context.Process(
             target=run_member,
-            args=(self._settings, self._member(index), self._followers_gone),
+            args=(
+                self._settings,
+                self._member(index),
+                self._leader_serving,
+                self._followers_gone,
+            ),
             name=f"hymt-api-{index}",
         )
         process.start()
