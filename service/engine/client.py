@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import multiprocessing
 import shutil
@@ -23,24 +22,11 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
-import zmq
-import zmq.asyncio
-
+from service.engine.channel import EngineChannel
 from service.engine.config import EngineConfig
-from service.engine.protocol import (
-    Cancel,
-    Failed,
-    Finished,
-    Peer,
-    Ready,
-    Shutdown,
-    Stats,
-    Submit,
-    api_decoder,
-    encoder,
-)
+from service.engine.protocol import Cancel, LoadFailed, Peer, Ready, Shutdown, Stats
 from service.engine.types import GenerationRequest
-from service.errors import EngineDied, EngineUnavailable, ServiceError, error_of
+from service.errors import EngineDied, EngineUnavailable, ServiceError
 from service.scheduling.types import Scheduled
 
 log = logging.getLogger(__name__)
@@ -67,18 +53,7 @@ class EngineClient:
         self._loader = loader
         self._on_exit = on_exit
         self._folder = tempfile.mkdtemp(prefix="hymt-engine-")
-        # Requests are sent synchronously (never blocking: no high-water mark, admission bounds
-        # what is in flight); answers are awaited on the event loop.
-        self._sync_context = zmq.Context()
-        self._context = zmq.asyncio.Context()
-        self._requests = self._sync_context.socket(zmq.PUSH)
-        self._results = self._context.socket(zmq.PULL)
-        for socket in (self._requests, self._results):
-            socket.setsockopt(zmq.SNDHWM, 0)
-            socket.setsockopt(zmq.RCVHWM, 0)
-        self._encoder = encoder()
-        self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Scheduled]] = {}
+        self._channel = EngineChannel()
         self._ready: asyncio.Future[Ready] | None = None
         self._process: multiprocessing.process.BaseProcess | None = None
         self._receiver: asyncio.Task[None] | None = None
@@ -94,7 +69,7 @@ class EngineClient:
     @property
     def in_flight(self) -> int:
         """Requests sent and not yet answered."""
-        return len(self._pending)
+        return self._channel.in_flight
 
     async def start(self) -> Ready:
         """Spawn the engine and wait until it is loaded; ``EngineLoadFailed`` if it cannot."""
@@ -103,11 +78,7 @@ class EngineClient:
         loop = asyncio.get_running_loop()
         requests_address = f"ipc://{self._folder}/requests"
         results_address = f"ipc://{self._folder}/results"
-        # The engine binds the requests socket and this side connects: a connecting PUSH
-        # queues from the start, where a bound one refuses to send until the engine's
-        # connection is registered, which can be after its ``Ready`` arrived on the other socket.
-        self._requests.connect(requests_address)
-        self._results.bind(results_address)
+        self._channel.open(requests_address, results_address)
         self._ready = loop.create_future()
         self._receiver = asyncio.create_task(self._receive(), name="engine-results")
         context = multiprocessing.get_context("spawn")
@@ -135,31 +106,16 @@ class EngineClient:
         """Send ``request``; the future resolves with its answer or the error of its failure."""
         if self.exited:
             raise EngineDied("the engine process is not running")
-        request_id = next(self._ids)
-        future: asyncio.Future[Scheduled] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
-        message = Submit(
-            id=request_id,
-            prompt_ids=list(request.prompt_ids),
-            max_new_tokens=request.max_new_tokens,
-            decoding=request.decoding,
-            timeout_s=timeout_s,
-        )
-        self._send(message)
-        return request_id, future
+        return self._channel.submit(request, timeout_s)
 
     def cancel(self, request_id: int) -> None:
         """Tell the engine to drop ``request_id`` (its caller is gone); no answer will come."""
-        future = self._pending.pop(request_id, None)
-        if future is not None and not self.exited:
-            self._send(Cancel(id=request_id))
+        if self._channel.forget(request_id) and not self.exited:
+            self._channel.send(Cancel(id=request_id))
 
     def fail_all(self, error: ServiceError) -> None:
         """Answer every request in flight with ``error`` (shutdown, death)."""
-        pending, self._pending = self._pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(error)
+        self._channel.fail_all(error)
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Ask the engine to stop, then make sure it has: terminate, then kill (once)."""
@@ -168,7 +124,7 @@ class EngineClient:
         self._stopping = True
         process = self._process
         if process is not None and process.is_alive():
-            self._send(Shutdown())
+            self._channel.send(Shutdown())
             await asyncio.to_thread(process.join, timeout_s)
             if process.is_alive():
                 process.terminate()
@@ -188,36 +144,21 @@ class EngineClient:
         if self._process is not None and self._process.is_alive():
             self._process.kill()
 
-    def _send(self, message: Submit | Cancel | Shutdown) -> None:
-        try:
-            self._requests.send(self._encoder.encode(message), flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            raise EngineUnavailable("the engine's request queue is full") from None
-
     async def _receive(self) -> None:
-        decoder = api_decoder()
         while True:
-            message = decoder.decode(await self._results.recv())
+            message = await self._channel.receive()
             self.heard_at = time.monotonic()
-            if isinstance(message, Finished):
-                self._answer(message)
-            elif isinstance(message, Failed):
-                future = self._pending.pop(message.id, None)
-                if future is not None and not future.done():
-                    future.set_exception(error_of(message.code, message.message))
-            elif isinstance(message, Stats):
+            if isinstance(message, Stats):
                 self.stats = message
-            elif self._ready is not None and not self._ready.done():
+            elif isinstance(message, Ready | LoadFailed) and self._waiting_for_ready():
+                assert self._ready is not None
                 if isinstance(message, Ready):
                     self._ready.set_result(message)
                 else:
                     self._ready.set_exception(EngineLoadFailed(message.message))
 
-    def _answer(self, message: Finished) -> None:
-        future = self._pending.pop(message.id, None)
-        if future is None or future.done():
-            return
-        future.set_result(Scheduled(message.result, message.queue_s, message.inference_s))
+    def _waiting_for_ready(self) -> bool:
+        return self._ready is not None and not self._ready.done()
 
     def _exited(self) -> None:
         process = self._process
@@ -229,7 +170,8 @@ class EngineClient:
         if not self._stopping:  # a stop logs the exit code once the process is reaped
             log.error("engine process exited", extra={"pid": process.pid, "exitcode": code})
         self.fail_all(EngineDied(f"the engine process exited (code {code})"))
-        if self._ready is not None and not self._ready.done():
+        if self._waiting_for_ready():
+            assert self._ready is not None
             self._ready.set_exception(
                 EngineLoadFailed(f"the engine process exited while loading (code {code})")
             )
@@ -243,8 +185,5 @@ class EngineClient:
             self.exited = True
         if self._receiver is not None:
             self._receiver.cancel()
-        self._requests.close(linger=0)
-        self._results.close(linger=0)
-        self._context.term()
-        self._sync_context.term()
+        self._channel.close()
         shutil.rmtree(self._folder, ignore_errors=True)

@@ -19,28 +19,14 @@ answers to its own requests.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
-import zmq
-import zmq.asyncio
-
-from service.engine.protocol import (
-    Cancel,
-    Failed,
-    Finished,
-    Hello,
-    Peer,
-    Ready,
-    Stats,
-    Submit,
-    api_decoder,
-    encoder,
-)
+from service.engine.channel import EngineChannel
+from service.engine.protocol import Cancel, Hello, Peer, Ready, Stats
 from service.engine.types import GenerationRequest
-from service.errors import EngineDied, EngineUnavailable, ServiceError, error_of
+from service.errors import EngineDied, EngineUnavailable, ServiceError
 from service.scheduling.types import Scheduled
 
 log = logging.getLogger(__name__)
@@ -58,16 +44,7 @@ class EngineFollower:
         self._peer = peer
         self._heartbeat_timeout_s = heartbeat_timeout_s
         self._on_ready = on_ready
-        self._context = zmq.asyncio.Context()
-        self._sync_context = zmq.Context()
-        self._requests = self._sync_context.socket(zmq.PUSH)
-        self._results = self._context.socket(zmq.PULL)
-        for socket in (self._requests, self._results):
-            socket.setsockopt(zmq.SNDHWM, 0)
-            socket.setsockopt(zmq.RCVHWM, 0)
-        self._encoder = encoder()
-        self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Scheduled]] = {}
+        self._channel = EngineChannel()
         self._receiver: asyncio.Task[None] | None = None
         self._adopting: asyncio.Task[None] | None = None
         self.ready: Ready | None = None
@@ -76,7 +53,7 @@ class EngineFollower:
 
     @property
     def in_flight(self) -> int:
-        return len(self._pending)
+        return self._channel.in_flight
 
     @property
     def available(self) -> bool:
@@ -85,11 +62,9 @@ class EngineFollower:
         return self.ready is not None and fresh
 
     def start(self) -> None:
-        requests_address, results_address = self._peer
-        self._results.bind(results_address)
-        self._requests.connect(requests_address)
+        self._channel.open(*self._peer)
         # An engine that is ready already sends its Ready again (queued until it is reached).
-        self._send(Hello())
+        self._channel.send(Hello())
         self._receiver = asyncio.create_task(self._receive(), name="engine-follower")
 
     def check(self) -> None:
@@ -105,29 +80,14 @@ class EngineFollower:
         ready = self.ready
         if ready is None or not self.available:
             raise EngineUnavailable("the engine is not running")
-        request_id = next(self._ids)
-        future: asyncio.Future[Scheduled] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
-        message = Submit(
-            id=request_id,
-            prompt_ids=list(request.prompt_ids),
-            max_new_tokens=request.max_new_tokens,
-            decoding=request.decoding,
-            timeout_s=timeout_s,
-            incarnation=ready.incarnation,
-        )
-        self._send(message)
-        return request_id, future
+        return self._channel.submit(request, timeout_s, ready.incarnation)
 
     def cancel(self, request_id: int) -> None:
-        if self._pending.pop(request_id, None) is not None:
-            self._send(Cancel(id=request_id))
+        if self._channel.forget(request_id):
+            self._channel.send(Cancel(id=request_id))
 
     def fail_all(self, error: ServiceError) -> None:
-        pending, self._pending = self._pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(error)
+        self._channel.fail_all(error)
 
     async def stop(self) -> None:
         tasks = [task for task in (self._receiver, self._adopting) if task is not None]
@@ -135,33 +95,13 @@ class EngineFollower:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.fail_all(EngineUnavailable("the service stopped before this finished"))
-        self._requests.close(linger=0)
-        self._results.close(linger=0)
-        self._context.term()
-        self._sync_context.term()
-
-    def _send(self, message: Submit | Cancel | Hello) -> None:
-        try:
-            self._requests.send(self._encoder.encode(message), flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            raise EngineUnavailable("the engine is not reachable") from None
+        self._channel.close()
 
     async def _receive(self) -> None:
-        decoder = api_decoder()
         while True:
-            message = decoder.decode(await self._results.recv())
+            message = await self._channel.receive()
             self.heard_at = time.monotonic()
-            if isinstance(message, Finished):
-                future = self._pending.pop(message.id, None)
-                if future is not None and not future.done():
-                    future.set_result(
-                        Scheduled(message.result, message.queue_s, message.inference_s)
-                    )
-            elif isinstance(message, Failed):
-                future = self._pending.pop(message.id, None)
-                if future is not None and not future.done():
-                    future.set_exception(error_of(message.code, message.message))
-            elif isinstance(message, Stats):
+            if isinstance(message, Stats):
                 self.stats = message
             elif isinstance(message, Ready):
                 self._new_engine(message)

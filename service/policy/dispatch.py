@@ -48,6 +48,11 @@ class Dispatcher:
             self._metrics.queue_rejections.labels(reason="deadline").inc()
             self._admission.completed()
             raise DeadlineExceeded("the request's deadline passed before it finished") from None
+        except DeadlineExceeded:
+            # The engine, which has the same deadline, saw it pass first: the same outcome.
+            self._metrics.queue_rejections.labels(reason="deadline").inc()
+            self._admission.completed()
+            raise
         except asyncio.CancelledError:
             client.cancel(request_id)  # counted by the request's admission reservation
             raise
