@@ -20,7 +20,7 @@ from service import __version__
 from service.access import AccessControl
 from service.api import native, probes
 from service.api.deepl import DEEPL, create_deepl_app
-from service.api.errors import NATIVE, install_error_handlers
+from service.api.errors import NATIVE, Dialect, install_error_handlers
 from service.api.libretranslate import LIBRETRANSLATE, create_libretranslate_app
 from service.api.middleware import NO_TELEMETRY, Door, RequestContextMiddleware
 from service.config import Settings
@@ -115,7 +115,7 @@ def create_app(
             allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
             expose_headers=["X-Request-ID", "X-Queue-Time-Ms", "X-Inference-Time-Ms", "X-Cache"],
         )
-    door = Door(runtime.metrics, RefuseWhenFull(runtime))
+    door = Door(runtime.metrics, AdmissionGate(runtime))
     app.state.door = door  # the HTTP server's protocol refuses through it too
     app.add_middleware(
         RequestContextMiddleware,
@@ -135,8 +135,9 @@ _ADMITTING = {
 }
 
 
-class RefuseWhenFull:
-    """429 in the route's dialect while admission is full, before the body is even read.
+class AdmissionGate:
+    """The door of the admitting routes: 429 in the route's dialect while admission is full,
+    before the body is even read; requests on their way to admission counted as such.
 
     The last refusal is kept and sent again while it would say the same (dialect, message,
     Retry-After), as it does all through a flood: building a JSON response was most of what was
@@ -147,12 +148,14 @@ class RefuseWhenFull:
         self._runtime = runtime
         self._last: tuple[tuple[str, str, float], Response] | None = None
 
-    def __call__(self, scope: Scope) -> Response | None:
+    def closed(self) -> bool:
+        return self._runtime.admission.full
+
+    def refusal(self, scope: Scope) -> Response | None:
         admission = self._runtime.admission
-        if scope.get("method") != "POST" or not admission.full:
+        if not admission.full:
             return None
-        path = str(scope.get("path", "")).removeprefix(str(scope.get("root_path", "")))
-        dialect = _ADMITTING.get(path)
+        dialect = _admitting(scope)
         if dialect is None:
             return None
         error = admission.refusal()
@@ -160,3 +163,16 @@ class RefuseWhenFull:
         if self._last is None or self._last[0] != key:
             self._last = (key, dialect.response(error))
         return self._last[1]
+
+    def arrive(self, scope: Scope) -> Callable[[], None] | None:
+        if _admitting(scope) is None:
+            return None
+        return self._runtime.admission.arrive()
+
+
+def _admitting(scope: Scope) -> Dialect | None:
+    """The dialect of a request that admits texts, or None for any other request."""
+    if scope.get("method") != "POST":
+        return None
+    path = str(scope.get("path", "")).removeprefix(str(scope.get("root_path", "")))
+    return _ADMITTING.get(path)

@@ -278,6 +278,15 @@ class Settings(BaseSettings):
         "processes, at least 1 each).",
     )
 
+    prepare_niceness: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="Added to the preparation workers' nice value: when a burst's admitted "
+        "texts reach them all at once, the kernel runs the API processes' event loops (refusals, "
+        "probes) first (0 = same priority).",
+    )
+
     # --- micro-batching ----------------------------------------------------------------------
     max_batch_size: int = Field(32, ge=1, description="Most texts the worker runs in one batch.")
     max_batch_tokens: int = Field(
@@ -415,6 +424,7 @@ class Settings(BaseSettings):
             cache_size=self.cache_size,
             cache_ttl_s=self.cache_ttl_s,
             warmup=self.warmup,
+            prepare_niceness=self.prepare_niceness,
         )
 
     def access_config(self) -> AccessConfig:

@@ -11,10 +11,12 @@ or the process lost the launcher it was started by.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import socket
 import time
+from collections import deque
 from collections.abc import Callable, Collection
 from http import HTTPStatus
 from types import FrameType
@@ -128,22 +130,103 @@ class _CoalescedWrites:
 
 
 class ServiceHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, with two shortcuts for the answers a flood gets most.
+    """uvicorn's httptools protocol, with shortcuts for what a flood brings most.
 
-    - Each response leaves in one system call (``_CoalescedWrites``).
     - A request the app's ``Door`` refuses (a translation while admission is full) is answered
-      here, once its head is parsed, without becoming an ASGI request: no task, no middleware,
-      no framework, which is most of what such a refusal cost. Its body is skipped by the
-      parser as for any finished response, and the connection is kept alive as HTTP says.
+      here without becoming an ASGI request: no task, no middleware, no framework. A plain one
+      all in the bytes just read is answered before the parser sees it
+      (``_refuse_whole_requests``); any other once its head is parsed (``_start_asgi_task``),
+      its body then skipped by the parser as for any finished response. The connection is kept
+      alive as HTTP says.
+    - A request the door lets in for admission starts one per turn of the event loop
+      (``_Starts``), counted by the door as on its way until its first step has run.
+    - Each response leaves in one system call (``_CoalescedWrites``).
     """
 
     def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         self._door: Door | None = getattr(config, "door", None)
+        self._raw: asyncio.Transport | None = None
+        self._mid_message = False  # the parser holds part of a request
+        self._heads: _CachedHeads = getattr(config, "refusal_heads", None) or _CachedHeads()
+        self._starts: _Starts = getattr(config, "admitting_starts", None) or _Starts()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._raw = transport
         coalesced = _CoalescedWrites(transport, asyncio.get_running_loop())
         super().connection_made(coalesced)  # type: ignore[arg-type]
+
+    def on_message_begin(self) -> None:
+        self._mid_message = True
+        super().on_message_begin()
+
+    def on_message_complete(self) -> None:
+        self._mid_message = False
+        super().on_message_complete()
+
+    def data_received(self, data: bytes) -> None:
+        door = self._door
+        if (
+            door is not None
+            and door.closed()
+            and not self._mid_message
+            and not self.pipeline
+            and (self.cycle is None or self.cycle.response_complete)
+        ):
+            data = self._refuse_whole_requests(door, data)
+            if not data:
+                return
+        super().data_received(data)
+
+    def _refuse_whole_requests(self, door: Door, data: bytes) -> bytes:
+        """Answer the refused requests at the start of ``data`` that it holds whole; the rest.
+
+        While admission is full most of what arrives is a request to refuse, whole in one
+        read. Parsing it through httptools and uvicorn's per-request state (scope, cycle,
+        events, keep-alive timer) was most of what a refusal still cost. Anything unusual
+        (a body not yet all here, chunked, ``Expect``, ``Connection``, ``Upgrade``, an escaped
+        or queried path, a request the door lets in) is left to the parser, from that request on.
+        """
+        answers: list[bytes] = []
+        while data:
+            started = time.perf_counter()
+            whole = _whole_request(data)
+            if whole is None:
+                break
+            path, request_id, length = whole
+            scope: dict[str, Any] = {
+                "type": "http",
+                "method": "POST",
+                "path": path,
+                "root_path": self.root_path,
+                "headers": [(b"x-request-id", request_id)] if request_id is not None else [],
+            }
+            refusal = door.refusal(cast(Scope, scope))
+            if refusal is None:
+                break
+            answers.append(
+                self._heads.head(refusal, self.server_state.default_headers)
+                + door.request_id(cast(Scope, scope)).encode()
+                + b"\r\n\r\n"
+                + refusal.body
+            )
+            data = data[length:]
+            self.server_state.total_requests += 1
+            door.record(cast(Scope, scope), time.perf_counter() - started)
+        if answers:
+            assert self._raw is not None
+            self._unset_keepalive_if_required()
+            self._raw.write(b"".join(answers))
+            if not data:
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
+        return data
+
+    def _start(self, cycle: RequestResponseCycle, app: Any, arrived: Callable[[], None]) -> None:
+        super()._start_asgi_task(cycle, app)
+        # After the task's first step, which is when it reaches admission (or fails before).
+        self.loop.call_soon(arrived)
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         started = time.perf_counter()
@@ -151,7 +234,11 @@ class ServiceHttpProtocol(HttpToolsProtocol):
         scope = cast(Scope, cycle.scope)
         refusal = door.refusal(scope) if door is not None else None
         if refusal is None:
-            super()._start_asgi_task(cycle, app)
+            arrived = door.arrive(scope) if door is not None else None
+            if arrived is None:
+                super()._start_asgi_task(cycle, app)
+            else:
+                self._starts.add(self.loop, functools.partial(self._start, cycle, app, arrived))
             return
         assert door is not None
         status = refusal.status_code
@@ -172,12 +259,108 @@ class ServiceHttpProtocol(HttpToolsProtocol):
         door.record(scope, time.perf_counter() - started)
 
 
+# Requests whose head is larger than this are left to the parser (and its limits).
+_MAX_FAST_HEAD = 8192
+_ADMITTING_METHOD = b"POST"
+
+
+def _whole_request(data: bytes) -> tuple[str, bytes | None, int] | None:
+    """(path, X-Request-ID, total length) of the POST request at the start of ``data`` when it
+    is all there and plain HTTP/1.1 with a ``Content-Length`` body; else None."""
+    end = data.find(b"\r\n\r\n", 0, _MAX_FAST_HEAD)
+    if end < 0:
+        return None
+    lines = data[:end].split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or parts[0] != _ADMITTING_METHOD or parts[2] != b"HTTP/1.1":
+        return None
+    target = parts[1]
+    if not target.startswith(b"/") or b"?" in target or b"%" in target:
+        return None
+    length: int | None = None
+    request_id: bytes | None = None
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or not name or name[-1:] in (b" ", b"\t"):
+            return None  # malformed: the parser answers it
+        name = name.lower()
+        if name == b"content-length":
+            value = value.strip()
+            if length is not None or not value.isdigit():
+                return None
+            length = int(value)
+        elif name == b"x-request-id":
+            request_id = value.strip()
+        elif name in _LEFT_TO_THE_PARSER:
+            return None
+    if length is None:
+        return None
+    total = end + 4 + length
+    if len(data) < total:
+        return None
+    return target.decode("ascii"), request_id, total
+
+
+# Headers that change how a request is framed or how its connection goes on.
+_LEFT_TO_THE_PARSER = frozenset((b"transfer-encoding", b"expect", b"connection", b"upgrade", b"te"))
+
+
+class _CachedHeads:
+    """The head of the last refusal written, up to its request id, while it says the same."""
+
+    def __init__(self) -> None:
+        self._key: tuple[object, object] | None = None
+        self._head = b""
+
+    def head(self, refusal: Any, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+        if self._key is None or self._key[0] is not refusal or self._key[1] is not default_headers:
+            status = refusal.status_code
+            head = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())]
+            for name, value in (*default_headers, *refusal.raw_headers):
+                head += (name, b": ", value, b"\r\n")
+            head.append(b"x-request-id: ")
+            self._key, self._head = (refusal, default_headers), b"".join(head)
+        return self._head
+
+
+class _Starts:
+    """Starts the requests that go to admission one per turn of the event loop.
+
+    A request's first step (framework, validation, admission, the hand-over to preparation)
+    is the largest piece of work the API process does for it. Started as they were read, a
+    burst's admitted share ran back to back in one turn, and the refusals and probes read
+    meanwhile waited for all of them. One per turn, the loop reads its sockets between them:
+    what arrives is refused (or answered) at once, while the door counts the requests waiting
+    here as on their way to admission.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: deque[Callable[[], None]] = deque()
+
+    def add(self, loop: asyncio.AbstractEventLoop, start: Callable[[], None]) -> None:
+        self._waiting.append(start)
+        if len(self._waiting) == 1:
+            loop.call_soon(self._next, loop)
+
+    def _next(self, loop: asyncio.AbstractEventLoop) -> None:
+        start = self._waiting[0]
+        try:
+            start()
+        finally:
+            self._waiting.popleft()
+            if self._waiting:
+                loop.call_soon(self._next, loop)
+
+
 class ServiceConfig(uvicorn.Config):
     """uvicorn's config, carrying the app's door to the protocol."""
 
     def __init__(self, app: ASGIApp, *, door: Door | None, **options: Any) -> None:
         super().__init__(app, **options)
         self.door = door
+        # Shared by the server's connections.
+        self.refusal_heads = _CachedHeads()
+        self.admitting_starts = _Starts()
 
 
 def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:

@@ -10,7 +10,7 @@
 # the engine alone, lone and loaded, with a torch.profiler trace of one lone request),
 # profile-eager (the same without compiled norms, HYMT_COMPILE_NORMS=off), ipc (loadtests.ipc:
 # the process split's own cost, to an engine that answers at once), overload (queue bound 512: a
-# flood of 4,096 requests at once with /health polled, then goodput at RATE requests/s, default
+# flood of 4,096 requests at once (QUEUE sets the bound) with /health polled, then goodput at RATE requests/s, default
 # 85 (twice the 41 requests/s the cb variant sustains), under a DEADLINE, default 5 s).
 # Each writes VARIANT.json and VARIANT.log. SERVICE_ENV="NAME=VALUE ..." adds settings to every
 # service the bench variants start.
@@ -37,7 +37,7 @@ for variant in "$@"; do
     cp "$work/ipc.json" "$out/" 2>/dev/null; continue
   fi
   case $variant in
-    overload)   args=(--env HYMT_ENGINE=continuous --env HYMT_MAX_QUEUE_SIZE=512 --baseline-requests 0
+    overload)   args=(--env HYMT_ENGINE=continuous --env HYMT_MAX_QUEUE_SIZE="${QUEUE:-512}" --baseline-requests 0
                       --flood-requests 4096 --flood-processes "${FLOOD_PROCESSES:-4}" --goodput-rate "${RATE:-85}"
                       --goodput-deadline "${DEADLINE:-5}" --goodput-duration 20) ;;
     cb)         args=(--env HYMT_ENGINE=continuous --baseline-requests "${BASELINE:-12}") ;;

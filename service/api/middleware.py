@@ -27,7 +27,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi.telemetry import TelemetryConfig
 from starlette.responses import Response
@@ -41,7 +41,36 @@ log = logging.getLogger("service.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
-Refuse = Callable[[Scope], Response | None]
+class Gate(Protocol):
+    """What the door asks of the app: whether it may refuse now, what it refuses, and which
+    requests are on their way to admission."""
+
+    def closed(self) -> bool:
+        """Whether ``refusal`` may refuse anything now (the cheap check, asked first)."""
+        ...
+
+    def refusal(self, scope: Scope) -> Response | None:
+        """The answer for a request refused before its body is read, or None."""
+        ...
+
+    def arrive(self, scope: Scope) -> Callable[[], None] | None:
+        """For a request that will ask admission for texts: count it as on its way (the door
+        closes for it as for an admitted one) until the returned callable is called."""
+        ...
+
+
+class OpenGate:
+    """A gate that refuses nothing."""
+
+    def closed(self) -> bool:
+        return False
+
+    def refusal(self, scope: Scope) -> Response | None:
+        return None
+
+    def arrive(self, scope: Scope) -> Callable[[], None] | None:
+        return None
+
 
 # For every FastAPI app of the service: FastAPI's native OpenTelemetry wrapper stays off. The
 # service exports Prometheus metrics itself, and the wrapper looks up the environment and the
@@ -61,8 +90,11 @@ class Door:
     here: counted one by one in the metrics, logged as one line per period with the count,
     routes and durations."""
 
-    def __init__(self, metrics: Metrics, refuse: Refuse = lambda scope: None) -> None:
-        self.refusal = refuse
+    def __init__(self, metrics: Metrics, gate: Gate | None = None) -> None:
+        gate = gate or OpenGate()
+        self.closed = gate.closed
+        self.refusal = gate.refusal
+        self.arrive = gate.arrive
         self.request_id = RequestIds()
         self._requests = Children(metrics.requests)
         self._durations = Children(metrics.request_duration)

@@ -99,6 +99,7 @@ class Admission:
         self._availability = availability
         self._clock = clock
         self._in_flight = 0
+        self._arriving = 0
         self._closed = False
         self._capacity = 1
         # Decaying sums of answers, of busy seconds and of the in-flight count at each answer,
@@ -137,8 +138,24 @@ class Admission:
 
     @property
     def full(self) -> bool:
-        """Whether any request would be refused for the in-flight bound right now."""
-        return self._in_flight >= self._max
+        """Whether any request would be refused for the in-flight bound right now, counting
+        the requests on their way here (``arrive``) as one text each."""
+        return self._in_flight + self._arriving >= self._max
+
+    def arrive(self) -> Callable[[], None]:
+        """Count one request on its way to ``reserve`` (read, not yet started) until the
+        returned callable is called: a burst closes the door once its admitted share has
+        arrived, not only once each of them has got as far as ``reserve``."""
+        self._arriving += 1
+        done = False
+
+        def arrived() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self._arriving -= 1
+
+        return arrived
 
     def refusal(self) -> Overloaded:
         """The refusal for a request turned away while ``full``, before its body is read."""

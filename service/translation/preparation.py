@@ -64,6 +64,10 @@ def _serve(
     """Entry point of a preparation worker: answer jobs until the API process is gone."""
     # Ctrl-C reaches the whole process group; the API process decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Preparation is throughput work; the API processes' event loops (refusals, probes) are
+    # latency work. When a burst's admitted texts all arrive here at once, the kernel should
+    # run the event loops first.
+    os.nice(config.prepare_niceness)
     languages = LanguageTable()
     builder = PromptBuilder(
         config,

@@ -58,6 +58,7 @@ class TranslationConfig:
     cache_size: int = 10_000
     cache_ttl_s: float = 3600.0
     warmup: bool = True
+    prepare_niceness: int = 10  # added to the preparation workers' nice value
 
 
 class TextPreparer(Protocol):

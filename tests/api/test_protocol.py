@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from service.api.middleware import Door
+from service.api.middleware import Door, OpenGate
 from service.metrics import Metrics
 from service.server import ServiceConfig, ServiceHttpProtocol
 
@@ -49,27 +50,63 @@ def request(
     return head.encode() + body
 
 
+class Server:
+    """One server's config and state (as uvicorn shares them between its connections), and
+    the paths its app was reached for."""
+
+    def __init__(self, door: Door) -> None:
+        self.reached: list[str] = []
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            self.reached.append(scope["path"])
+            await receive()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+        self.config = ServiceConfig(app, door=door, log_config=None, http=ServiceHttpProtocol)
+        self.config.load()
+        self.state = ServerState()
+
+    def connect(self) -> tuple[ServiceHttpProtocol, Transport]:
+        protocol = ServiceHttpProtocol(config=self.config, server_state=self.state, app_state={})
+        transport = Transport()
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        return protocol, transport
+
+
 async def connection(door: Door) -> tuple[ServiceHttpProtocol, Transport, ServerState, list[str]]:
-    reached: list[str] = []
+    server = Server(door)
+    protocol, transport = server.connect()
+    return protocol, transport, server.state, server.reached
 
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        reached.append(scope["path"])
-        await receive()
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"ok"})
 
-    config = ServiceConfig(app, door=door, log_config=None, http=ServiceHttpProtocol)
-    config.load()
-    state = ServerState()
-    protocol = ServiceHttpProtocol(config=config, server_state=state, app_state={})
-    transport = Transport()
-    protocol.connection_made(transport)  # type: ignore[arg-type]
-    return protocol, transport, state, reached
+class Gate(OpenGate):
+    """Refuses ``/translate`` while ``full``; counts the others as arriving."""
+
+    def __init__(self, full: bool = True) -> None:
+        self.full = full
+        self.arriving = 0
+        self._refusal = JSONResponse({"error": {"code": "overloaded"}}, 429, {"Retry-After": "3"})
+
+    def closed(self) -> bool:
+        return self.full
+
+    def refusal(self, scope: Scope) -> Response | None:
+        return self._refusal if self.full and scope["path"] == "/translate" else None
+
+    def arrive(self, scope: Scope) -> Callable[[], None] | None:
+        if scope["path"] != "/translate":
+            return None
+        self.arriving += 1
+
+        def arrived() -> None:
+            self.arriving -= 1
+
+        return arrived
 
 
 def refusing(metrics: Metrics) -> Door:
-    refusal = JSONResponse({"error": {"code": "overloaded"}}, 429, {"Retry-After": "3"})
-    return Door(metrics, lambda scope: refusal if scope["path"] == "/translate" else None)
+    return Door(metrics, Gate())
 
 
 async def test_a_refusal_never_becomes_an_asgi_request_and_leaves_in_one_write() -> None:
@@ -79,10 +116,13 @@ async def test_a_refusal_never_becomes_an_asgi_request_and_leaves_in_one_write()
     protocol.data_received(
         request("/translate") + request("/translate", extra="X-Request-ID: r1\r\n")
     )
-    await asyncio.sleep(0)  # the turn's writes leave together
+    # Both answers left at once, in one system call: not at the end of the loop's turn,
+    # behind whatever else the turn runs.
+    assert len(transport.writes) == 1
+    await asyncio.sleep(0)
     assert not state.tasks
     assert reached == []
-    assert len(transport.writes) == 1  # both answers of this turn in one system call
+    assert len(transport.writes) == 1
     answers = transport.writes[0].split(b"HTTP/1.1 ")[1:]
     assert [answer.split(b"\r\n")[0] for answer in answers] == [b"429 Too Many Requests"] * 2
     assert b"retry-after: 3\r\n" in answers[0]
@@ -104,3 +144,97 @@ async def test_a_refused_request_asking_to_close_gets_its_answer_then_the_close(
     assert transport.closed
     assert b"connection: close\r\n" in transport.writes[0]
     assert transport.writes[0].startswith(b"HTTP/1.1 429 ")
+
+
+async def test_a_refusal_split_over_reads_is_left_to_the_parser_and_still_refused() -> None:
+    metrics = Metrics()
+    protocol, transport, state, reached = await connection(refusing(metrics))
+    whole = request("/translate", extra="X-Request-ID: split\r\n")
+    protocol.data_received(whole[:20])  # head not yet all here
+    protocol.data_received(whole[20:-5])  # body not yet all here
+    protocol.data_received(whole[-5:])
+    await asyncio.sleep(0)
+    assert reached == []
+    assert not state.tasks
+    (answer,) = transport.writes
+    assert answer.startswith(b"HTTP/1.1 429 ")
+    assert b"x-request-id: split\r\n" in answer
+    # The connection goes on at the next request's first byte.
+    protocol.data_received(request("/translate"))
+    await asyncio.sleep(0)
+    assert len(transport.writes) == 2
+    assert transport.writes[1].startswith(b"HTTP/1.1 429 ")
+    exposition = metrics.render().decode()
+    assert 'hymt_requests_total{method="POST",route="/translate",status="429"} 2.0' in exposition
+
+
+async def test_refusals_then_a_request_let_in_are_answered_in_order() -> None:
+    protocol, transport, _, reached = await connection(refusing(Metrics()))
+    protocol.data_received(request("/translate") + request("/other") + request("/translate"))
+    await asyncio.sleep(0.01)
+    assert reached == ["/other"]
+    statuses = [w.split(b"\r\n")[0] for w in b"".join(transport.writes).split(b"HTTP/1.1 ")[1:]]
+    assert statuses == [b"429 Too Many Requests", b"200 OK", b"429 Too Many Requests"]
+
+
+async def test_framing_the_door_does_not_read_itself_goes_through_the_parser() -> None:
+    protocol, transport, _, _ = await connection(refusing(Metrics()))
+    chunked = (
+        b"POST /translate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n0\r\n\r\n"
+    )
+    protocol.data_received(chunked + request("/translate"))
+    await asyncio.sleep(0)
+    answers = b"".join(transport.writes).split(b"HTTP/1.1 ")[1:]
+    assert [a.split(b"\r\n")[0] for a in answers] == [b"429 Too Many Requests"] * 2
+    assert not transport.closed
+
+
+async def test_a_malformed_head_gets_the_parsers_400_not_a_refusal() -> None:
+    protocol, transport, _, _ = await connection(refusing(Metrics()))
+    protocol.data_received(b"POST /translate HTTP/1.1\r\nno colon\r\nContent-Length: 0\r\n\r\n")
+    await asyncio.sleep(0)
+    assert transport.writes[0].startswith(b"HTTP/1.1 400 ")
+    assert transport.closed
+
+
+async def test_a_connection_idle_after_refusals_is_closed_at_the_keep_alive_timeout() -> None:
+    protocol, transport, _, _ = await connection(refusing(Metrics()))
+    protocol.timeout_keep_alive = 0.05  # type: ignore[assignment]
+    protocol.data_received(request("/translate"))
+    assert protocol.timeout_keep_alive_task is not None
+    await asyncio.sleep(0.02)
+    assert not transport.closed
+    await asyncio.sleep(0.1)
+    assert transport.closed
+
+
+async def test_an_open_door_leaves_every_request_to_the_app() -> None:
+    protocol, transport, _, reached = await connection(Door(Metrics(), OpenGate()))
+    protocol.data_received(request("/translate"))
+    await asyncio.sleep(0.01)
+    assert reached == ["/translate"]
+    assert transport.writes[0].startswith(b"HTTP/1.1 200 OK")
+
+
+async def test_requests_for_admission_start_one_per_turn_counted_as_arriving_until_then() -> None:
+    gate = Gate(full=False)
+    server = Server(Door(Metrics(), gate))
+    connections = [server.connect()[0] for _ in range(4)]
+    for protocol in connections[:3]:
+        protocol.data_received(request("/translate"))
+    assert gate.arriving == 3  # read, none started: the door counts all three
+    connections[3].data_received(request("/health"))  # not for admission: not held back
+    turns: list[list[str]] = []
+    for _ in range(4):
+        await asyncio.sleep(0)
+        turns.append(list(server.reached))
+    # A start takes two turns (started in one, its first step in the next), one start a turn.
+    assert turns == [
+        ["/health"],
+        ["/health", "/translate"],
+        ["/health", "/translate", "/translate"],
+        ["/health", "/translate", "/translate", "/translate"],
+    ]
+    await asyncio.sleep(0.01)
+    assert gate.arriving == 0

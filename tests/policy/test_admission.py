@@ -113,3 +113,15 @@ def test_each_of_several_api_processes_admits_its_share_of_the_bound() -> None:
         made.reserve(1, None)
     held[0].release()
     assert not made.full
+
+
+def test_requests_on_their_way_close_the_door_until_they_arrive() -> None:
+    gate = admission(Clock(), bound=3)
+    first = gate.arrive()
+    gate.arrive()
+    assert not gate.full
+    gate.reserve(1, None)
+    assert gate.full  # one admitted, two on their way: the bound of 3 is taken
+    first()
+    first()  # once only
+    assert not gate.full
