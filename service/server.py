@@ -24,7 +24,7 @@ from typing import Any, cast
 
 import uvicorn
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Scope
+from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from service.api.middleware import Door
@@ -224,9 +224,14 @@ class ServiceHttpProtocol(HttpToolsProtocol):
         return data
 
     def _start(self, cycle: RequestResponseCycle, app: Any, arrived: Callable[[], None]) -> None:
-        super()._start_asgi_task(cycle, app)
-        # After the task's first step, which is when it reaches admission (or fails before).
-        self.loop.call_soon(arrived)
+        async def arriving(scope: Scope, receive: Receive, send: Send) -> None:
+            # Here, at the start of the task's first step: from here to admission it runs
+            # without a pause, so no other request's door sees it counted twice or not at all,
+            # and its own check in the middleware does not count it as on its way.
+            arrived()
+            await app(scope, receive, send)
+
+        super()._start_asgi_task(cycle, cast(Any, arriving))
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         started = time.perf_counter()

@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from service.api.middleware import Door, OpenGate
+from service.api.middleware import Door, OpenGate, RequestContextMiddleware
 from service.metrics import Metrics
 from service.server import ServiceConfig, ServiceHttpProtocol
 
@@ -63,7 +63,9 @@ class Server:
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b"ok"})
 
-        self.config = ServiceConfig(app, door=door, log_config=None, http=ServiceHttpProtocol)
+        # Behind the service's middleware, which asks the same door again.
+        served = RequestContextMiddleware(app, metrics=Metrics(), max_body_bytes=1024, door=door)
+        self.config = ServiceConfig(served, door=door, log_config=None, http=ServiceHttpProtocol)
         self.config.load()
         self.state = ServerState()
 
@@ -83,16 +85,18 @@ async def connection(door: Door) -> tuple[ServiceHttpProtocol, Transport, Server
 class Gate(OpenGate):
     """Refuses ``/translate`` while ``full``; counts the others as arriving."""
 
-    def __init__(self, full: bool = True) -> None:
+    def __init__(self, full: bool = True, bound: int | None = None) -> None:
+        """``bound``: full (too) once this many requests are on their way."""
         self.full = full
+        self.bound = bound
         self.arriving = 0
         self._refusal = JSONResponse({"error": {"code": "overloaded"}}, 429, {"Retry-After": "3"})
 
     def closed(self) -> bool:
-        return self.full
+        return self.full or (self.bound is not None and self.arriving >= self.bound)
 
     def refusal(self, scope: Scope) -> Response | None:
-        return self._refusal if self.full and scope["path"] == "/translate" else None
+        return self._refusal if self.closed() and scope["path"] == "/translate" else None
 
     def arrive(self, scope: Scope) -> Callable[[], None] | None:
         if scope["path"] != "/translate":
@@ -238,3 +242,12 @@ async def test_requests_for_admission_start_one_per_turn_counted_as_arriving_unt
     ]
     await asyncio.sleep(0.01)
     assert gate.arriving == 0
+
+
+async def test_a_request_on_its_way_is_not_refused_for_counting_itself() -> None:
+    # Room for one: the request counts as on its way until it starts, then reaches the app.
+    protocol, transport, _, reached = await connection(Door(Metrics(), Gate(False, bound=1)))
+    protocol.data_received(request("/translate"))
+    await asyncio.sleep(0.01)
+    assert reached == ["/translate"]
+    assert transport.writes[0].startswith(b"HTTP/1.1 200 OK")
