@@ -21,6 +21,9 @@ from limits.strategies import SlidingWindowCounterRateLimiter
 
 from service.errors import Forbidden, QuotaExceeded, RateLimited, Unauthenticated
 
+# The bound of the counting window when no quota is set: never reached.
+_UNLIMITED = 10**15
+
 
 @dataclass(frozen=True, slots=True)
 class AccessConfig:
@@ -48,6 +51,9 @@ class AccessControl:
         self._chars: RateLimitItem | None = (
             parse(settings.char_quota) if settings.char_quota else None
         )
+        # Without a quota, characters are still counted (DeepL's /v2/usage reports them), in a
+        # window of DeepL's billing period.
+        self._usage: RateLimitItem = self._chars or parse(f"{_UNLIMITED}/month")
 
     @property
     def requires_keys(self) -> bool:
@@ -75,15 +81,19 @@ class AccessControl:
 
     def charge(self, client: Client, characters: int) -> None:
         """Count characters against the client's quota; ``RateLimited`` when it is spent."""
-        if self._chars is not None and characters > 0:
+        if characters <= 0:
+            return
+        if self._chars is not None:
             self._spend(self._chars, client, characters, "character quota")
+        else:
+            self._limiter.hit(self._usage, client.identity, cost=characters)
 
     def character_usage(self, client: Client) -> tuple[int, int | None]:
-        """Characters used in the current window and the quota (None: unlimited)."""
-        if self._chars is None:
-            return 0, None
-        stats = self._limiter.get_window_stats(self._chars, client.identity)
-        return self._chars.amount - stats.remaining, self._chars.amount
+        """Characters used in the current window (the quota's, else a month) and the quota
+        (None: unlimited)."""
+        stats = self._limiter.get_window_stats(self._usage, client.identity)
+        used = self._usage.amount - stats.remaining
+        return used, self._chars.amount if self._chars is not None else None
 
     def _spend(self, item: RateLimitItem, client: Client, cost: int, what: str) -> None:
         if self._limiter.hit(item, client.identity, cost=cost):

@@ -36,6 +36,16 @@ class BatchTooLarge(InvalidInput):
     code = "batch_too_large"
 
 
+class NotFound(ServiceError):
+    """No such route (or resource)."""
+
+    code = "not_found"
+
+
+class MethodNotAllowed(ServiceError):
+    code = "method_not_allowed"
+
+
 class PayloadTooLarge(ServiceError):
     code = "payload_too_large"
 

@@ -1,26 +1,29 @@
 """DeepL API v2-compatible endpoints, mounted under ``/v2``.
 
-``POST /v2/translate`` (JSON or form, ``text`` repeated), ``GET /v2/languages``,
-``GET /v2/usage``, ``Authorization: DeepL-Auth-Key KEY`` against the same key store as the native
-API, errors as ``{"message": ...}`` with DeepL's codes (400, 403, 413 over 128 KiB, 429, 456 when
-a key's character quota is spent). Options the model cannot honour are refused with a 400 that
-names them; options that cannot change a single-segment translation are accepted and ignored
-(listed in the README).
+``POST``/``GET /v2/translate`` (JSON, form or query; ``text`` repeated), ``GET``/``POST
+/v2/languages``, ``GET``/``POST /v2/usage``. The key comes as ``Authorization: DeepL-Auth-Key
+KEY`` (or ``Bearer KEY``), or as the legacy ``auth_key`` parameter, against the same key store as
+the native API. Errors are ``{"message": ...}`` in DeepL's wording and statuses (400, 403, 404,
+413 over 128 KiB, 429, 456 when a key's character quota is spent). DeepL's language codes map
+onto the model's: targets ``EN-GB``/``EN-US``, ``PT-BR``/``PT-PT``, ``ZH``/``ZH-HANS``,
+``ZH-HANT`` (the official clients refuse the bare ``EN`` and ``PT`` as targets; they are still
+accepted). Options the model cannot honour are refused with a 400 that names them; options that
+cannot change a one-model, one-segment translation are validated as DeepL does and ignored
+(README's table).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, field_validator
 
 from service.access import AccessControl
 from service.api.context import RequestContext
 from service.api.errors import Dialect, install_dialect_errors
 from service.api.middleware import NO_TELEMETRY
-from service.api.params import Params, parse, read_params
+from service.api.params import Params, read_params
 from service.errors import (
     DeadlineExceeded,
     Forbidden,
@@ -45,6 +48,21 @@ REFUSED = (
     "translation_memory",
     "translation_memory_id",
 )
+# The values DeepL accepts for the options it validates.
+_ALLOWED = {
+    "split_sentences": ("0", "1", "nonewlines"),
+    "preserve_formatting": ("0", "1", "true", "false"),
+    "outline_detection": ("0", "1", "true", "false"),
+    "show_billed_characters": ("0", "1", "true", "false"),
+    "tag_handling": ("html", "xml"),
+    "formality": ("default", "more", "less", "prefer_more", "prefer_less"),
+    "model_type": ("quality_optimized", "prefer_quality_optimized", "latency_optimized"),
+}
+# Formality the model is told nothing about: ``default``, and the ``prefer_`` values, which DeepL
+# defines as "if the target language supports it".
+_SAFE_FORMALITY = ("default", "prefer_more", "prefer_less")
+# The one model there is, for ``model_type_used``.
+_MODEL_TYPE = "quality_optimized"
 _STATUS = {
     InvalidInput: 400,
     Unauthenticated: 403,
@@ -52,40 +70,79 @@ _STATUS = {
     QuotaExceeded: 456,
     DeadlineExceeded: 504,
 }
-# DeepL spellings that are not simply our code in capitals.
-_TO_OURS = {"EN-US": "en", "EN-GB": "en", "PT-BR": "pt", "PT-PT": "pt", "ZH-HANS": "zh"}
 DEEPL = Dialect("/v2", _STATUS, lambda error: {"message": error.message})
 
 
-class TranslateBody(BaseModel):
-    # DeepL accepts many options that cannot change a one-segment translation: ignored.
-    model_config = ConfigDict(extra="ignore")
+@dataclass(frozen=True, slots=True)
+class _Code:
+    code: str
+    name: str
+    language: Language
 
-    text: list[str]
-    target_lang: str
-    source_lang: str | None = None
-    tag_handling: Literal["html", "xml"] | None = None
-    formality: str | None = None
-    auth_key: str | None = None
 
-    @field_validator("text", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: object) -> object:
-        return [value] if isinstance(value, str) else value
+def source_codes(table: LanguageTable) -> list[_Code]:
+    """DeepL's source list: one code per language, without script or region (``ZH`` covers
+    both scripts)."""
+    return [
+        _Code(language.code.upper(), language.english_name, language)
+        for language in table.values()
+        if language.code != "zh-Hant"
+    ]
 
-    @field_validator("source_lang", "tag_handling", "formality", mode="before")
-    @classmethod
-    def _empty_is_unset(cls, value: object) -> object:
-        return value or None
+
+def target_codes(table: LanguageTable) -> list[_Code]:
+    """DeepL's target list: English, Portuguese and Chinese by variant, as DeepL lists them."""
+    variants = {
+        "en": (("EN-GB", "English (British)"), ("EN-US", "English (American)")),
+        "pt": (("PT-BR", "Portuguese (Brazilian)"), ("PT-PT", "Portuguese (European)")),
+        "zh": (("ZH", "Chinese (simplified)"), ("ZH-HANS", "Chinese (simplified)")),
+        "zh-Hant": (("ZH-HANT", "Chinese (traditional)"),),
+    }
+    codes: list[_Code] = []
+    for language in table.values():
+        for code, name in variants.get(
+            language.code, ((language.code.upper(), language.english_name),)
+        ):
+            codes.append(_Code(code, name, language))
+    return codes
 
 
 def deepl_code(language: Language) -> str:
-    return language.code.upper()
+    """The code DeepL reports a detected source language by."""
+    return "ZH" if language.code == "zh-Hant" else language.code.upper()
 
 
-def our_code(deepl: str) -> str:
-    upper = deepl.upper()
-    return _TO_OURS.get(upper, upper.lower() if upper != "ZH-HANT" else "zh-Hant")
+def _value(params: Params, name: str) -> str | None:
+    """A single-valued parameter as DeepL reads it (the first of repeats; booleans as text)."""
+    value = params.get(name)
+    if isinstance(value, list):
+        value = value[0] if value else None
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if value is None or value == "":
+        return None
+    if isinstance(value, int | float):
+        return str(value)
+    if not isinstance(value, str):
+        raise InvalidInput(f"Value for '{name}' not supported.")
+    return value
+
+
+def _texts(params: Params) -> list[str]:
+    value = params.get("text")
+    texts = value if isinstance(value, list) else [value] if value is not None else []
+    if not texts:
+        raise InvalidInput("Parameter 'text' not specified.")
+    if not all(isinstance(text, str) for text in texts):
+        raise InvalidInput("Value for 'text' not supported.")
+    return texts
+
+
+def _tags(params: Params, name: str) -> list[str]:
+    """A tag list: comma-separated in one value, or repeated."""
+    value = params.get(name)
+    values = value if isinstance(value, list) else [value] if value else []
+    return [tag.strip() for item in values if isinstance(item, str) for tag in item.split(",")]
 
 
 def create_deepl_app(runtime: Runtime, access: AccessControl) -> FastAPI:
@@ -96,47 +153,78 @@ def create_deepl_app(runtime: Runtime, access: AccessControl) -> FastAPI:
 
     install_dialect_errors(app, DEEPL)
 
-    def context_of(request: Request, params: Params | None = None) -> RequestContext:
-        header = request.headers.get("authorization", "")
-        scheme, _, key = header.partition(" ")
-        if scheme != "DeepL-Auth-Key" and params is not None:
-            given = params.get("auth_key")
-            key = given if isinstance(given, str) else ""
-        return RequestContext.build(request, f"Bearer {key}" if key else None)
+    def context_of(request: Request, params: Params) -> RequestContext:
+        header = request.headers.get("authorization")
+        if header is not None:
+            scheme, _, key = header.partition(" ")
+            if scheme.lower() not in ("deepl-auth-key", "bearer"):
+                key = ""
+        else:
+            key = _value(params, "auth_key") or ""
+        try:
+            return RequestContext.build(request, f"Bearer {key.strip()}" if key else None)
+        except Unauthenticated:
+            raise Unauthenticated(
+                "Authorization failure: send the key as Authorization: DeepL-Auth-Key <key>"
+            ) from None
+        except Forbidden:
+            raise Forbidden("Authorization failure: the key is not valid") from None
 
-    @app.post("/translate")
+    def language_of(params: Params, name: str, codes: list[_Code]) -> Language | None:
+        given = _value(params, name)
+        if given is None:
+            return None
+        upper = given.upper()
+        for entry in codes:
+            if entry.code == upper:
+                return entry.language
+        found = runtime.translator.languages.lookup(given)  # EN, PT, other spellings
+        if found is None:
+            raise InvalidInput(f"Value for '{name}' not supported.")
+        return found
+
     async def translate(request: Request) -> JSONResponse:
         if len(await request.body()) > MAX_REQUEST_BYTES:
             raise PayloadTooLarge("Request Entity Too Large")
         params = await read_params(request)
-        refused = [name for name in REFUSED if params.get(name)]
-        body = parse(TranslateBody, params)
         context = context_of(request, params)
-        if body.formality not in (None, "default"):
-            refused.append("formality")
+        languages = context.translator.languages
+        texts = _texts(params)
+        target = language_of(params, "target_lang", target_codes(languages))
+        if target is None:
+            raise InvalidInput("Parameter 'target_lang' not specified.")
+        source = language_of(params, "source_lang", source_codes(languages))
+        options = {name: _value(params, name) for name in _ALLOWED}
+        for name, value in options.items():
+            if value is not None and value.lower() not in _ALLOWED[name]:
+                raise InvalidInput(f"Value for '{name}' not supported.")
+        formality = (options["formality"] or "default").lower()
+        if formality not in _SAFE_FORMALITY:
+            raise InvalidInput("'formality' is not supported for given 'target_lang'.")
+        refused = [name for name in REFUSED if params.get(name)]
         if refused:
             raise Unsupported(f"unsupported parameter(s): {', '.join(refused)}")
-        texts = body.text
-        if not texts:
-            raise InvalidInput("invalid request: missing text parameter")
-        billed = sum(len(text) for text in texts)
-        context.charge(billed)
+        context.charge(sum(len(text) for text in texts))
         translator = context.translator
-        target_code = our_code(body.target_lang)
-        source_code = our_code(body.source_lang) if body.source_lang else None
-        if body.tag_handling:
+        source_code = source.code if source is not None else None
+        tag_handling = options["tag_handling"]
+        if tag_handling or _value(params, "ignore_tags"):
             outcomes = await translator.translate_markup(
-                texts, target_code, source_code, deadline=context.deadline
+                texts,
+                target.code,
+                source_code,
+                deadline=context.deadline,
+                ignore=_tags(params, "ignore_tags"),
             )
         else:
             outcomes = await translator.translate_batch(
-                texts, target_code, source_code, deadline=context.deadline
+                texts, target.code, source_code, deadline=context.deadline
             )
-        translations = []
+        translations: list[dict[str, object]] = []
         for text, outcome in zip(texts, outcomes, strict=True):
             if isinstance(outcome, ServiceError):
                 raise outcome
-            detected = outcome.source or translator.languages["en"]
+            detected = outcome.source or source or languages["en"]
             translations.append(
                 {
                     "detected_source_language": deepl_code(detected),
@@ -144,28 +232,42 @@ def create_deepl_app(runtime: Runtime, access: AccessControl) -> FastAPI:
                     "billed_characters": len(text),
                 }
             )
-        return JSONResponse({"translations": translations})
+        answer: dict[str, object] = {"translations": translations}
+        if options["model_type"] is not None:
+            for translation in translations:
+                translation["model_type_used"] = _MODEL_TYPE
+        return JSONResponse(answer)
 
-    @app.get("/languages")
-    async def languages(request: Request, type: str = "source") -> JSONResponse:
-        table: LanguageTable = context_of(request).translator.languages
-        entries: list[dict[str, object]] = []
-        for language in table.values():
-            entry: dict[str, object] = {
-                "language": deepl_code(language),
-                "name": language.english_name,
-            }
-            if type == "target":
-                entry["supports_formality"] = False
-            entries.append(entry)
+    app.add_api_route("/translate", translate, methods=["POST", "GET"])
+
+    async def list_languages(request: Request) -> JSONResponse:
+        params = await read_params(request)
+        context = context_of(request, params)
+        kind = _value(params, "type") or "source"
+        if kind not in ("source", "target"):
+            raise InvalidInput(
+                "Parameter 'type' is invalid. 'source' and 'target' are valid values."
+            )
+        languages = context.translator.languages
+        entries: list[dict[str, object]]
+        if kind == "source":
+            entries = [{"language": c.code, "name": c.name} for c in source_codes(languages)]
+        else:
+            entries = [
+                {"language": c.code, "name": c.name, "supports_formality": False}
+                for c in target_codes(languages)
+            ]
         return JSONResponse(entries)
 
-    @app.get("/usage")
+    app.add_api_route("/languages", list_languages, methods=["GET", "POST"])
+
     async def usage(request: Request) -> JSONResponse:
-        context = context_of(request)
+        context = context_of(request, await read_params(request))
         used, limit = access.character_usage(context.client)
         return JSONResponse(
             {"character_count": used, "character_limit": limit if limit is not None else 10**12}
         )
+
+    app.add_api_route("/usage", usage, methods=["GET", "POST"])
 
     return app

@@ -26,6 +26,8 @@ STATUS_BY_ERROR: tuple[tuple[type[errors.ServiceError], int], ...] = (
     (errors.InvalidInput, 422),
     (errors.Unauthenticated, 401),
     (errors.Forbidden, 403),
+    (errors.NotFound, 404),
+    (errors.MethodNotAllowed, 405),
     (errors.PayloadTooLarge, 413),
     (errors.Overloaded, 429),
     (errors.DeadlineExceeded, 504),
@@ -91,13 +93,25 @@ NATIVE = Dialect("", {}, None)
 
 
 def install_dialect_errors(app: FastAPI, dialect: Dialect) -> None:
-    """Answer a compatibility dialect's domain errors in that API's own shape and statuses."""
+    """Answer a compatibility dialect's domain errors, and its unknown routes and methods, in
+    that API's own shape and statuses."""
 
     async def on_service_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, errors.ServiceError)
         return dialect.response(error)
 
+    async def on_http_error(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, HTTPException)
+        if error.status_code == 405:
+            response = dialect.response(errors.MethodNotAllowed("Method not allowed"))
+            response.headers.update(error.headers or {})  # Allow
+            return response
+        if error.status_code == 404:
+            return dialect.response(errors.NotFound("Not found"))
+        return dialect.response(errors.InvalidInput(str(error.detail)))
+
     app.add_exception_handler(errors.ServiceError, on_service_error)
+    app.add_exception_handler(HTTPException, on_http_error)
 
 
 def install_error_handlers(app: FastAPI) -> None:

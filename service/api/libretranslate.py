@@ -23,6 +23,7 @@ from service.errors import (
     DeadlineExceeded,
     Forbidden,
     InvalidInput,
+    Overloaded,
     ServiceError,
     Unauthenticated,
 )
@@ -31,7 +32,19 @@ from service.translation.translator import Translation
 
 # LibreTranslate's own status codes where they differ from the native API's.
 _STATUS = {InvalidInput: 400, Unauthenticated: 403, Forbidden: 403, DeadlineExceeded: 504}
-LIBRETRANSLATE = Dialect("/libretranslate", _STATUS, lambda error: {"error": error.message})
+
+
+def _error_body(error: ServiceError) -> dict[str, str]:
+    # LibreTranslate's clients recognise a 429 by this prefix.
+    if isinstance(error, Overloaded):
+        return {"error": f"Slowdown: {error.message}"}
+    return {"error": error.message}
+
+
+LIBRETRANSLATE = Dialect("/libretranslate", _STATUS, _error_body)
+# LibreTranslate's answers for features this server does not offer.
+_FILES_DISABLED = "Files translation are disabled on this server."
+_SUGGESTIONS_DISABLED = "Suggestions are disabled on this server."
 
 
 class _Request(BaseModel):
@@ -140,6 +153,26 @@ def create_libretranslate_app(runtime: Runtime, access: AccessControl) -> FastAP
                 for lang in table.values()
             ]
         )
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        """LibreTranslate's own probe: whether translations can be served now."""
+        if runtime.failure() is not None:
+            return JSONResponse({"status": "unavailable"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.post("/translate_file")
+    async def translate_file() -> JSONResponse:
+        raise Forbidden(_FILES_DISABLED)
+
+    @app.post("/suggest")
+    async def suggest() -> JSONResponse:
+        raise Forbidden(_SUGGESTIONS_DISABLED)
+
+    @app.get("/spec")
+    async def spec() -> JSONResponse:
+        """This API's OpenAPI document (LibreTranslate serves its Swagger document here)."""
+        return JSONResponse(app.openapi())
 
     @app.get("/frontend/settings")
     async def frontend_settings() -> JSONResponse:

@@ -23,27 +23,32 @@ M = TypeVar("M", bound=BaseModel)
 
 
 async def read_params(request: Request) -> Params:
+    """The query's parameters, overridden by the body's (a form or a JSON object)."""
+    query: Params = {}
+    for key in request.query_params:
+        values = request.query_params.getlist(key)
+        query[key] = values if len(values) > 1 else values[0]
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
         try:
             form = await request.form()
         except Exception:  # python-multipart raises several types for malformed bodies
             raise InvalidInput("invalid request: the form body cannot be parsed") from None
-        params: Params = dict(request.query_params)
+        params = dict(query)
         for key in form:
             values = [value for value in form.getlist(key) if isinstance(value, str)]
             params[key] = values if len(values) > 1 else (values[0] if values else "")
         return params
     body = await request.body()
     if not body:
-        return dict(request.query_params)
+        return query
     try:
         decoded = json.loads(body)
     except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
         raise InvalidInput("invalid request: the body is neither JSON nor a form") from None
     if not isinstance(decoded, dict):
         raise InvalidInput("invalid request: the body must be a JSON object")
-    return decoded
+    return {**query, **decoded}
 
 
 def parse(model: type[M], params: Params) -> M:

@@ -1,11 +1,16 @@
 """The languages Hunyuan-MT supports: the 38 rows of the model card, with both names.
 
 The English name goes into the English prompt template, the Chinese name into the Chinese one.
-Codes are matched case-insensitively (``ZH-hant`` finds ``zh-Hant``).
+Codes are matched case-insensitively (``ZH-hant`` finds ``zh-Hant``), and the spellings clients
+send for the same languages resolve to them (``resolve``): BCP 47 tags with a region or script
+(``en-US``, ``pt-BR``, ``zh-CN``, ``zh-Hans``, ``zh-TW``), the codes of LibreTranslate (``zt``,
+``pb``) and of older ISO 639 (``iw``, ``in``, ``fil``), and the languages' names (``english``,
+``英语``). An unknown code is refused with the closest codes as suggestions.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -69,11 +74,52 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# Other spellings of a code in the table, lower case.
+_ALIASES = {
+    "zh-hans": "zh",
+    "zh-cn": "zh",
+    "zh-sg": "zh",
+    "zh-my": "zh",
+    "zh-hant": "zh-Hant",
+    "zh-tw": "zh-Hant",
+    "zh-hk": "zh-Hant",
+    "zh-mo": "zh-Hant",
+    "zt": "zh-Hant",  # LibreTranslate
+    "pb": "pt",  # LibreTranslate
+    "fil": "tl",
+    "iw": "he",
+    "in": "id",
+    "zh-yue": "yue",
+}
+# A Chinese tag with one of these subtags is written in traditional characters.
+_TRADITIONAL = frozenset({"hant", "tw", "hk", "mo"})
+
+
 class LanguageTable(Mapping[str, Language]):
     """Read-only lookup of supported languages by case-insensitive code."""
 
     def __init__(self, rows: tuple[tuple[str, str, str], ...] = _ROWS) -> None:
         self._by_code = {code.lower(): Language(code, en, zh) for code, en, zh in rows}
+        self._by_name: dict[str, Language] = {}
+        for language in self._by_code.values():
+            self._by_name[language.english_name.lower()] = language
+            self._by_name[language.chinese_name] = language
+
+    def lookup(self, code: str) -> Language | None:
+        """The language ``code`` means, in any of the spellings the module accepts, or None."""
+        key = code.strip().lower().replace("_", "-")
+        found = self._by_code.get(key) or self._by_name.get(key)
+        if found is not None:
+            return found
+        alias = _ALIASES.get(key)
+        if alias is not None:
+            return self._by_code.get(alias.lower())
+        base, _, rest = key.partition("-")
+        if not rest or not base.isalpha():
+            return None
+        if base == "zh" and _TRADITIONAL.intersection(rest.split("-")):
+            return self._by_code.get("zh-hant")
+        return self._by_code.get(base)  # a region or script of a language we have: en-US
 
     def __getitem__(self, code: str) -> Language:
         return self._by_code[code.lower()]
@@ -85,10 +131,25 @@ class LanguageTable(Mapping[str, Language]):
         return len(self._by_code)
 
     def resolve(self, code: str, *, field: str) -> Language:
-        """The language for ``code``, or ``UnknownLanguage`` naming the request field."""
-        try:
-            return self[code]
-        except KeyError:
-            raise UnknownLanguage(
-                f"{field}: unsupported language code {code!r}; GET /languages lists the codes"
-            ) from None
+        """The language for ``code``, or ``UnknownLanguage`` naming the request field and the
+        closest codes."""
+        found = self.lookup(code)
+        if found is not None:
+            return found
+        suggestions = self.suggest(code)
+        hint = f" (did you mean {' or '.join(map(repr, suggestions))}?)" if suggestions else ""
+        raise UnknownLanguage(
+            f"{field}: unsupported language code {code!r}{hint}; GET /languages lists the codes"
+        )
+
+    def suggest(self, code: str) -> list[str]:
+        """Up to three codes close to ``code`` (by code or by name)."""
+        key = code.strip().lower()[:64]
+        candidates = {key: language.code for key, language in self._by_code.items()}
+        candidates.update({name: language.code for name, language in self._by_name.items()})
+        close = difflib.get_close_matches(key, list(candidates), n=6, cutoff=0.6)
+        codes: list[str] = []
+        for match in close:
+            if candidates[match] not in codes:
+                codes.append(candidates[match])
+        return codes[:3]

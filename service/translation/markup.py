@@ -1,17 +1,27 @@
 """Markup-aware translation: tags stay as they are, only the text between them is translated.
 
 For LibreTranslate's ``format=html`` and DeepL's ``tag_handling=html|xml``. The document is split
-at tags (comments and ``<script>``/``<style>`` contents are left alone); each text run with
-letters becomes one text to translate, with its surrounding whitespace kept.
+at tags; each text run with letters becomes one text to translate, with its surrounding
+whitespace kept. Left exactly as written: comments, ``<script>`` and ``<style>`` contents, the
+contents of an element marked ``translate="no"`` (HTML's own attribute, which DeepL honours too)
+and of the elements named in ``ignore`` (DeepL's ``ignore_tags``), nested elements included.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 _TOKENS = re.compile(r"(<!--.*?-->|<[^>]*>)", re.S)
-_RAW = re.compile(r"<(script|style)\b", re.I)
+_TAG = re.compile(r"<\s*(/)?\s*([A-Za-z][\w:.-]*)([^>]*)>", re.S)
+_TRANSLATE_NO = re.compile(r"""\btranslate\s*=\s*["']?no\b""", re.I)
+# Elements whose contents are never text to translate.
+_RAW = frozenset({"script", "style"})
+# HTML elements without a closing tag.
+_VOID = frozenset(
+    {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "wbr"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,17 +40,28 @@ class Segmented:
         return "".join(parts)
 
 
-def segment(markup: str) -> Segmented:
+def segment(markup: str, ignore: Iterable[str] = ()) -> Segmented:
+    """``markup`` split at its tags, with the runs to translate marked."""
+    ignored = _RAW | {name.strip().lower() for name in ignore if name.strip()}
     parts = _TOKENS.split(markup)
     texts: list[int] = []
-    raw = False
+    # Elements open since the outermost one whose contents stay as written (empty: translate).
+    kept: list[str] = []
     for index, part in enumerate(parts):
-        if index % 2 == 1:  # a tag or comment
-            if _RAW.match(part):
-                raw = True
-            elif re.match(r"</(script|style)\b", part, re.I):
-                raw = False
+        if index % 2 == 0:
+            if not kept and any(char.isalpha() for char in part):
+                texts.append(index)
             continue
-        if not raw and any(char.isalpha() for char in part):
-            texts.append(index)
+        tag = _TAG.match(part)
+        if tag is None:  # a comment, doctype or processing instruction
+            continue
+        closing, name, rest = bool(tag.group(1)), tag.group(2).lower(), tag.group(3)
+        empty = rest.rstrip().endswith("/") or name in _VOID
+        if closing:
+            if name in kept:
+                del kept[len(kept) - 1 - kept[::-1].index(name) :]
+        elif empty:
+            continue
+        elif kept or name in ignored or _TRANSLATE_NO.search(rest):
+            kept.append(name)
     return Segmented(parts, texts)

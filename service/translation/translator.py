@@ -35,6 +35,7 @@ from service.translation.detection import Detection, LanguageDetector
 from service.translation.languages import Language, LanguageTable
 from service.translation.markup import segment
 from service.translation.prompts import PromptFormat, looks_chinese
+from service.translation.verbatim import verbatim
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class Translation:
     detected_confidence: float | None
     input_tokens: int
     output_tokens: int
-    cache: str  # "hit", "shared" or "miss"
+    cache: str  # "hit", "shared", "miss", or "bypass" (not language: answered as it is)
     queue_s: float
     inference_s: float
 
@@ -159,24 +160,25 @@ class PromptBuilder:
             raise InvalidInput("language detection is not available")
         return self._detector.detect(text)
 
-    def check_length(self, text: str, field: str) -> None:
-        """The length check cheap enough for the event loop (before admission)."""
+    def check(self, text: str, field: str) -> None:
+        """The checks cheap enough for the event loop (before admission): not empty, not too
+        long, valid Unicode."""
+        if not text.strip():
+            raise InvalidInput(f"{field}: the text is empty")
         if len(text) > self._settings.max_text_chars:
             raise TextTooLong(
                 f"{field}: {len(text)} characters, at most {self._settings.max_text_chars}"
             )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput(f"{field}: the text is not valid Unicode (lone surrogate)") from None
 
     def prepare(
         self, text: str, target: Language, source: Language | None, *, field: str
     ) -> Prepared:
         """The request for ``text``; ``field`` names it in errors (``texts[3]``)."""
-        if not text.strip():
-            raise InvalidInput(f"{field}: the text is empty")
-        self.check_length(text, field)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidInput(f"{field}: the text is not valid Unicode (lone surrogate)") from None
+        self.check(text, field)
         source_tokens = self._encoder.count_tokens(text)
         if source_tokens > self._settings.max_input_tokens:
             raise TextTooLong(
@@ -232,7 +234,9 @@ class Translator:
     ) -> Translation:
         """``deadline`` is a ``time.monotonic()`` instant; past it, ``DeadlineExceeded``."""
         target, source = self._prompts.languages_of(target_lang, source_lang)
-        self._prompts.check_length(text, "text")
+        self._prompts.check(text, "text")
+        if verbatim(text):
+            return _as_is(text, source, target)
         with self._admission.reserve(1, deadline) as reservation:
             (prepared,) = await self._preparer.prepare([text], target, source, ["text"])
             return await self._run(prepared, target, deadline, reservation)
@@ -258,18 +262,24 @@ class Translator:
             return []
         target, source = self._prompts.languages_of(target_lang, source_lang)
         for index, text in enumerate(texts):
-            self._prompts.check_length(text, f"texts[{index}]")
-        with self._admission.reserve(len(texts), deadline) as reservation:
-            fields = [f"texts[{index}]" for index in range(len(texts))]
-            prepared = await self._preparer.prepare(texts, target, source, fields)
+            self._prompts.check(text, f"texts[{index}]")
+        # Every text answered as it is to begin with; those that are language replaced below.
+        results: list[Translation | ServiceError] = [_as_is(text, source, target) for text in texts]
+        todo = [index for index, text in enumerate(texts) if not verbatim(text)]
+        if not todo:
+            return results
+        with self._admission.reserve(len(todo), deadline) as reservation:
+            fields = [f"texts[{index}]" for index in todo]
+            prepared = await self._preparer.prepare(
+                [texts[index] for index in todo], target, source, fields
+            )
             outcomes = await asyncio.gather(
                 *(self._run(item, target, deadline, reservation) for item in prepared),
                 return_exceptions=True,
             )
-        results: list[Translation | ServiceError] = []
-        for outcome in outcomes:
+        for index, outcome in zip(todo, outcomes, strict=True):
             if isinstance(outcome, Translation | ServiceError):
-                results.append(outcome)
+                results[index] = outcome
             else:
                 raise outcome  # a bug, not a per-text failure: the one 500 path
         return results
@@ -281,10 +291,12 @@ class Translator:
         source_lang: str | None = None,
         *,
         deadline: float | None = None,
+        ignore: Sequence[str] = (),
     ) -> list[Translation | ServiceError]:
-        """Translate HTML or XML documents: tags kept, the text between them translated."""
+        """Translate HTML or XML documents: tags kept, the text between them translated, the
+        contents of the ``ignore`` elements and of those marked ``translate="no"`` kept."""
         target, _ = self._prompts.languages_of(target_lang, source_lang)
-        segmented = [segment(document) for document in documents]
+        segmented = [segment(document, ignore) for document in documents]
         runs = [s.parts[i] for s in segmented for i in s.texts]
         outcomes = await self.translate_batch(runs, target_lang, source_lang, deadline=deadline)
         results: list[Translation | ServiceError] = []
@@ -378,3 +390,18 @@ def _released(reservation: Reservation) -> Iterator[None]:
         reservation.release(1)
         raise
     reservation.release(1)
+
+
+def _as_is(text: str, source: Language | None, target: Language) -> Translation:
+    """The answer for a text that is not language (``verbatim``): itself, at no cost."""
+    return Translation(
+        text=text,
+        source=source,
+        target=target,
+        detected_confidence=None,
+        input_tokens=0,
+        output_tokens=0,
+        cache="bypass",
+        queue_s=0.0,
+        inference_s=0.0,
+    )

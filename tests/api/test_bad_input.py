@@ -17,7 +17,7 @@ from tests.conftest import ServiceClient
         ({"target_lang": "de"}, "validation_error"),
         ({"text": "", "target_lang": "de"}, "validation_error"),
         ({"text": " \t\n ", "target_lang": "de"}, "invalid_input"),
-        ({"text": "hi", "target_lang": "german"}, "unknown_language"),
+        ({"text": "hi", "target_lang": "klingon"}, "unknown_language"),
     ],
 )
 async def test_bad_fields_are_422(demo: ServiceClient, body: object, code: str) -> None:
