@@ -15,6 +15,9 @@ python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --target "$
   --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
   "${pkgs[@]}" 2>&1 | grep -v '^WARNING' || true
+# wordfreq's detection uses its small lists only; its large ones are 46 MB of the 64 MiB a run
+# can carry.
+[ -d "$dest/wordfreq/data" ] && find "$dest/wordfreq/data" -name 'large_*' -delete
 # bitsandbytes ships one library per CUDA/ROCm/XPU version; the H200 image runs CUDA 13.0.
 find "$dest/bitsandbytes" -name 'libbitsandbytes_*.so' ! -name '*cuda130*' ! -name '*cpu*' -delete
 grep -qx '/.gpu-site/' .git/info/exclude 2>/dev/null || echo '/.gpu-site/' >> .git/info/exclude

@@ -146,7 +146,7 @@ async def detect(body: DetectRequest, context: ContextDep) -> list[DetectionOut]
         raise BatchTooLarge(f"texts: at most {translator.max_batch_items} per request")
     context.charge(sum(len(text) for text in body.texts))
     return [
-        DetectionOut(language=d.language.code, confidence=d.confidence)
+        DetectionOut(language=d.language.code, confidence=d.confidence, uncertain=d.uncertain)
         for d in await translator.detect(body.texts)
     ]
 

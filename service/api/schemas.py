@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.translation.detection import UNCERTAIN_BELOW
 from service.translation.translator import Translation
 
 
@@ -43,6 +44,13 @@ class TranslationOut(BaseModel):
     detected_confidence: float | None = Field(
         description="Confidence of the detection (0-1) when source_lang was detected, else null."
     )
+    source_lang_uncertain: bool = Field(
+        False,
+        description=f"True when source_lang was detected with a confidence under "
+        f"{UNCERTAIN_BELOW}: it may be wrong. The prompt names only the target language, so "
+        "a wrong guess changes the translation only where it decides between the Chinese and "
+        "the English prompt template.",
+    )
     target_lang: str
     usage: Usage
 
@@ -52,6 +60,8 @@ class TranslationOut(BaseModel):
             translation=translation.text,
             source_lang=translation.source.code if translation.source else None,
             detected_confidence=translation.detected_confidence,
+            source_lang_uncertain=translation.detected_confidence is not None
+            and translation.detected_confidence < UNCERTAIN_BELOW,
             target_lang=translation.target.code,
             usage=Usage(
                 input_tokens=translation.input_tokens, output_tokens=translation.output_tokens
@@ -85,6 +95,7 @@ class DetectRequest(_Strict):
 class DetectionOut(BaseModel):
     language: str
     confidence: float
+    uncertain: bool = Field(description=f"True when confidence is under {UNCERTAIN_BELOW}.")
 
 
 class LanguageOut(BaseModel):

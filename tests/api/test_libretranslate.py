@@ -110,3 +110,14 @@ async def test_an_unknown_code_gets_suggestions(service: ServiceClient) -> None:
     response = await service.http.post("/translate", json={"text": "Hallo", "target_lang": "engl"})
     assert response.status_code == 422
     assert "did you mean 'en'" in response.json()["error"]["message"]
+
+
+async def test_an_uncertain_source_says_so(demo: ServiceClient) -> None:
+    guess = await demo.http.post("/translate", json={"text": "Taxi", "target_lang": "de"})
+    assert guess.json()["source_lang_uncertain"] is True
+    sure = await demo.http.post(
+        "/translate", json={"text": "Where is the nearest train station?", "target_lang": "de"}
+    )
+    assert sure.json()["source_lang_uncertain"] is False
+    detected = await demo.http.post("/detect", json={"texts": ["Taxi", "안녕하세요"]})
+    assert [d["uncertain"] for d in detected.json()] == [True, False]
