@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import signal
 import socket
 import time
 from collections import deque
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from http import HTTPStatus
 from types import FrameType
 from typing import Any, cast
@@ -150,6 +152,13 @@ class ServiceHttpProtocol(HttpToolsProtocol):
         self._mid_message = False  # the parser holds part of a request
         self._heads: _CachedHeads = getattr(config, "refusal_heads", None) or _CachedHeads()
         self._starts: _Starts = getattr(config, "admitting_starts", None) or _Starts()
+        self._limits: HeadLimits = getattr(config, "head_limits", None) or HeadLimits()
+        # Bytes read since the current request's head began (while it is not complete), and
+        # its headers so far: httptools itself buffers a head of any size.
+        self._head_open = True
+        self._head_bytes = 0
+        self._headers = 0
+        self._head_too_large = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw = transport
@@ -158,13 +167,28 @@ class ServiceHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         self._mid_message = True
+        self._headers = 0
         super().on_message_begin()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers += 1
+        if self._headers > self._limits.max_headers:
+            self._head_too_large = True
+            raise ValueError("too many headers")  # httptools ends the parse: send_400_response
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._head_open, self._head_bytes = False, 0
+        super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._mid_message = False
+        self._head_open, self._head_bytes = True, 0
         super().on_message_complete()
 
     def data_received(self, data: bytes) -> None:
+        if self._head_open:
+            self._head_bytes += len(data)
         door = self._door
         if (
             door is not None
@@ -177,6 +201,33 @@ class ServiceHttpProtocol(HttpToolsProtocol):
             if not data:
                 return
         super().data_received(data)
+        if (
+            self._head_open
+            and self._head_bytes > self._limits.max_header_bytes
+            and not self.transport.is_closing()
+        ):
+            self._head_too_large = True
+            self.send_400_response("")
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request it cannot parse, in the service's JSON error shape
+        (uvicorn's is text/plain); 431 for a head over the limits."""
+        if self._head_too_large:
+            status, code = 431, "headers_too_large"
+            message = (
+                f"request head over {self._limits.max_header_bytes} bytes or "
+                f"{self._limits.max_headers} headers"
+            )
+        else:
+            status, code, message = 400, "bad_request", "invalid HTTP request"
+        body = json.dumps({"error": {"code": code, "message": message}}).encode()
+        head = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())]
+        for name, value in self.server_state.default_headers:
+            head += (name, b": ", value, b"\r\n")
+        head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
+        head.append(b"connection: close\r\n\r\n")
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
 
     def _refuse_whole_requests(self, door: Door, data: bytes) -> bytes:
         """Answer the refused requests at the start of ``data`` that it holds whole; the rest.
@@ -211,6 +262,7 @@ class ServiceHttpProtocol(HttpToolsProtocol):
                 + refusal.body
             )
             data = data[length:]
+            self._head_bytes = len(data)
             self.server_state.total_requests += 1
             door.record(cast(Scope, scope), time.perf_counter() - started)
         if answers:
@@ -357,12 +409,28 @@ class _Starts:
                 loop.call_soon(self._next, loop)
 
 
-class ServiceConfig(uvicorn.Config):
-    """uvicorn's config, carrying the app's door to the protocol."""
+@dataclass(frozen=True, slots=True)
+class HeadLimits:
+    """The most a request's head may hold: bytes (request line and headers) and headers."""
 
-    def __init__(self, app: ASGIApp, *, door: Door | None, **options: Any) -> None:
+    max_header_bytes: int = 32 * 1024
+    max_headers: int = 100
+
+
+class ServiceConfig(uvicorn.Config):
+    """uvicorn's config, carrying the app's door and the head limits to the protocol."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        door: Door | None,
+        head_limits: HeadLimits | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(app, **options)
         self.door = door
+        self.head_limits = head_limits or HeadLimits()
         # Shared by the server's connections.
         self.refusal_heads = _CachedHeads()
         self.admitting_starts = _Starts()
@@ -372,6 +440,7 @@ def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
     return ServiceConfig(
         app,
         door=getattr(app.state, "door", None),
+        head_limits=HeadLimits(settings.max_header_bytes, settings.max_headers),
         host=settings.host,
         port=settings.port,
         timeout_keep_alive=settings.timeout_keep_alive_s,

@@ -82,8 +82,10 @@ async def translate_get(
 ) -> Response:
     """Translate one text given in the query string: same as the POST, but cacheable.
 
-    The answer carries ``Cache-Control`` (public, for the result cache's TTL) and a strong
-    ``ETag``, so a proxy or browser cache can serve repeats without reaching the GPU.
+    The answer carries ``Cache-Control`` (for the result cache's TTL) and a strong ``ETag``, so
+    a proxy or browser cache can serve repeats without reaching the GPU: ``public`` on an open
+    service, ``private`` when keys are required (a shared cache must not hand one key's answers
+    to a caller without it).
     """
     context.charge(len(text))
     translation = await context.translator.translate(
@@ -91,8 +93,9 @@ async def translate_get(
     )
     body = TranslationOut.of(translation).model_dump_json().encode()
     etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+    scope = "private" if context.access.requires_keys else "public"
     headers = {
-        "Cache-Control": f"public, max-age={int(runtime.cache_ttl_s)}",
+        "Cache-Control": f"{scope}, max-age={int(runtime.cache_ttl_s)}",
         "ETag": etag,
         "X-Cache": translation.cache,
     }

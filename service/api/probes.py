@@ -1,4 +1,5 @@
-"""Operational routes: readiness (``/health``), liveness (``/live``) and ``/metrics``."""
+"""Operational routes: readiness (``/health``), liveness (``/live``) and ``/metrics``; the
+probes answer ``HEAD`` (status only) and ``OPTIONS`` as well as ``GET``."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from service.metrics import PROMETHEUS_CONTENT_TYPE
 router = APIRouter(tags=["operations"])
 
 
-@router.get(
+@router.api_route(
     "/health",
+    methods=["GET", "HEAD"],
     response_model=HealthOut,
     responses={503: {"model": ErrorResponse, "description": "Not ready or engine unavailable"}},
 )
@@ -37,7 +39,12 @@ async def health(runtime: RuntimeDep) -> HealthOut | JSONResponse:
     )
 
 
-@router.get("/live", response_model=HealthOut, responses={503: {"model": ErrorResponse}})
+@router.api_route(
+    "/live",
+    methods=["GET", "HEAD"],
+    response_model=HealthOut,
+    responses={503: {"model": ErrorResponse}},
+)
 async def live(runtime: RuntimeDep) -> HealthOut | JSONResponse:
     """Liveness: 200 while the engine loads or serves; 503 once it died, hung or stalled (until
     its restart is warm) or could not be started at all (restart me)."""
@@ -51,3 +58,11 @@ async def live(runtime: RuntimeDep) -> HealthOut | JSONResponse:
 async def metrics(runtime: RuntimeDep) -> Response:
     """Prometheus metrics in the text exposition format."""
     return Response(runtime.metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
+
+
+@router.options("/health", include_in_schema=False)
+@router.options("/live", include_in_schema=False)
+@router.options("/metrics", include_in_schema=False)
+async def probe_options() -> Response:
+    """What a probe route allows (some load balancers and monitors ask first)."""
+    return Response(status_code=204, headers={"Allow": "GET, HEAD, OPTIONS"})

@@ -12,7 +12,7 @@ from uvicorn.server import ServerState
 
 from service.api.middleware import Door, OpenGate, RequestContextMiddleware
 from service.metrics import Metrics
-from service.server import ServiceConfig, ServiceHttpProtocol
+from service.server import HeadLimits, ServiceConfig, ServiceHttpProtocol
 
 
 class Transport:
@@ -64,7 +64,7 @@ class Server:
             await send({"type": "http.response.body", "body": b"ok"})
 
         # Behind the service's middleware, which asks the same door again.
-        served = RequestContextMiddleware(app, metrics=Metrics(), max_body_bytes=1024, door=door)
+        served = RequestContextMiddleware(app, metrics=Metrics(), max_body_bytes=1 << 20, door=door)
         self.config = ServiceConfig(served, door=door, log_config=None, http=ServiceHttpProtocol)
         self.config.load()
         self.state = ServerState()
@@ -251,3 +251,43 @@ async def test_a_request_on_its_way_is_not_refused_for_counting_itself() -> None
     await asyncio.sleep(0.01)
     assert reached == ["/translate"]
     assert transport.writes[0].startswith(b"HTTP/1.1 200 OK")
+
+
+async def test_a_head_over_the_byte_limit_is_431_before_it_is_all_read() -> None:
+    server = Server(Door(Metrics(), OpenGate()))
+    server.config.head_limits = HeadLimits(max_header_bytes=4096, max_headers=100)
+    protocol, transport = server.connect()
+    protocol.data_received(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+    for _ in range(3):
+        protocol.data_received(b"a" * 2000)  # a header that never ends
+    assert transport.closed
+    answer = transport.writes[-1]
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    assert b"content-type: application/json" in answer
+    assert b'"headers_too_large"' in answer
+    assert server.reached == []
+
+
+async def test_too_many_headers_is_431_and_a_big_body_is_not() -> None:
+    server = Server(Door(Metrics(), OpenGate()))
+    server.config.head_limits = HeadLimits(max_header_bytes=4096, max_headers=20)
+    protocol, transport = server.connect()
+    headers = "".join(f"X-{index}: v\r\n" for index in range(21))
+    protocol.data_received(f"GET /health HTTP/1.1\r\nHost: x\r\n{headers}\r\n".encode())
+    assert transport.writes[-1].startswith(b"HTTP/1.1 431 ")
+    protocol, transport = server.connect()
+    protocol.data_received(request("/translate", body=b"x" * 50_000))  # the head is small
+    await asyncio.sleep(0.01)
+    assert server.reached == ["/translate"]
+    assert transport.writes[0].startswith(b"HTTP/1.1 200 ")
+
+
+async def test_a_request_that_is_not_http_gets_a_json_400() -> None:
+    protocol, transport, _, reached = await connection(Door(Metrics(), OpenGate()))
+    protocol.data_received(b"\x16\x03\x01 not http at all\r\n\r\n")
+    answer = transport.writes[-1]
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert b"content-type: application/json" in answer
+    assert answer.endswith(b'{"error": {"code": "bad_request", "message": "invalid HTTP request"}}')
+    assert transport.closed
+    assert reached == []
