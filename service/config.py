@@ -9,6 +9,7 @@ it into the per-layer configs (``engine_config``, ``policy_config``, ``translati
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from pathlib import Path
@@ -99,6 +100,13 @@ class Settings(BaseSettings):
     cors_origins: list[str] = Field(
         default_factory=list,
         description="Origins allowed by CORS; empty list keeps CORS off.",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="Addresses or networks (CIDR) of the proxies whose X-Forwarded-For and "
+        "X-Forwarded-Proto are believed, e.g. [\"127.0.0.1\"] for an Nginx on the same host. "
+        "Empty: never (a client's own X-Forwarded-For would let it pick its address, and with "
+        "it its rate and quota bucket).",
     )
 
     # --- model -------------------------------------------------------------------------------
@@ -316,6 +324,13 @@ class Settings(BaseSettings):
     # --- result cache ------------------------------------------------------------------------
     cache_size: int = Field(10_000, ge=0, description="Most cached translations (0 = no cache).")
     cache_ttl_s: float = Field(3600.0, gt=0, description="Seconds a cached translation lives.")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _check_proxies(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            ipaddress.ip_network(entry, strict=False)  # raises ValueError when not an address
+        return value
 
     @field_validator("rate_limit", "char_quota")
     @classmethod

@@ -449,6 +449,10 @@ def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
         timeout_graceful_shutdown=5,
         log_config=None,
         http=ServiceHttpProtocol,
+        # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told otherwise: only from the
+        # configured proxies here, or from nobody.
+        proxy_headers=bool(settings.trusted_proxies),
+        forwarded_allow_ips=list(settings.trusted_proxies) or [],
         # Several API processes are started by ``service.launcher``, not by uvicorn: they share
         # one engine process, which uvicorn's workers would not.
         workers=1,

@@ -111,7 +111,7 @@ def render_nginx(upstream: str, folder: Path) -> tuple[Path, int]:
     text = text.replace("server api:8000", f"server {upstream}")
     text = text.replace("listen 80;", f"listen 127.0.0.1:{port};")
     text = text.replace("/var/cache/nginx/hymt", str(folder / "cache"))
-    text = re.sub(r"access_log \S+;", f"access_log {folder / 'access.log'};", text)
+    text = re.sub(r"access_log \S+( \w+)?;", rf"access_log {folder / 'access.log'}\1;", text)
     conf = folder / "nginx.conf"
     conf.write_text(text, "utf-8")
     return conf, port

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import socket
 import threading
@@ -14,7 +15,7 @@ import httpx
 import pytest
 
 from service.config import Settings
-from tests.deploy.conftest import DEPLOY, Process, start_nginx
+from tests.deploy.conftest import DEPLOY, Process, start_nginx, start_service
 
 NGINX_CONF = (DEPLOY / "nginx" / "nginx.conf").read_text("utf-8")
 
@@ -173,3 +174,92 @@ def test_body_limit_matches_the_service() -> None:
     limit = re.search(r"client_max_body_size (\d+)m;", NGINX_CONF)
     assert limit is not None
     assert int(limit.group(1)) * 1024 * 1024 == Settings(_env_file=None).max_body_bytes
+
+
+def test_one_request_id_per_answer_the_clients_own_when_sane(nginx: Process) -> None:
+    body = {"text": "Request ids", "target_lang": "de"}
+    mine = httpx.post(
+        f"{nginx.url}/translate", json=body, headers={"X-Request-ID": "trace-42.a"}, timeout=30
+    )
+    assert mine.headers.get_list("x-request-id") == ["trace-42.a"]
+    bad = httpx.post(
+        f"{nginx.url}/translate", json=body, headers={"X-Request-ID": "no spaces!"}, timeout=30
+    )
+    (replaced,) = bad.headers.get_list("x-request-id")
+    assert re.fullmatch(r"[0-9a-f]{32}", replaced)
+    params = {"text": "Request ids of a cache hit", "target_lang": "de"}
+    httpx.get(f"{nginx.url}/translate", params=params, timeout=30)
+    hit = httpx.get(
+        f"{nginx.url}/translate", params=params, headers={"X-Request-ID": "second"}, timeout=30
+    )
+    assert hit.headers["x-cache-status"] == "HIT"
+    assert hit.headers.get_list("x-request-id") == ["second"]  # not the stored answer's
+
+
+def test_the_access_log_is_json_without_query_strings(nginx: Process) -> None:
+    params = {"text": "SecretUserText", "target_lang": "de", "auth_key": "SecretKey"}
+    answer = httpx.get(
+        f"{nginx.url}/translate", params=params, headers={"X-Request-ID": "logged-1"}, timeout=30
+    )
+    assert answer.status_code == 200
+    log = Path(nginx.log).parent / "access.log"
+    deadline = time.monotonic() + 5
+    line = ""
+    while time.monotonic() < deadline and '"logged-1"' not in line:
+        lines = [ln for ln in log.read_text().splitlines() if '"logged-1"' in ln]
+        line = lines[-1] if lines else ""
+        time.sleep(0.05)
+    entry = json.loads(line)
+    assert entry["path"] == "/translate"
+    assert entry["status"] == 200
+    assert entry["request_id"] == "logged-1"
+    assert "Secret" not in line
+
+
+@pytest.fixture(scope="module")
+def limited(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    """A service with a per-client rate limit that believes forwarded headers from 127.0.0.1."""
+    folder = tmp_path_factory.mktemp("limited")
+    process = start_service(
+        data_dir,
+        folder / "service.log",
+        HYMT_RATE_LIMIT="3/minute",
+        HYMT_TRUSTED_PROXIES='["127.0.0.1"]',
+    )
+    yield process
+    process.stop()
+
+
+def client_from(address: str) -> httpx.Client:
+    """A client whose connections come from ``address`` (any of 127.0.0.0/8 on loopback)."""
+    return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=30)
+
+
+def statuses(client: httpx.Client, url: str, spoof: bool = False) -> list[int]:
+    answers = []
+    for index in range(4):
+        headers = {"X-Forwarded-For": f"10.0.{index}.{index + 1}"} if spoof else {}
+        answer = client.post(
+            f"{url}/translate", json={"text": "Rate", "target_lang": "de"}, headers=headers
+        )
+        answers.append(answer.status_code)
+    return answers
+
+
+def test_each_client_has_its_own_bucket_and_cannot_pick_another(
+    limited: Process, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    proxy = start_nginx(limited.url.removeprefix("http://"), tmp_path_factory.mktemp("nginx-rl"))
+    try:
+        # Through nginx: two clients, two buckets of 3.
+        for address in ("127.0.0.2", "127.0.0.3"):
+            with client_from(address) as client:
+                assert statuses(client, proxy.url) == [200, 200, 200, 429], address
+        # A new spoofed X-Forwarded-For per request gets nothing more through nginx...
+        with client_from("127.0.0.4") as client:
+            assert statuses(client, proxy.url, spoof=True) == [200, 200, 200, 429]
+        # ...nor directly: the service believes the header from 127.0.0.1 only.
+        with client_from("127.0.0.5") as client:
+            assert statuses(client, limited.url, spoof=True) == [200, 200, 200, 429]
+    finally:
+        proxy.stop()
