@@ -13,11 +13,13 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
+	@echo "installing $(TORCH) and the service into $(VENV) (once; a minute or two)..."
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
 $(VENV)/.dev-installed: $(VENV)/.installed
+	@echo "installing the test tools into $(VENV) (once)..."
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $@
 

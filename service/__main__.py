@@ -8,6 +8,7 @@ process becomes the launcher of that many API processes in front of one engine p
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from service.app import create_app
@@ -16,13 +17,21 @@ from service.launcher import Launcher
 from service.logs import configure_logging
 from service.server import serve
 
+log = logging.getLogger("service")
+
 
 def main(argv: list[str] | None = None) -> None:
     settings = Settings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
+    configure_logging(
+        settings.log_level, process="launcher" if settings.api_processes > 1 else "api"
+    )
+    if settings.uses_demo_model:
+        log.warning(
+            "no model configured: serving the demo model (random weights, built here); its "
+            "translations are noise. Set HYMT_MODEL_ID=tencent/Hunyuan-MT-7B to translate."
+        )
     if settings.api_processes > 1:
-        configure_logging(settings.log_level, process="launcher")
         sys.exit(Launcher(settings).run())
-    configure_logging(settings.log_level)
     sys.exit(
         serve(settings, lambda on_fatal: create_app(settings, on_fatal=on_fatal, tune_gc=True))
     )

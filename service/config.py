@@ -104,7 +104,7 @@ class Settings(BaseSettings):
     trusted_proxies: list[str] = Field(
         default_factory=list,
         description="Addresses or networks (CIDR) of the proxies whose X-Forwarded-For and "
-        "X-Forwarded-Proto are believed, e.g. [\"127.0.0.1\"] for an Nginx on the same host. "
+        'X-Forwarded-Proto are believed, e.g. ["127.0.0.1"] for an Nginx on the same host. '
         "Empty: never (a client's own X-Forwarded-For would let it pick its address, and with "
         "it its rate and quota bucket).",
     )

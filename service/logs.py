@@ -36,6 +36,16 @@ class _Tag(logging.Filter):
         return True
 
 
+class _KnownRopeKeys(logging.Filter):
+    """Drops transformers' warning that Hunyuan's ``alpha`` is not a known RoPE key: the model's
+    loading code applies it (alpha-scaled NTK), and the warning came four times on every start,
+    telling an operator something was wrong when nothing is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("Unrecognized keys in `rope_parameters`" in message and "'alpha'" in message)
+
+
 class JsonFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__()
@@ -78,6 +88,7 @@ def configure_logging(level: str, *, process: str = "api") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    logging.getLogger("transformers.modeling_rope_utils").addFilter(_KnownRopeKeys())
     # uvicorn's own access log would duplicate ours (which has request ids and route templates).
     logging.getLogger("uvicorn.access").disabled = True
     for name in ("uvicorn", "uvicorn.error"):

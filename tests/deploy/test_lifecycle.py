@@ -142,3 +142,11 @@ async def test_a_slow_client_does_not_hold_the_service(service: Process) -> None
     finally:
         for sock in slow:
             sock.close()
+
+
+def test_a_first_run_says_the_demo_model_is_noise_and_nothing_alarming(service: Process) -> None:
+    log = service.log.read_text()
+    assert "serving the demo model" in log
+    assert "translations are noise" in log
+    # transformers' warning about Hunyuan's RoPE "alpha" key (which the loader applies).
+    assert "Unrecognized keys in `rope_parameters`" not in log
