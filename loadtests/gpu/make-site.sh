@@ -15,9 +15,16 @@ python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --target "$
   --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
   "${pkgs[@]}" 2>&1 | grep -v '^WARNING' || true
-# wordfreq's detection uses its small lists only; its large ones are 46 MB of the 64 MiB a run
-# can carry.
-[ -d "$dest/wordfreq/data" ] && find "$dest/wordfreq/data" -name 'large_*' -delete
+# Detection uses wordfreq's small lists of the model's languages only; its large lists (46 MB)
+# and jieba's dictionaries (5.6 MB) would not fit in the 64 MiB a run can carry.
+if [ -d "$dest/wordfreq/data" ]; then
+  find "$dest/wordfreq/data" \( -name 'large_*' -o -name 'jieba_*' \) -delete
+  keep='en fr pt es tr it de vi ms id fil pl cs nl ru uk ar fa ur hi bn he ta ko ja zh'
+  for list in "$dest"/wordfreq/data/small_*.msgpack.gz; do
+    code=${list##*/small_}; code=${code%.msgpack.gz}
+    case " $keep " in *" $code "*) ;; *) rm -f "$list" ;; esac
+  done
+fi
 # bitsandbytes ships one library per CUDA/ROCm/XPU version; the H200 image runs CUDA 13.0.
 find "$dest/bitsandbytes" -name 'libbitsandbytes_*.so' ! -name '*cuda130*' ! -name '*cpu*' -delete
 grep -qx '/.gpu-site/' .git/info/exclude 2>/dev/null || echo '/.gpu-site/' >> .git/info/exclude
