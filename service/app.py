@@ -23,6 +23,7 @@ from service.api.deepl import DEEPL, create_deepl_app
 from service.api.errors import NATIVE, Dialect, install_error_handlers
 from service.api.libretranslate import LIBRETRANSLATE, create_libretranslate_app
 from service.api.middleware import NO_TELEMETRY, Door, RequestContextMiddleware
+from service.api.openai import OPENAI, create_openai_app
 from service.config import Settings
 from service.engine.factory import EngineLoader, load_engine
 from service.engine.protocol import Peer
@@ -106,6 +107,7 @@ def create_app(
     # Compatibility dialects: thin routers over the same runtime, each with its own error shape.
     app.mount("/libretranslate", create_libretranslate_app(runtime, access))
     app.mount("/v2", create_deepl_app(runtime, access))
+    app.mount("/v1", create_openai_app(runtime, access))
     install_error_handlers(app)
     if settings.cors_origins:
         app.add_middleware(
@@ -132,6 +134,7 @@ _ADMITTING = {
     "/batch_translate": NATIVE,
     "/libretranslate/translate": LIBRETRANSLATE,
     "/v2/translate": DEEPL,
+    "/v1/chat/completions": OPENAI,
 }
 
 

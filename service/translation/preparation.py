@@ -41,6 +41,7 @@ import zmq.asyncio
 
 from service.engine.encoding import ChatPromptEncoder
 from service.engine.protocol import TokenizerSpec
+from service.engine.types import Decoding
 from service.errors import EngineUnavailable, ServiceError, error_of
 from service.translation.detection import Detection, LanguageDetector
 from service.translation.languages import Language, LanguageTable
@@ -106,6 +107,9 @@ def _answer(builder: PromptBuilder, kind: str, args: tuple[Any, ...]) -> tuple[s
                 builder.prepare(text, target, source, field=field)
                 for text, field in zip(texts, fields, strict=True)
             ]
+        if kind == "chat":
+            content, decoding, max_new_tokens = args
+            return "ok", builder.prepare_chat(content, decoding, max_new_tokens)
         (texts,) = args
         return "ok", [builder.detect(text) for text in texts]
     except ServiceError as error:
@@ -181,6 +185,10 @@ class Preparer:
         result: list[Prepared] = await self._run(
             "prepare", (list(texts), target, source, list(fields))
         )
+        return result
+
+    async def prepare_chat(self, content: str, decoding: Decoding, max_new_tokens: int) -> Prepared:
+        result: Prepared = await self._run("chat", (content, decoding, max_new_tokens))
         return result
 
     async def detect(self, texts: Sequence[str]) -> list[Detection]:

@@ -73,6 +73,10 @@ class TextPreparer(Protocol):
         fields: Sequence[str],
     ) -> list[Prepared]: ...
 
+    async def prepare_chat(
+        self, content: str, decoding: Decoding, max_new_tokens: int
+    ) -> Prepared: ...
+
     async def detect(self, texts: Sequence[str]) -> list[Detection]: ...
 
 
@@ -95,6 +99,19 @@ class Translation:
     input_tokens: int
     output_tokens: int
     cache: str  # "hit", "shared", "miss", or "bypass" (not language: answered as it is)
+    queue_s: float
+    inference_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The model's answer to a chat prompt given as it is (the OpenAI-compatible API)."""
+
+    text: str
+    input_tokens: int
+    output_tokens: int
+    finish_reason: str  # "stop" (end of turn) or "length" (the token budget ran out)
+    cache: str
     queue_s: float
     inference_s: float
 
@@ -199,6 +216,23 @@ class PromptBuilder:
         key = (self._fingerprint, self._format.name, prompt, self.decoding, request.max_new_tokens)
         return Prepared(source, prompt, key, request, detected_confidence=confidence)
 
+    def prepare_chat(self, content: str, decoding: Decoding, max_new_tokens: int) -> Prepared:
+        """The request for a user turn given as it is (no template of ours around it)."""
+        field = "messages[0].content"
+        self.check(content, field)
+        tokens = self._encoder.count_tokens(content)
+        if tokens > self._settings.max_input_tokens:
+            raise TextTooLong(
+                f"{field}: {tokens} tokens, at most {self._settings.max_input_tokens}"
+            )
+        request = GenerationRequest(
+            prompt_ids=self._encoder.encode_chat(content),
+            max_new_tokens=max_new_tokens,
+            decoding=decoding,
+        )
+        key = (self._fingerprint, "chat", content, decoding, max_new_tokens)
+        return Prepared(None, content, key, request)
+
 
 class Translator:
     """Translates texts through the cache and the scheduler."""
@@ -223,6 +257,8 @@ class Translator:
         self._preparer = preparer
         self.languages = prompts.languages
         self.max_batch_items = settings.max_batch_items
+        self.max_new_tokens = settings.max_new_tokens
+        self.decoding = prompts.decoding  # the model's recommended sampling
 
     async def translate(
         self,
@@ -335,6 +371,32 @@ class Translator:
             (prepared,) = await self._preparer.prepare(["Hello."], target, english, ["warm-up"])
             await self._generator.generate(prepared.request)
 
+    async def complete(
+        self,
+        content: str,
+        *,
+        decoding: Decoding,
+        max_new_tokens: int,
+        deadline: float | None = None,
+    ) -> Completion:
+        """Generate the answer to one user turn given as it is, through the same admission,
+        cache and scheduler as a translation."""
+        self._prompts.check(content, "messages[0].content")
+        with self._admission.reserve(1, deadline) as reservation:
+            prepared = await self._preparer.prepare_chat(content, decoding, max_new_tokens)
+            result, origin, queue_s, inference_s = await self._generate(
+                prepared, deadline, reservation
+            )
+        return Completion(
+            text=result.text,
+            input_tokens=result.prompt_tokens,
+            output_tokens=result.completion_tokens,
+            finish_reason=result.finish_reason,
+            cache=origin,
+            queue_s=queue_s,
+            inference_s=inference_s,
+        )
+
     async def _run(
         self,
         prepared: Prepared,
@@ -342,6 +404,24 @@ class Translator:
         deadline: float | None,
         reservation: Reservation,
     ) -> Translation:
+        result, origin, queue_s, inference_s = await self._generate(prepared, deadline, reservation)
+        return Translation(
+            text=result.text,
+            source=prepared.source,
+            target=target,
+            detected_confidence=prepared.detected_confidence,
+            input_tokens=result.prompt_tokens,
+            output_tokens=result.completion_tokens,
+            cache=origin,
+            queue_s=queue_s,
+            inference_s=inference_s,
+        )
+
+    async def _generate(
+        self, prepared: Prepared, deadline: float | None, reservation: Reservation
+    ) -> tuple[GenerationResult, str, float, float]:
+        """The result for ``prepared`` (cached, shared or generated), where it came from, and
+        its time queued and generating."""
         timings: list[tuple[float, float]] = []
 
         async def generate() -> GenerationResult:
@@ -365,17 +445,7 @@ class Translator:
                 self._metrics.cache_shared.inc()
         self._metrics.cache_entries.set(len(self._cache))
         queue_s, inference_s = timings[0] if timings else (0.0, 0.0)
-        return Translation(
-            text=result.text,
-            source=prepared.source,
-            target=target,
-            detected_confidence=prepared.detected_confidence,
-            input_tokens=result.prompt_tokens,
-            output_tokens=result.completion_tokens,
-            cache=origin,
-            queue_s=queue_s,
-            inference_s=inference_s,
-        )
+        return result, origin, queue_s, inference_s
 
 
 @contextlib.contextmanager

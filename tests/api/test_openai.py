@@ -1,0 +1,142 @@
+"""The OpenAI-compatible API driven by the official ``openai`` client: models, chat
+completions, streaming in OpenAI's chunk format, and OpenAI-shaped errors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from service.config import Settings
+from tests.conftest import ServiceClient, started
+from tests.fakes import FakeControl
+
+PROMPT = "Translate the following segment into German, without additional explanation.\n\nHi"
+
+
+@pytest.fixture(scope="module")
+async def service(
+    tmp_path_factory: pytest.TempPathFactory, data_dir: Path
+) -> AsyncIterator[ServiceClient]:
+    fake = FakeControl(tmp_path_factory.mktemp("fake"))
+    settings = Settings(_env_file=None, data_dir=data_dir, warmup=False, api_keys=["sk-test"])
+    async with started(settings, fake.loader()) as client:
+        yield client
+
+
+def client_of(service: ServiceClient, key: str = "sk-test") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        api_key=key,
+        base_url="http://service/v1",
+        http_client=service.http,  # type: ignore[arg-type]  # in-process, through ASGI
+        max_retries=0,
+    )
+
+
+async def model_of(client: openai.AsyncOpenAI) -> str:
+    models = await client.models.list()
+    (model,) = models.data
+    return model.id
+
+
+async def test_models_and_a_chat_completion(service: ServiceClient) -> None:
+    client = client_of(service)
+    model = await model_of(client)
+    assert (await client.models.retrieve(model)).id == model
+    answer = await client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": PROMPT}], temperature=0, max_tokens=16
+    )
+    (choice,) = answer.choices
+    assert choice.message.role == "assistant"
+    assert choice.message.content is not None
+    assert choice.message.content.startswith("out:")  # the fake engine's answer
+    assert choice.finish_reason == "stop"
+    assert answer.usage is not None
+    assert answer.usage.completion_tokens == 3
+    assert answer.usage.total_tokens == answer.usage.prompt_tokens + 3
+
+
+async def test_streaming_gives_the_same_answer_in_chunks(service: ServiceClient) -> None:
+    client = client_of(service)
+    model = await model_of(client)
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": PROMPT + " there"}]
+    whole = await client.chat.completions.create(model=model, messages=messages, temperature=0)
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=messages,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces: list[str] = []
+    finishes: list[str] = []
+    usage = None
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            if choice.finish_reason is not None:
+                finishes.append(choice.finish_reason)
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert finishes == ["stop"]
+    assert usage is not None
+    assert usage.completion_tokens == 3
+
+
+async def test_stop_strings_cut_the_answer(service: ServiceClient) -> None:
+    client = client_of(service)
+    answer = await client.chat.completions.create(
+        model=await model_of(client),
+        messages=[{"role": "user", "content": PROMPT + "!"}],
+        stop=[":"],
+    )
+    assert answer.choices[0].message.content == "out"
+    assert answer.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"n": 2}, "n"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"max_tokens": 100_000}, "max_tokens"),
+        ({"temperature": 3}, "temperature"),
+        ({"presence_penalty": 1.0}, "presence_penalty"),
+        (
+            {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]},
+            "one user message",
+        ),
+    ],
+)
+async def test_what_the_model_cannot_do_is_a_400_naming_it(
+    service: ServiceClient, options: dict[str, object], words: str
+) -> None:
+    client = client_of(service)
+    request: dict[str, object] = {
+        "model": await model_of(client),
+        "messages": [{"role": "user", "content": PROMPT}],
+        **options,
+    }
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(**request)  # type: ignore[call-overload]
+    assert words in refused.value.message
+    body = refused.value.body
+    assert isinstance(body, dict)
+    assert body["type"] == "invalid_request_error"
+
+
+async def test_unknown_model_and_keys_are_openai_errors(service: ServiceClient) -> None:
+    client = client_of(service)
+    with pytest.raises(openai.NotFoundError):
+        await client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": PROMPT}]
+        )
+    missing = await service.http.get("/v1/models")  # the client insists on sending a key
+    assert missing.status_code == 401
+    assert missing.json()["error"]["type"] == "authentication_error"
+    with pytest.raises(openai.PermissionDeniedError):
+        await client_of(service, key="sk-wrong").models.list()
