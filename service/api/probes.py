@@ -15,9 +15,9 @@ from service.metrics import PROMETHEUS_CONTENT_TYPE
 router = APIRouter(tags=["operations"])
 
 
-@router.api_route(
+@router.head("/health", include_in_schema=False, response_model=None)
+@router.get(
     "/health",
-    methods=["GET", "HEAD"],
     response_model=HealthOut,
     responses={503: {"model": ErrorResponse, "description": "Not ready or engine unavailable"}},
 )
@@ -39,12 +39,8 @@ async def health(runtime: RuntimeDep) -> HealthOut | JSONResponse:
     )
 
 
-@router.api_route(
-    "/live",
-    methods=["GET", "HEAD"],
-    response_model=HealthOut,
-    responses={503: {"model": ErrorResponse}},
-)
+@router.head("/live", include_in_schema=False, response_model=None)
+@router.get("/live", response_model=HealthOut, responses={503: {"model": ErrorResponse}})
 async def live(runtime: RuntimeDep) -> HealthOut | JSONResponse:
     """Liveness: 200 while the engine loads or serves; 503 once it died, hung or stalled (until
     its restart is warm) or could not be started at all (restart me)."""

@@ -20,10 +20,12 @@ async def test_translate_returns_translation_languages_and_usage(demo: ServiceCl
         "translation",
         "source_lang",
         "detected_confidence",
+        "source_lang_uncertain",
         "target_lang",
         "usage",
     }
     assert body["detected_confidence"] is None  # given, not detected
+    assert body["source_lang_uncertain"] is False
     assert isinstance(body["translation"], str)
     assert body["source_lang"] == "en"
     assert body["target_lang"] == "de"
