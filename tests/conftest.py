@@ -117,6 +117,22 @@ async def demo(data_dir: Path) -> AsyncIterator[ServiceClient]:
         yield client
 
 
+# The keys of ``keyed``.
+KEYS = ("k", "k2")
+
+
+@pytest.fixture(scope="session")
+async def keyed(
+    data_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[ServiceClient]:
+    """One fake-engine service that requires the keys ``KEYS``, shared by the dialect tests that
+    only read from it (usage counts are per key: such tests measure differences)."""
+    fake = FakeControl(tmp_path_factory.mktemp("keyed-fake"))
+    settings = Settings(_env_file=None, data_dir=data_dir, warmup=False, api_keys=list(KEYS))
+    async with started(settings, fake.loader()) as client:
+        yield client
+
+
 @pytest.fixture
 def fake(tmp_path: Path) -> FakeControl:
     """A fake engine's controls (gate, record of batches) in this test's folder."""

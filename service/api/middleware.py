@@ -84,8 +84,8 @@ _SUMMARY_PERIOD_S = 1.0
 
 class Door:
     """Refusals before a request's body is read: while admission is full, a translation request
-    gets its dialect's 429 (``refuse``) at once. The middleware asks for every request it sees;
-    the service's own HTTP protocol (``service.server``) asks earlier still, before a request
+    gets its dialect's 429 (from its ``Gate``) at once. The middleware asks for every request it
+    sees; the service's own HTTP protocol (``service.server``) asks earlier still, before a request
     becomes an ASGI request at all, and writes the answer itself. Either way it is recorded
     here: counted one by one in the metrics, logged as one line per period with the count,
     routes and durations."""

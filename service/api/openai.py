@@ -30,7 +30,7 @@ from service.access import AccessControl
 from service.api.context import RequestContext
 from service.api.errors import Dialect, install_dialect_errors
 from service.api.middleware import NO_TELEMETRY
-from service.api.params import parse, read_params
+from service.api.params import Params, parse, read_params
 from service.engine.types import Decoding
 from service.errors import (
     DeadlineExceeded,
@@ -145,9 +145,7 @@ def create_openai_app(runtime: Runtime, access: AccessControl) -> FastAPI:
     async def chat(request: Request) -> JSONResponse | StreamingResponse:
         params = await read_params(request)
         body = parse(ChatRequest, params)
-        refused = [name for name in _REFUSED if params.get(name) not in (None, False, [], "none")]
-        if refused:
-            raise Unsupported(f"unsupported parameter(s) for this model: {', '.join(refused)}")
+        _refuse_unsupported(body, params)
         context = RequestContext.build(request, request.headers.get("authorization"))
         if body.model != model_id():
             raise NotFound(f"The model `{body.model}` does not exist.")
@@ -196,9 +194,11 @@ def create_openai_app(runtime: Runtime, access: AccessControl) -> FastAPI:
     return app
 
 
-def _prompt(body: ChatRequest) -> str:
-    """The one user turn the model answers."""
-    refused = [name for name in ("n",) if body.n != 1]
+def _refuse_unsupported(body: ChatRequest, params: Params) -> None:
+    """Refuse, naming them, the parameters asking for what the model cannot do."""
+    refused = [name for name in _REFUSED if params.get(name) not in (None, False, [], "none")]
+    if body.n != 1:
+        refused.append("n")
     refused += [
         name
         for name in ("presence_penalty", "frequency_penalty")
@@ -208,6 +208,10 @@ def _prompt(body: ChatRequest) -> str:
         refused.append("response_format")
     if refused:
         raise Unsupported(f"unsupported parameter(s) for this model: {', '.join(refused)}")
+
+
+def _prompt(body: ChatRequest) -> str:
+    """The one user turn the model answers."""
     roles = [message.role for message in body.messages]
     if roles != ["user"]:
         raise Unsupported(

@@ -93,10 +93,13 @@ class LanguageDetector:
         self._identifier.set_languages(sorted(wanted & known))
         listed = set(wordfreq.available_languages(wordlist="small"))
         self._lists: dict[str, dict[str, float]] = {}
-        for codes in _SCRIPTS.values():
+        # Only where the script leaves a choice, and not for Han (decided by characters).
+        for script, codes in _SCRIPTS.items():
+            if len(codes) == 1 or script == "CJK":
+                continue
             for code in codes:
                 name = _WORDFREQ.get(code, code)
-                if len(codes) > 1 and name in listed and code in languages and code != "zh":
+                if name in listed and code in languages:
                     self._lists[code] = wordfreq.get_frequency_dict(name, wordlist="small")
 
     def detect(self, text: str) -> Detection:

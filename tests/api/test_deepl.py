@@ -4,26 +4,11 @@ left alone, unknown routes in DeepL's shape."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 
-from service.config import Settings
-from tests.conftest import ServiceClient, started
-from tests.fakes import FakeControl
+from tests.conftest import ServiceClient
 
 KEY = {"Authorization": "DeepL-Auth-Key k"}
-
-
-@pytest.fixture(scope="module")
-async def keyed(
-    tmp_path_factory: pytest.TempPathFactory, data_dir: Path
-) -> AsyncIterator[ServiceClient]:
-    fake = FakeControl(tmp_path_factory.mktemp("fake"))
-    settings = Settings(_env_file=None, data_dir=data_dir, warmup=False, api_keys=["k", "k2"])
-    async with started(settings, fake.loader()) as client:
-        yield client
 
 
 async def translate(client: ServiceClient, **params: object) -> tuple[int, dict[str, object]]:

@@ -3,14 +3,9 @@ authenticated GET /translate is not cacheable by shared caches."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 
-from service.config import Settings
-from tests.conftest import ServiceClient, started
-from tests.fakes import FakeControl
+from tests.conftest import ServiceClient
 
 
 @pytest.mark.parametrize("route", ["/health", "/live"])
@@ -26,16 +21,6 @@ async def test_probes_answer_head_and_options(demo: ServiceClient, route: str) -
 async def test_an_open_service_lets_shared_caches_keep_get_answers(demo: ServiceClient) -> None:
     response = await demo.http.get("/translate", params={"text": "Guten Tag", "target_lang": "en"})
     assert response.headers["cache-control"].startswith("public, max-age=")
-
-
-@pytest.fixture(scope="module")
-async def keyed(
-    tmp_path_factory: pytest.TempPathFactory, data_dir: Path
-) -> AsyncIterator[ServiceClient]:
-    fake = FakeControl(tmp_path_factory.mktemp("fake"))
-    settings = Settings(_env_file=None, data_dir=data_dir, warmup=False, api_keys=["k"])
-    async with started(settings, fake.loader()) as client:
-        yield client
 
 
 async def test_with_keys_get_answers_are_private(keyed: ServiceClient) -> None:

@@ -3,35 +3,20 @@ completions, streaming in OpenAI's chunk format, and OpenAI-shaped errors."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from service.config import Settings
-from tests.conftest import ServiceClient, started
-from tests.fakes import FakeControl
+from tests.conftest import KEYS, ServiceClient
 
 PROMPT = "Translate the following segment into German, without additional explanation.\n\nHi"
 
 
-@pytest.fixture(scope="module")
-async def service(
-    tmp_path_factory: pytest.TempPathFactory, data_dir: Path
-) -> AsyncIterator[ServiceClient]:
-    fake = FakeControl(tmp_path_factory.mktemp("fake"))
-    settings = Settings(_env_file=None, data_dir=data_dir, warmup=False, api_keys=["sk-test"])
-    async with started(settings, fake.loader()) as client:
-        yield client
-
-
-def client_of(service: ServiceClient, key: str = "sk-test") -> openai.AsyncOpenAI:
+def client_of(keyed: ServiceClient, key: str = KEYS[0]) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(
         api_key=key,
         base_url="http://service/v1",
-        http_client=service.http,  # type: ignore[arg-type]  # in-process, through ASGI
+        http_client=keyed.http,  # type: ignore[arg-type]  # in-process, through ASGI
         max_retries=0,
     )
 
@@ -42,8 +27,8 @@ async def model_of(client: openai.AsyncOpenAI) -> str:
     return model.id
 
 
-async def test_models_and_a_chat_completion(service: ServiceClient) -> None:
-    client = client_of(service)
+async def test_models_and_a_chat_completion(keyed: ServiceClient) -> None:
+    client = client_of(keyed)
     model = await model_of(client)
     assert (await client.models.retrieve(model)).id == model
     answer = await client.chat.completions.create(
@@ -59,8 +44,8 @@ async def test_models_and_a_chat_completion(service: ServiceClient) -> None:
     assert answer.usage.total_tokens == answer.usage.prompt_tokens + 3
 
 
-async def test_streaming_gives_the_same_answer_in_chunks(service: ServiceClient) -> None:
-    client = client_of(service)
+async def test_streaming_gives_the_same_answer_in_chunks(keyed: ServiceClient) -> None:
+    client = client_of(keyed)
     model = await model_of(client)
     messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": PROMPT + " there"}]
     whole = await client.chat.completions.create(model=model, messages=messages, temperature=0)
@@ -87,8 +72,8 @@ async def test_streaming_gives_the_same_answer_in_chunks(service: ServiceClient)
     assert usage.completion_tokens == 3
 
 
-async def test_stop_strings_cut_the_answer(service: ServiceClient) -> None:
-    client = client_of(service)
+async def test_stop_strings_cut_the_answer(keyed: ServiceClient) -> None:
+    client = client_of(keyed)
     answer = await client.chat.completions.create(
         model=await model_of(client),
         messages=[{"role": "user", "content": PROMPT + "!"}],
@@ -113,9 +98,9 @@ async def test_stop_strings_cut_the_answer(service: ServiceClient) -> None:
     ],
 )
 async def test_what_the_model_cannot_do_is_a_400_naming_it(
-    service: ServiceClient, options: dict[str, object], words: str
+    keyed: ServiceClient, options: dict[str, object], words: str
 ) -> None:
-    client = client_of(service)
+    client = client_of(keyed)
     request: dict[str, object] = {
         "model": await model_of(client),
         "messages": [{"role": "user", "content": PROMPT}],
@@ -129,14 +114,14 @@ async def test_what_the_model_cannot_do_is_a_400_naming_it(
     assert body["type"] == "invalid_request_error"
 
 
-async def test_unknown_model_and_keys_are_openai_errors(service: ServiceClient) -> None:
-    client = client_of(service)
+async def test_unknown_model_and_keys_are_openai_errors(keyed: ServiceClient) -> None:
+    client = client_of(keyed)
     with pytest.raises(openai.NotFoundError):
         await client.chat.completions.create(
             model="gpt-4o", messages=[{"role": "user", "content": PROMPT}]
         )
-    missing = await service.http.get("/v1/models")  # the client insists on sending a key
+    missing = await keyed.http.get("/v1/models")  # the client insists on sending a key
     assert missing.status_code == 401
     assert missing.json()["error"]["type"] == "authentication_error"
     with pytest.raises(openai.PermissionDeniedError):
-        await client_of(service, key="sk-wrong").models.list()
+        await client_of(keyed, key="wrong").models.list()
