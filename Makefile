@@ -36,17 +36,28 @@ lint: dev
 typecheck: dev
 	$(BIN)/mypy
 
-# The deployment tests run the real nginx and Prometheus (Debian packages) on loopback.
+# The deployment tests run the real nginx and Prometheus (Debian packages) on loopback, and the
+# Node clients (deepl-node, translate) with Node.js.
 system-deps:
-	@if ! command -v nginx >/dev/null && ! [ -x /usr/sbin/nginx ] || ! command -v prometheus >/dev/null; then \
+	@missing=""; \
+	command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$$missing nginx-light"; \
+	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	command -v node >/dev/null || missing="$$missing nodejs"; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light prometheus >/dev/null; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	  else \
-	    echo "the tests need nginx and prometheus: sudo apt-get install nginx-light prometheus" >&2; exit 1; \
+	    echo "the tests need:$$missing (sudo apt-get install$$missing)" >&2; exit 1; \
 	  fi; \
 	fi
 
-unit: dev system-deps
+NODE_CLIENTS := tests/clients/node
+$(NODE_CLIENTS)/node_modules/.package-lock.json: $(NODE_CLIENTS)/package-lock.json | system-deps
+	@echo "installing the Node clients the dialect tests drive (once)..."
+	npm ci --prefix $(NODE_CLIENTS) --no-audit --no-fund --loglevel=error
+
+unit: dev system-deps $(NODE_CLIENTS)/node_modules/.package-lock.json
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck unit
