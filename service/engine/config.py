@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from service.engine.types import Decoding
+from service.engine.types import MODEL_CARD_DECODING, Decoding
 
 EngineKind = Literal["auto", "static", "continuous"]
 Toggle = Literal["auto", "on", "off"]
@@ -54,11 +54,7 @@ class EngineConfig:
     compile_norms: Toggle = "auto"
     data_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "hunyuan-mt-service")
     engine: EngineKind = "auto"
-    decoding: Decoding = field(
-        default_factory=lambda: Decoding(
-            greedy=False, temperature=0.7, top_k=20, top_p=0.6, repetition_penalty=1.05
-        )
-    )
+    decoding: Decoding = MODEL_CARD_DECODING
     max_new_tokens: int = 1024
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     continuous: ContinuousConfig = field(default_factory=ContinuousConfig)

@@ -8,9 +8,10 @@ generation thread; results come back to the event loop through ``register_result
 On CUDA the attention is torch's FlashAttention-2 varlen kernel (``attention.py``): transformers'
 default masked SDPA attends every request to every other's keys.
 
-Limits of transformers' implementation, as of 5.24: one decoding configuration per manager (the
-service's settings), and ``repetition_penalty`` is not applied (its logits processor has no
-continuous-batching version and is dropped).
+Decoding is per request (``sampling.py``): each request carries its own temperature, top-k and
+top-p, and a greedy one samples with top-k 1, which picks the token argmax picks. Limit of
+transformers' implementation, as of 5.24: ``repetition_penalty`` is not applied (its logits
+processor has no continuous-batching version and is dropped).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from service.engine.attention import use_varlen_attention, wants_varlen
 from service.engine.config import EngineConfig
 from service.engine.generation import LoadedEngine, generation_config
 from service.engine.loading import LoadedModel
+from service.engine.sampling import PerRequestSampling, request_kwargs
 from service.engine.types import (
+    MODEL_CARD_DECODING,
     Completion,
     GenerationRequest,
     GenerationResult,
@@ -40,14 +43,14 @@ class ContinuousBatchingEngine(LoadedEngine):
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
         settings = config.continuous
-        decoding = config.decoding
         if wants_varlen(settings.attention, loaded.device, loaded.dtype):
             use_varlen_attention(loaded.model)
         super().__init__(loaded)
-        self._decoding = decoding
         generation = generation_config(
-            # Dropped by the manager anyway (no continuous-batching version of the processor).
-            dataclasses.replace(decoding, repetition_penalty=1.0),
+            # Sampling (the manager draws from the processed logits); the processors are
+            # replaced by ``PerRequestSampling`` below. Repetition penalty: dropped by the
+            # manager anyway (no continuous-batching version of the processor).
+            dataclasses.replace(MODEL_CARD_DECODING, repetition_penalty=1.0),
             config.max_new_tokens,
             self._pad_id,
             tuple(sorted(self._eos_ids)),
@@ -65,14 +68,14 @@ class ContinuousBatchingEngine(LoadedEngine):
         self._manager = loaded.model.init_continuous_batching(  # type: ignore[operator]
             generation_config=generation, continuous_batching_config=batching_config
         )
+        # Before the batch processor that reads it exists (warm-up creates it).
+        self._manager.logit_processor = PerRequestSampling(config.decoding)
         # CUDA graph capture and compilation happen here, before the service reports ready.
         self._manager.warmup()
         self._manager.start()
 
     def submit(self, request_id: str, request: GenerationRequest, on_done: Completion) -> None:
         """Add ``request`` to the running batch; ``on_done`` is called on this event loop."""
-        if request.decoding != self._decoding:
-            raise ValueError("the continuous engine serves one decoding configuration")
         if not self._manager.is_running():
             raise EngineUnavailable("the generation thread is not running")
         prompt_tokens = len(request.prompt_ids)
@@ -83,7 +86,10 @@ class ContinuousBatchingEngine(LoadedEngine):
 
         self._manager.register_result_handler(request_id, handle)
         accepted = self._manager.add_request(
-            list(request.prompt_ids), request_id=request_id, max_new_tokens=request.max_new_tokens
+            list(request.prompt_ids),
+            request_id=request_id,
+            max_new_tokens=request.max_new_tokens,
+            **request_kwargs(request.decoding),
         )
         if accepted is None:
             raise EngineUnavailable("the generation thread refused the request")

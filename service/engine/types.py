@@ -28,6 +28,12 @@ class Decoding:
     repetition_penalty: float
 
 
+# Tencent's recommended sampling for the Hunyuan-MT models (their model cards).
+MODEL_CARD_DECODING = Decoding(
+    greedy=False, temperature=0.7, top_k=20, top_p=0.6, repetition_penalty=1.05
+)
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """One prompt, already tokenized with the chat template, and its token budget."""

@@ -17,10 +17,16 @@ import contextlib
 import logging
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
-from service.engine.types import Decoding, GenerationRequest, GenerationResult, PromptEncoder
+from service.engine.types import (
+    MODEL_CARD_DECODING,
+    Decoding,
+    GenerationRequest,
+    GenerationResult,
+    PromptEncoder,
+)
 from service.errors import (
     BatchTooLarge,
     InvalidInput,
@@ -44,11 +50,7 @@ log = logging.getLogger(__name__)
 class TranslationConfig:
     """The translator's limits, token budget and cache (from the service's settings)."""
 
-    decoding: Decoding = field(
-        default_factory=lambda: Decoding(
-            greedy=False, temperature=0.7, top_k=20, top_p=0.6, repetition_penalty=1.05
-        )
-    )
+    decoding: Decoding = MODEL_CARD_DECODING
     max_text_chars: int = 5000
     max_input_tokens: int = 2048
     max_batch_items: int = 64

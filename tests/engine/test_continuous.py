@@ -66,3 +66,40 @@ async def test_varlen_attention_translates_as_sdpa_does(start_app: StartApp) -> 
         assert response.status_code == 200, response.text
         outputs.append([item["translation"] for item in response.json()["translations"]])
     assert outputs[0] == outputs[1] == outputs[2]
+
+
+async def test_decoding_is_per_request(start_app: StartApp) -> None:
+    # One running batch, each request with its own sampling: a greedy one (top-k 1 inside the
+    # engine) gives what the static engine's argmax gives; sampled ones vary.
+    texts = ["short", "a somewhat longer sentence to translate", "今天天气很好"]
+    static: ServiceClient = await start_app(engine="static", max_new_tokens=10, cache_size=0)
+    expected = await static.http.post(
+        "/batch_translate", json={"texts": texts, "target_lang": "fr"}
+    )
+    client: ServiceClient = await start_app(engine="continuous", max_new_tokens=10, cache_size=0)
+
+    def chat(temperature: float) -> dict[str, object]:
+        return {
+            "model": "hunyuan-mt-demo-v1",
+            "messages": [{"role": "user", "content": "Translate into French:\n\nhello"}],
+            "temperature": temperature,
+            "top_k": 0,
+            "top_p": 1.0,
+            "max_tokens": 10,
+        }
+
+    # Identical requests in flight share one generation, so the samples are drawn one by one.
+    greedy, first = await asyncio.gather(
+        client.http.post("/batch_translate", json={"texts": texts, "target_lang": "fr"}),
+        client.http.post("/v1/chat/completions", json=chat(1.5)),
+    )
+    assert greedy.status_code == 200, greedy.text
+    assert greedy.json()["translations"] == expected.json()["translations"]
+    answers = [first.json()["choices"][0]["message"]["content"]]
+    for _ in range(2):
+        response = await client.http.post("/v1/chat/completions", json=chat(1.5))
+        assert response.status_code == 200, response.text
+        answers.append(response.json()["choices"][0]["message"]["content"])
+    assert len(set(answers)) > 1
+    argmax = [await client.http.post("/v1/chat/completions", json=chat(0)) for _ in range(2)]
+    assert len({r.json()["choices"][0]["message"]["content"] for r in argmax}) == 1
