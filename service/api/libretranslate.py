@@ -104,7 +104,11 @@ def create_libretranslate_app(runtime: Runtime, access: AccessControl) -> FastAP
             )
         else:
             outcomes = await translator.translate_batch(
-                texts, body.target, source, deadline=context.deadline
+                texts,
+                body.target,
+                source,
+                deadline=context.deadline,
+                alternatives=body.alternatives,
             )
         done: list[Translation] = []
         for outcome in outcomes:
@@ -118,13 +122,13 @@ def create_libretranslate_app(runtime: Runtime, access: AccessControl) -> FastAP
             if source == "auto":
                 answer["detectedLanguage"] = _detected(done[0])
             if alternatives:
-                answer["alternatives"] = []
+                answer["alternatives"] = list(done[0].alternatives)
         else:
             answer["translatedText"] = [t.text for t in done]
             if source == "auto":
                 answer["detectedLanguage"] = [_detected(t) for t in done]
             if alternatives:
-                answer["alternatives"] = [[] for _ in done]
+                answer["alternatives"] = [list(t.alternatives) for t in done]
         return JSONResponse(answer)
 
     @app.post("/detect")

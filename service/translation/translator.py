@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -103,6 +104,9 @@ class Translation:
     cache: str  # "hit", "shared", "miss", or "bypass" (not language: answered as it is)
     queue_s: float
     inference_s: float
+    # Other translations sampled for the same text (LibreTranslate's ``alternatives``), distinct
+    # from ``text`` and from each other; empty unless asked for.
+    alternatives: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,11 +290,14 @@ class Translator:
         source_lang: str | None = None,
         *,
         deadline: float | None = None,
+        alternatives: int = 0,
     ) -> list[Translation | ServiceError]:
         """One result per text, in input order: its translation, or the error of that text alone.
 
         Invalid input fails the whole batch before any work starts (the error names the index);
         failures while generating (overload, deadline, out of memory) are reported per text.
+        ``alternatives``: that many more translations of each text are sampled (admitted and
+        scheduled as texts of their own) and the distinct ones kept.
         """
         if len(texts) > self._settings.max_batch_items:
             raise BatchTooLarge(
@@ -306,13 +313,16 @@ class Translator:
         todo = [index for index, text in enumerate(texts) if not verbatim(text)]
         if not todo:
             return results
-        with self._admission.reserve(len(todo), deadline) as reservation:
+        with self._admission.reserve(len(todo) * (1 + alternatives), deadline) as reservation:
             fields = [f"texts[{index}]" for index in todo]
             prepared = await self._preparer.prepare(
                 [texts[index] for index in todo], target, source, fields
             )
             outcomes = await asyncio.gather(
-                *(self._run(item, target, deadline, reservation) for item in prepared),
+                *(
+                    self._run(item, target, deadline, reservation, alternatives)
+                    for item in prepared
+                ),
                 return_exceptions=True,
             )
         for index, outcome in zip(todo, outcomes, strict=True):
@@ -405,8 +415,28 @@ class Translator:
         target: Language,
         deadline: float | None,
         reservation: Reservation,
+        alternatives: int = 0,
     ) -> Translation:
-        result, origin, queue_s, inference_s = await self._generate(prepared, deadline, reservation)
+        if alternatives:
+            # Every generation runs to its end (each gives its admitted slot back itself).
+            outcomes = await asyncio.gather(
+                self._generate(prepared, deadline, reservation),
+                *(
+                    self._generate(self._alternative(prepared, index), deadline, reservation)
+                    for index in range(alternatives)
+                ),
+                return_exceptions=True,
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            main, *others = (
+                outcome for outcome in outcomes if not isinstance(outcome, BaseException)
+            )
+        else:
+            main, others = await self._generate(prepared, deadline, reservation), []
+        result, origin, queue_s, inference_s = main
+        distinct = dict.fromkeys(other[0].text for other in others if other[0].text != result.text)
         return Translation(
             text=result.text,
             source=prepared.source,
@@ -417,6 +447,17 @@ class Translator:
             cache=origin,
             queue_s=queue_s,
             inference_s=inference_s,
+            alternatives=tuple(distinct),
+        )
+
+    def _alternative(self, prepared: Prepared, index: int) -> Prepared:
+        """Another draw for ``prepared``: sampled (the model card's sampling where the service
+        decodes greedily) and cached apart from the translation and the other draws."""
+        decoding = MODEL_CARD_DECODING if self.decoding.greedy else self.decoding
+        return dataclasses.replace(
+            prepared,
+            key=(*prepared.key, "alternative", index, decoding),
+            request=dataclasses.replace(prepared.request, decoding=decoding),
         )
 
     async def _generate(

@@ -66,7 +66,16 @@ def test_libretranslate_form_posts_and_lists(service: Process) -> None:
     alternatives = httpx.post(
         url, json={"q": "Hello", "source": "en", "target": "de", "alternatives": 3}
     )
-    assert alternatives.json()["alternatives"] == []
+    answer = alternatives.json()
+    # Sampled draws (the service decodes greedily here): distinct, none equal to the translation.
+    assert 1 <= len(answer["alternatives"]) <= 3
+    assert len(set(answer["alternatives"])) == len(answer["alternatives"])
+    assert answer["translatedText"] not in answer["alternatives"]
+    listed = httpx.post(
+        url, json={"q": ["Hello", "12345"], "source": "en", "target": "de", "alternatives": 2}
+    ).json()
+    assert len(listed["alternatives"]) == 2
+    assert listed["alternatives"][1] == []  # nothing to translate: no draws
     bad = httpx.post(url, json={"q": "Hello", "source": "en", "target": "xx"})
     assert bad.status_code == 400
     assert set(bad.json()) == {"error"}
