@@ -10,9 +10,10 @@ trained on); ``max_tokens``/``max_completion_tokens`` up to ``HYMT_MAX_NEW_TOKEN
 ``stop`` (up to 4 strings) cuts the answer at the first one; ``n`` must be 1. Anything the model
 cannot do (tools, logprobs, JSON mode, penalties) is refused with an OpenAI-shaped 400 naming it.
 
-Streaming sends the role, the content and the finish as chunks, then ``[DONE]``. The engine does
-not yet hand out tokens as they are generated, so the content arrives in one chunk when the answer
-is complete.
+Streaming sends the role, the text in chunks as the engine generates it (the continuous engine
+streams step by step; the static engine's ``generate()`` answers a batch whole, so there the text
+comes in one chunk at the end), the finish, the usage when asked, then ``[DONE]``. A stream is
+never cached or shared.
 """
 
 from __future__ import annotations
@@ -160,20 +161,27 @@ def create_openai_app(runtime: Runtime, access: AccessControl) -> FastAPI:
         if len(stops) > _MAX_STOPS or not all(stops):
             raise InvalidInput(f"stop: at most {_MAX_STOPS} non-empty strings")
         context.charge(len(content))
+        ident = f"chatcmpl-{request.scope.get('state', {}).get('request_id', '')}"
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            pieces = translator.stream(
+                content, decoding=decoding, max_new_tokens=budget, deadline=context.deadline
+            )
+            # Admission, preparation and the first piece before the answer starts: a refusal
+            # or a bad input is an ordinary JSON error, not a stream.
+            first = await anext(pieces)
+            events = _events(ident, body.model, first, pieces, stops, include_usage)
+            # Nginx buffers proxied answers unless told not to: each event must leave at once.
+            return StreamingResponse(
+                events,
+                media_type="text/event-stream",
+                headers={"X-Accel-Buffering": "no", "Cache-Control": "no-cache"},
+            )
         completion = await translator.complete(
             content, decoding=decoding, max_new_tokens=budget, deadline=context.deadline
         )
         text, finish = _cut(completion, stops)
-        ident = f"chatcmpl-{request.scope.get('state', {}).get('request_id', '')}"
-        usage = {
-            "prompt_tokens": completion.input_tokens,
-            "completion_tokens": completion.output_tokens,
-            "total_tokens": completion.input_tokens + completion.output_tokens,
-        }
-        if body.stream:
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
-            chunks = _chunks(ident, body.model, text, finish, usage if include_usage else None)
-            return StreamingResponse(chunks, media_type="text/event-stream")
+        usage = _usage(completion)
         return JSONResponse(
             {
                 "id": ident,
@@ -246,33 +254,84 @@ def _cut(completion: Completion, stops: list[str]) -> tuple[str, Literal["stop",
     return text, "length" if completion.finish_reason == "length" else "stop"
 
 
-async def _chunks(
-    ident: str, model: str, text: str, finish: str, usage: dict[str, int] | None
+def _usage(completion: Completion) -> dict[str, int]:
+    return {
+        "prompt_tokens": completion.input_tokens,
+        "completion_tokens": completion.output_tokens,
+        "total_tokens": completion.input_tokens + completion.output_tokens,
+    }
+
+
+class StopCut:
+    """Cuts streamed text at the first stop string: text that could still be the start of one
+    is held back until the next piece says whether it is."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self._stops = stops
+        self._held = ""
+        self.stopped = False
+
+    def feed(self, piece: str) -> str:
+        """The part of ``piece`` (with what was held back) that can be sent now."""
+        if self.stopped:
+            return ""
+        text = self._held + piece
+        cuts = [text.index(stop) for stop in self._stops if stop in text]
+        if cuts:
+            self.stopped, self._held = True, ""
+            return text[: min(cuts)]
+        keep = max(
+            (n for stop in self._stops for n in range(1, len(stop)) if text.endswith(stop[:n])),
+            default=0,
+        )
+        self._held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep]
+
+    def rest(self) -> str:
+        """What was held back, once the text has ended without a stop string."""
+        held, self._held = self._held, ""
+        return "" if self.stopped else held
+
+
+async def _events(
+    ident: str,
+    model: str,
+    first: str | Completion,
+    pieces: AsyncIterator[str | Completion],
+    stops: list[str],
+    include_usage: bool,
 ) -> AsyncIterator[bytes]:
+    """Server-sent events in OpenAI's chunk format: the role, a chunk per piece of text as the
+    engine streams it, the finish reason, the usage when asked, ``[DONE]``. After a stop
+    string the generation still runs to its end (its tokens are counted in the usage) but no
+    more text is sent. An error after the stream began comes as an event with OpenAI's error
+    object."""
     created = int(time.time())
 
-    def event(delta: dict[str, str], reason: str | None) -> bytes:
-        chunk = {
-            "id": ident,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
-        }
-        return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode()
+    def event(chunk: dict[str, Any]) -> bytes:
+        body = {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model}
+        return f"data: {json.dumps({**body, **chunk}, ensure_ascii=False)}\n\n".encode()
 
-    yield event({"role": "assistant", "content": ""}, None)
-    if text:
-        yield event({"content": text}, None)
-    yield event({}, finish)
-    if usage is not None:
-        chunk = {
-            "id": ident,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [],
-            "usage": usage,
-        }
-        yield f"data: {json.dumps(chunk)}\n\n".encode()
+    def delta(content: dict[str, str], reason: str | None = None) -> bytes:
+        return event({"choices": [{"index": 0, "delta": content, "finish_reason": reason}]})
+
+    cut = StopCut(stops)
+    yield delta({"role": "assistant", "content": ""})
+    item: str | Completion | None = first
+    try:
+        while isinstance(item, str):
+            if text := cut.feed(item):
+                yield delta({"content": text})
+            item = await anext(pieces, None)
+    except ServiceError as error:
+        yield f"data: {json.dumps(_body(error))}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+        return
+    if text := cut.rest():
+        yield delta({"content": text})
+    assert isinstance(item, Completion)
+    finish = "stop" if cut.stopped or item.finish_reason != "length" else "length"
+    yield delta({}, finish)
+    if include_usage:
+        yield event({"choices": [], "usage": _usage(item)})
     yield b"data: [DONE]\n\n"

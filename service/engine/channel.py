@@ -20,12 +20,13 @@ from service.engine.protocol import (
     Finished,
     FromEngine,
     Hello,
+    Partial,
     Shutdown,
     Submit,
     api_decoder,
     encoder,
 )
-from service.engine.types import GenerationRequest
+from service.engine.types import GenerationRequest, TextSink
 from service.errors import EngineUnavailable, ServiceError, error_of
 from service.scheduling.types import Scheduled
 
@@ -45,6 +46,8 @@ class EngineChannel:
         self._decoder = api_decoder()
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Scheduled]] = {}
+        # Streamed requests' sinks for their ``Partial`` texts, while in flight.
+        self._streams: dict[int, TextSink] = {}
 
     @property
     def in_flight(self) -> int:
@@ -59,12 +62,19 @@ class EngineChannel:
         self._results.bind(results_address)
 
     def submit(
-        self, request: GenerationRequest, timeout_s: float | None, incarnation: int = 0
+        self,
+        request: GenerationRequest,
+        timeout_s: float | None,
+        incarnation: int = 0,
+        on_text: TextSink | None = None,
     ) -> tuple[int, asyncio.Future[Scheduled]]:
-        """Send ``request``; the future resolves with its answer or the error of its failure."""
+        """Send ``request``; the future resolves with its answer or the error of its failure.
+        ``on_text`` gets each piece of text the engine streams before its answer."""
         request_id = next(self._ids)
         future: asyncio.Future[Scheduled] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
+        if on_text is not None:
+            self._streams[request_id] = on_text
         self.send(
             Submit(
                 id=request_id,
@@ -73,17 +83,20 @@ class EngineChannel:
                 decoding=request.decoding,
                 timeout_s=timeout_s,
                 incarnation=incarnation,
+                stream=on_text is not None,
             )
         )
         return request_id, future
 
     def forget(self, request_id: int) -> bool:
         """Stop waiting for ``request_id``; whether it was still in flight."""
+        self._streams.pop(request_id, None)
         return self._pending.pop(request_id, None) is not None
 
     def fail_all(self, error: ServiceError) -> None:
         """Answer every request in flight with ``error`` (shutdown, death, restart)."""
         pending, self._pending = self._pending, {}
+        self._streams.clear()
         for future in pending.values():
             if not future.done():
                 future.set_exception(error)
@@ -97,7 +110,12 @@ class EngineChannel:
     async def receive(self) -> FromEngine:
         """The next message from the engine, once an answer among them has resolved its future."""
         message = self._decoder.decode(await self._results.recv())
-        if isinstance(message, Finished | Failed):
+        if isinstance(message, Partial):
+            sink = self._streams.get(message.id)
+            if sink is not None:
+                sink(message.text)
+        elif isinstance(message, Finished | Failed):
+            self._streams.pop(message.id, None)
             future = self._pending.pop(message.id, None)
             if future is not None and not future.done():
                 if isinstance(message, Finished):

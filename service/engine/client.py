@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from service.engine.channel import EngineChannel
 from service.engine.config import EngineConfig
 from service.engine.protocol import Cancel, LoadFailed, Peer, Ready, Shutdown, Stats
-from service.engine.types import GenerationRequest
+from service.engine.types import GenerationRequest, TextSink
 from service.errors import EngineDied, EngineUnavailable, ServiceError
 from service.scheduling.types import Scheduled
 
@@ -101,12 +101,13 @@ class EngineClient:
         return await asyncio.shield(self._ready)
 
     def submit(
-        self, request: GenerationRequest, timeout_s: float | None
+        self, request: GenerationRequest, timeout_s: float | None, on_text: TextSink | None = None
     ) -> tuple[int, asyncio.Future[Scheduled]]:
-        """Send ``request``; the future resolves with its answer or the error of its failure."""
+        """Send ``request``; the future resolves with its answer or the error of its failure.
+        ``on_text`` gets each piece of text the engine streams before its answer."""
         if self.exited:
             raise EngineDied("the engine process is not running")
-        return self._channel.submit(request, timeout_s)
+        return self._channel.submit(request, timeout_s, on_text=on_text)
 
     def cancel(self, request_id: int) -> None:
         """Tell the engine to drop ``request_id`` (its caller is gone); no answer will come."""

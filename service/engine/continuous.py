@@ -32,6 +32,7 @@ from service.engine.types import (
     Completion,
     GenerationRequest,
     GenerationResult,
+    TextSink,
 )
 from service.errors import EngineUnavailable, GenerationFailed, OutOfMemory, ServiceError
 
@@ -74,8 +75,15 @@ class ContinuousBatchingEngine(LoadedEngine):
         self._manager.warmup()
         self._manager.start()
 
-    def submit(self, request_id: str, request: GenerationRequest, on_done: Completion) -> None:
-        """Add ``request`` to the running batch; ``on_done`` is called on this event loop."""
+    def submit(
+        self,
+        request_id: str,
+        request: GenerationRequest,
+        on_done: Completion,
+        on_text: TextSink | None = None,
+    ) -> None:
+        """Add ``request`` to the running batch; ``on_done`` (and ``on_text`` with the text so
+        far, after each step while it grows) is called on this event loop."""
         if not self._manager.is_running():
             raise EngineUnavailable("the generation thread is not running")
         prompt_tokens = len(request.prompt_ids)
@@ -83,12 +91,15 @@ class ContinuousBatchingEngine(LoadedEngine):
         def handle(output: GenerationOutput) -> None:
             if output.is_finished():
                 on_done(self._result(output, prompt_tokens), *self._timings(output))
+            elif on_text is not None and output.error is None:
+                on_text(self._detokenizer.prefix(output.generated_tokens))
 
         self._manager.register_result_handler(request_id, handle)
         accepted = self._manager.add_request(
             list(request.prompt_ids),
             request_id=request_id,
             max_new_tokens=request.max_new_tokens,
+            streaming=on_text is not None,
             **request_kwargs(request.decoding),
         )
         if accepted is None:

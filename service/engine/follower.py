@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 
 from service.engine.channel import EngineChannel
 from service.engine.protocol import Cancel, Hello, Peer, Ready, Stats
-from service.engine.types import GenerationRequest
+from service.engine.types import GenerationRequest, TextSink
 from service.errors import EngineDied, EngineUnavailable, ServiceError
 from service.scheduling.types import Scheduled
 
@@ -75,12 +75,12 @@ class EngineFollower:
             self.fail_all(EngineUnavailable("the engine stopped answering"))
 
     def submit(
-        self, request: GenerationRequest, timeout_s: float | None
+        self, request: GenerationRequest, timeout_s: float | None, on_text: TextSink | None = None
     ) -> tuple[int, asyncio.Future[Scheduled]]:
         ready = self.ready
         if ready is None or not self.available:
             raise EngineUnavailable("the engine is not running")
-        return self._channel.submit(request, timeout_s, ready.incarnation)
+        return self._channel.submit(request, timeout_s, ready.incarnation, on_text)
 
     def cancel(self, request_id: int) -> None:
         if self._channel.forget(request_id):

@@ -59,6 +59,15 @@ class Detokenizer:
         self._tokenizer = tokenizer
         self._eos = eos
 
+    def prefix(self, generated: Sequence[int]) -> str:
+        """The text of tokens still being generated, as far as the final text will surely begin
+        with it: without trailing whitespace (the final text is stripped) or a character whose
+        bytes have not all been generated yet."""
+        end = next((i for i, token in enumerate(generated) if token in self._eos), None)
+        kept = list(generated if end is None else generated[:end])
+        text = str(self._tokenizer.decode(kept, skip_special_tokens=True))
+        return text.rstrip("\ufffd").strip()
+
     def results(
         self, prompt_lengths: Sequence[int], generated: Sequence[Sequence[int]]
     ) -> list[GenerationResult]:

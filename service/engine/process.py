@@ -36,6 +36,7 @@ from service.engine.protocol import (
     FromEngine,
     Hello,
     LoadFailed,
+    Partial,
     Peer,
     Ready,
     Shutdown,
@@ -44,7 +45,13 @@ from service.engine.protocol import (
     encoder,
     engine_decoder,
 )
-from service.engine.types import AnyEngine, ContinuousEngine, EngineLoader, GenerationRequest
+from service.engine.types import (
+    AnyEngine,
+    ContinuousEngine,
+    EngineLoader,
+    GenerationRequest,
+    TextSink,
+)
 from service.engine.worker import EngineWorker
 from service.errors import GenerationFailed, ServiceError
 from service.logs import configure_logging
@@ -180,7 +187,8 @@ class EngineHost:
         deadline = None if message.timeout_s is None else time.monotonic() + message.timeout_s
         answer: Finished | Failed
         try:
-            scheduled = await self._scheduler.submit(request, deadline)
+            on_text = self._streamer(peer, message.id) if message.stream else None
+            scheduled = await self._scheduler.submit(request, deadline, on_text)
             self._generated += scheduled.result.completion_tokens
             answer = Finished(
                 id=message.id,
@@ -219,6 +227,22 @@ class EngineHost:
                 )
             )
             await asyncio.sleep(self._config.stats_interval_s)
+
+    def _streamer(self, peer: int, request_id: int) -> TextSink:
+        """Sends what a streamed request's text gained since the last time, at once (queued
+        on the socket before the request's ``Finished``, which is sent after it)."""
+        sent = ""
+        outbox = self._outboxes[peer]
+
+        def grow(text: str) -> None:
+            nonlocal sent
+            if len(text) > len(sent) and text.startswith(sent):
+                delta, sent = text[len(sent) :], text
+                payload = self._encoder.encode(Partial(id=request_id, text=delta))
+                # No high-water mark: a non-blocking send is queued now, in order.
+                outbox.send(payload, flags=zmq.NOBLOCK, copy=False)
+
+        return grow
 
     async def _send(self, message: FromEngine, peer: int | None = None) -> None:
         """To the API process ``peer``; to every one when None (ready, stats, load failure)."""

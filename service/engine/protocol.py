@@ -9,8 +9,8 @@ API -> engine: ``Submit`` (a prompt to generate from, with the seconds left to i
 started after the engine: it is sent the engine's ``Ready`` again).
 Engine -> API: ``Ready`` (loaded and warm enough to take work: what the model is and the
 tokenizer the API needs to build prompts), ``LoadFailed``, ``Finished`` and ``Failed`` (one
-per submitted request), and ``Stats`` every ``stats_interval_s`` from the moment the process
-starts: its heartbeat and its load.
+per submitted request), ``Partial`` (more text of a streamed request), and ``Stats`` every
+``stats_interval_s`` from the moment the process starts: its heartbeat and its load.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ class Submit(msgspec.Struct, tag="submit", array_like=True):
     # follower's socket may still hold requests for an engine that has since been restarted.
     # 0: whichever engine receives it (the leader's sockets live as long as one engine).
     incarnation: int = 0
+    # Send the text as it grows (``Partial``), where the engine streams.
+    stream: bool = False
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):
@@ -77,6 +79,14 @@ class Finished(msgspec.Struct, tag="finished", array_like=True):
     inference_s: float
 
 
+class Partial(msgspec.Struct, tag="partial", array_like=True):
+    """More text of a streamed request: what follows what was sent before (its ``Finished``
+    still carries the whole text)."""
+
+    id: int
+    text: str
+
+
 class Failed(msgspec.Struct, tag="failed", array_like=True):
     id: int
     code: str
@@ -101,7 +111,7 @@ class Stats(msgspec.Struct, tag="stats", array_like=True):
 Peer = tuple[str, str]
 
 ToEngine = Submit | Cancel | Shutdown | Hello
-FromEngine = Ready | LoadFailed | Finished | Failed | Stats
+FromEngine = Ready | LoadFailed | Finished | Partial | Failed | Stats
 
 
 def encoder() -> msgspec.msgpack.Encoder:

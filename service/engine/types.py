@@ -120,6 +120,9 @@ class PromptEncoder(Protocol):
 
 # Receives (result or error, seconds queued inside the engine, seconds generating).
 Completion = Callable[[GenerationResult | ServiceError, float, float], None]
+# Receives the text generated so far while a streamed request runs: a prefix of the final text
+# (held back: trailing whitespace and an incomplete character), called each time it grows.
+TextSink = Callable[[str], None]
 
 
 @runtime_checkable
@@ -145,7 +148,15 @@ class ContinuousEngine(Protocol):
         """Requests generating now, None where the engine cannot tell."""
         ...
 
-    def submit(self, request_id: str, request: GenerationRequest, on_done: Completion) -> None: ...
+    def submit(
+        self,
+        request_id: str,
+        request: GenerationRequest,
+        on_done: Completion,
+        on_text: TextSink | None = None,
+    ) -> None:
+        """``on_text``: stream the text as it grows (an engine that cannot leaves it unused)."""
+        ...
 
     def cancel(self, request_id: str) -> None: ...
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from service.engine.types import GenerationRequest
+from service.engine.types import GenerationRequest, TextSink
 from service.errors import DeadlineExceeded, EngineUnavailable, ServiceError
 from service.metrics import Metrics
 from service.policy.admission import Admission
@@ -29,9 +29,13 @@ class Dispatcher:
         self._metrics = metrics
 
     async def generate(
-        self, request: GenerationRequest, deadline: float | None = None
+        self,
+        request: GenerationRequest,
+        deadline: float | None = None,
+        on_text: TextSink | None = None,
     ) -> Scheduled:
-        """The result of ``request``, or its typed error; ``DeadlineExceeded`` past ``deadline``."""
+        """The result of ``request``, or its typed error; ``DeadlineExceeded`` past ``deadline``.
+        ``on_text`` gets each piece of text the engine streams before the result."""
         client = self._supervisor.working_client()
         if client is None:
             raise self._supervisor.availability() or EngineUnavailable("no engine is running")
@@ -40,7 +44,7 @@ class Dispatcher:
         if timeout is not None and timeout <= 0:
             self._metrics.queue_rejections.labels(reason="deadline").inc()
             raise DeadlineExceeded("the request's deadline passed before it reached the engine")
-        request_id, future = client.submit(request, timeout)
+        request_id, future = client.submit(request, timeout, on_text)
         try:
             answer = await (future if timeout is None else asyncio.wait_for(future, timeout))
         except TimeoutError:

@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import time
 
-from service.engine.types import ContinuousEngine, GenerationRequest, GenerationResult
+from service.engine.types import ContinuousEngine, GenerationRequest, GenerationResult, TextSink
 from service.errors import DeadlineExceeded, EngineUnavailable, ServiceError
 from service.scheduling.types import Scheduled, check_admission
 
@@ -45,7 +45,12 @@ class ContinuousScheduler:
     def start(self) -> None:
         return None
 
-    async def submit(self, request: GenerationRequest, deadline: float | None = None) -> Scheduled:
+    async def submit(
+        self,
+        request: GenerationRequest,
+        deadline: float | None = None,
+        on_text: TextSink | None = None,
+    ) -> Scheduled:
         check_admission(closed=self._closed, deadline=deadline)
         if not self._engine.is_alive():
             raise EngineUnavailable("the generation thread is not running")
@@ -60,7 +65,7 @@ class ContinuousScheduler:
                 future.set_result(Scheduled(outcome, queue_s, run_s))
 
         request_id = f"hymt-{next(self._ids)}"
-        self._engine.submit(request_id, request, done)
+        self._engine.submit(request_id, request, done, on_text)
         self._futures[request_id] = future
         self._enter()
         try:

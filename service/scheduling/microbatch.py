@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from service.engine.config import BatchingConfig
-from service.engine.types import GenerationRequest, GenerationResult
+from service.engine.types import GenerationRequest, GenerationResult, TextSink
 from service.errors import (
     DeadlineExceeded,
     EngineUnavailable,
@@ -77,8 +77,15 @@ class MicroBatchScheduler:
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._run(), name="scheduler")
 
-    async def submit(self, request: GenerationRequest, deadline: float | None = None) -> Scheduled:
-        """Queue one request and wait for its result, until ``deadline`` (monotonic) at most."""
+    async def submit(
+        self,
+        request: GenerationRequest,
+        deadline: float | None = None,
+        on_text: TextSink | None = None,
+    ) -> Scheduled:
+        """Queue one request and wait for its result, until ``deadline`` (monotonic) at most.
+        ``on_text`` is not called: ``generate()`` answers a batch whole (a stream gets the
+        text at the end)."""
         check_admission(closed=self._closed, deadline=deadline)
         item = _Item(request, asyncio.get_running_loop().create_future())
         self._pending.append(item)

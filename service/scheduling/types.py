@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from service.engine.types import GenerationRequest, GenerationResult
+from service.engine.types import GenerationRequest, GenerationResult, TextSink
 from service.errors import DeadlineExceeded, EngineUnavailable
 
 
@@ -40,9 +40,15 @@ class GenerationScheduler(Protocol):
 
     def start(self) -> None: ...
 
-    async def submit(self, request: GenerationRequest, deadline: float | None = None) -> Scheduled:
+    async def submit(
+        self,
+        request: GenerationRequest,
+        deadline: float | None = None,
+        on_text: TextSink | None = None,
+    ) -> Scheduled:
         """The result of ``request``; ``DeadlineExceeded`` once ``deadline``
-        (``time.monotonic()``) passes. Cancelling the caller cancels the generation."""
+        (``time.monotonic()``) passes. Cancelling the caller cancels the generation.
+        ``on_text``: called with the text so far while it grows, where the engine streams."""
         ...
 
     async def close(self, drain_timeout_s: float) -> None:

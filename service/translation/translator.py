@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,6 +27,7 @@ from service.engine.types import (
     GenerationRequest,
     GenerationResult,
     PromptEncoder,
+    TextSink,
 )
 from service.errors import (
     BatchTooLarge,
@@ -87,7 +88,10 @@ class Generator(Protocol):
     """What the translator needs to turn a request into a result (``Dispatcher``)."""
 
     async def generate(
-        self, request: GenerationRequest, deadline: float | None = None
+        self,
+        request: GenerationRequest,
+        deadline: float | None = None,
+        on_text: TextSink | None = None,
     ) -> Scheduled: ...
 
 
@@ -117,7 +121,7 @@ class Completion:
     input_tokens: int
     output_tokens: int
     finish_reason: str  # "stop" (end of turn) or "length" (the token budget ran out)
-    cache: str
+    cache: str  # as a translation's; "bypass" for a stream (never cached)
     queue_s: float
     inference_s: float
 
@@ -407,6 +411,56 @@ class Translator:
             cache=origin,
             queue_s=queue_s,
             inference_s=inference_s,
+        )
+
+    async def stream(
+        self,
+        content: str,
+        *,
+        decoding: Decoding,
+        max_new_tokens: int,
+        deadline: float | None = None,
+    ) -> AsyncIterator[str | Completion]:
+        """The answer to one user turn as it is generated: pieces of text (each what follows
+        the ones before), then the ``Completion`` with the whole text. Admitted and scheduled
+        as ``complete`` is, but never cached or shared: each stream is its own generation. An
+        engine that cannot stream gives the text as one piece at the end."""
+        self._prompts.check(content, "messages[0].content")
+        pieces: asyncio.Queue[str | None] = asyncio.Queue()
+        with self._admission.reserve(1, deadline) as reservation:
+            prepared = await self._preparer.prepare_chat(content, decoding, max_new_tokens)
+
+            async def generate() -> Scheduled:
+                try:
+                    with _released(reservation):
+                        return await self._generator.generate(
+                            prepared.request, deadline, pieces.put_nowait
+                        )
+                finally:
+                    pieces.put_nowait(None)
+
+            task = asyncio.ensure_future(generate())
+            try:
+                streamed = ""
+                while (piece := await pieces.get()) is not None:
+                    streamed += piece
+                    yield piece
+                scheduled = await task
+            finally:
+                if not task.done():
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+        result = scheduled.result
+        if result.text.startswith(streamed) and len(result.text) > len(streamed):
+            yield result.text[len(streamed) :]  # what the last pieces held back, or all of it
+        yield Completion(
+            text=result.text,
+            input_tokens=result.prompt_tokens,
+            output_tokens=result.completion_tokens,
+            finish_reason=result.finish_reason,
+            cache="bypass",
+            queue_s=scheduled.queue_s,
+            inference_s=scheduled.inference_s,
         )
 
     async def _run(

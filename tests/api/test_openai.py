@@ -7,6 +7,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from service.api.openai import StopCut
 from tests.conftest import KEYS, ServiceClient
 
 PROMPT = "Translate the following segment into German, without additional explanation.\n\nHi"
@@ -125,3 +126,16 @@ async def test_unknown_model_and_keys_are_openai_errors(keyed: ServiceClient) ->
     assert missing.json()["error"]["type"] == "authentication_error"
     with pytest.raises(openai.PermissionDeniedError):
         await client_of(keyed, key="wrong").models.list()
+
+
+def test_a_stop_string_split_over_streamed_pieces_is_cut() -> None:
+    cut = StopCut(["END", "##"])
+    sent = [cut.feed(piece) for piece in ("Hallo E", "N", "D Welt")]
+    assert sent == ["Hallo ", "", ""]
+    assert cut.stopped
+    assert cut.rest() == ""
+    # A held-back start that turns out not to be a stop string is sent with what follows.
+    other = StopCut(["END"])
+    assert [other.feed("ab E"), other.feed("x"), other.rest()] == ["ab ", "Ex", ""]
+    tail = StopCut(["END"])
+    assert [tail.feed("ab EN"), tail.rest()] == ["ab ", "EN"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 from tests.conftest import ServiceClient, StartApp
 
@@ -103,3 +104,32 @@ async def test_decoding_is_per_request(start_app: StartApp) -> None:
     assert len(set(answers)) > 1
     argmax = [await client.http.post("/v1/chat/completions", json=chat(0)) for _ in range(2)]
     assert len({r.json()["choices"][0]["message"]["content"] for r in argmax}) == 1
+
+
+async def test_chat_completions_stream_step_by_step(start_app: StartApp) -> None:
+    client: ServiceClient = await start_app(engine="continuous", max_new_tokens=12, cache_size=0)
+    chat = {
+        "model": "hunyuan-mt-demo-v1",
+        "messages": [{"role": "user", "content": "Translate into German:\n\ngood morning"}],
+        "temperature": 0,
+    }
+    whole = await client.http.post("/v1/chat/completions", json=chat)
+    assert whole.status_code == 200, whole.text
+    streamed = await client.http.post(
+        "/v1/chat/completions",
+        json={**chat, "stream": True, "stream_options": {"include_usage": True}},
+    )
+    assert streamed.status_code == 200, streamed.text
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    events = [
+        line.removeprefix("data: ")
+        for line in streamed.text.splitlines()
+        if line.startswith("data: ")
+    ]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    pieces = [c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]]
+    # The role chunk, then the text as the engine generated it: several pieces, not one.
+    assert len([piece for piece in pieces if piece]) > 1
+    assert "".join(pieces) == whole.json()["choices"][0]["message"]["content"]
+    assert chunks[-1]["usage"] == whole.json()["usage"]

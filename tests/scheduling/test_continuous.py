@@ -13,6 +13,7 @@ from service.engine.types import (
     EngineInfo,
     GenerationRequest,
     GenerationResult,
+    TextSink,
 )
 from service.errors import EngineUnavailable, GenerationFailed
 from service.scheduling.continuous import ContinuousScheduler
@@ -32,7 +33,13 @@ class ManualEngine:
     def memory_bytes(self) -> dict[str, int]:
         return {}
 
-    def submit(self, request_id: str, request: GenerationRequest, on_done: Completion) -> None:
+    def submit(
+        self,
+        request_id: str,
+        request: GenerationRequest,
+        on_done: Completion,
+        on_text: TextSink | None = None,
+    ) -> None:
         self.submitted[request_id] = on_done
 
     def cancel(self, request_id: str) -> None:
