@@ -23,6 +23,7 @@ from service.access import AccessConfig
 from service.engine.config import BatchingConfig, ContinuousConfig, EngineConfig
 from service.engine.types import Decoding
 from service.policy.config import PolicyConfig
+from service.translation.families import ModelSpec, resolve_model
 from service.translation.translator import TranslationConfig
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
@@ -117,6 +118,18 @@ class Settings(BaseSettings):
     )
     model_revision: str | None = Field(
         None, description="Git revision (branch, tag or commit) of model_id on the Hub."
+    )
+    model_family: Literal["hunyuan-mt", "hy-mt1.5", "hy-mt2"] | None = Field(
+        None,
+        description="The model family (its prompt templates, chat format and options). Unset: "
+        "read from model_id's name (Hunyuan-MT, HY-MT1.5, Hy-MT2; any other name is refused at "
+        "start). Without model_id it picks the demo model of that family's chat format.",
+    )
+    model_size: Literal["1.8b", "7b", "30b-a3b"] | None = Field(
+        None,
+        description="The model's size within its family (the 1.8B models use another chat "
+        "format, the 30B-A3B another architecture). Unset: read from model_id's name, else 7b "
+        "(1.8b for a family without a 7B).",
     )
     load_format: LoadFormat = Field(
         "auto",
@@ -360,6 +373,14 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_model(self) -> Settings:
+        try:
+            self.model_spec()
+        except ValueError as error:
+            raise ValueError(f"model: {error}") from None
+        return self
+
+    @model_validator(mode="after")
     def _check_engine_settings(self) -> Settings:
         kind = self.engine
         if kind != "auto":
@@ -377,21 +398,37 @@ class Settings(BaseSettings):
     def uses_demo_model(self) -> bool:
         return self.model_id is None
 
+    def model_spec(self) -> ModelSpec:
+        """The family and size served (validated when the settings are built)."""
+        return resolve_model(self.model_id, self.model_family, self.model_size)
+
     def decoding(self) -> Decoding:
+        """The settings' decoding; the family's own defaults for what is not set (the
+        Hy-MT2-30B-A3B samples differently from the other models)."""
+        default = self.model_spec().decoding
+        given = self.model_fields_set
         return Decoding(
             greedy=self.greedy,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            repetition_penalty=self.repetition_penalty,
+            temperature=self.temperature if "temperature" in given else default.temperature,
+            top_k=self.top_k if "top_k" in given else default.top_k,
+            top_p=self.top_p if "top_p" in given else default.top_p,
+            repetition_penalty=(
+                self.repetition_penalty
+                if "repetition_penalty" in given
+                else default.repetition_penalty
+            ),
         )
 
     def engine_config(self) -> EngineConfig:
         """All the engine process receives."""
         given = self.model_fields_set
+        spec = self.model_spec()
         return EngineConfig(
             model_id=self.model_id,
             model_revision=self.model_revision,
+            chat_format=spec.chat_format,
+            shipped_config=spec.shipped_config,
+            add_generation_prompt=spec.add_generation_prompt,
             load_format=self.load_format,
             dtype=self.dtype,
             quantization=self.quantization,
@@ -448,6 +485,7 @@ class Settings(BaseSettings):
             cache_ttl_s=self.cache_ttl_s,
             warmup=self.warmup,
             prepare_niceness=self.prepare_niceness,
+            family=self.model_spec().family.name,
         )
 
     def access_config(self) -> AccessConfig:

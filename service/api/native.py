@@ -20,6 +20,7 @@ from service.api.schemas import (
     ErrorDetail,
     ErrorResponse,
     LanguageOut,
+    PromptOut,
     TranslateRequest,
     TranslationOut,
     Usage,
@@ -60,11 +61,25 @@ async def translate(
     """Translate one text."""
     context.charge(len(body.text))
     translation = await context.translator.translate(
-        body.text, body.target_lang, body.source_lang, deadline=context.deadline
+        body.text,
+        body.target_lang,
+        body.source_lang,
+        deadline=context.deadline,
+        options=body.options(),
     )
     _timing_headers(response, [translation])
     response.headers["X-Cache"] = translation.cache
     return TranslationOut.of(translation)
+
+
+@router.post("/prompt", response_model=PromptOut, responses=_ERRORS)
+async def prompt(body: TranslateRequest, context: ContextDep) -> PromptOut:
+    """What the model would read for this ``POST /translate`` body, without generating: the
+    exact text (chat format included) and its token count. Nothing is queued or charged."""
+    text, tokens = await context.translator.prompt(
+        body.text, body.target_lang, body.source_lang, options=body.options()
+    )
+    return PromptOut(prompt=text, input_tokens=tokens)
 
 
 @router.get(
@@ -119,7 +134,11 @@ async def batch_translate(
     """
     context.charge(sum(len(text) for text in body.texts))
     outcomes = await context.translator.translate_batch(
-        body.texts, body.target_lang, body.source_lang, deadline=context.deadline
+        body.texts,
+        body.target_lang,
+        body.source_lang,
+        deadline=context.deadline,
+        options=body.options(),
     )
     done = [outcome for outcome in outcomes if isinstance(outcome, Translation)]
     if not done:

@@ -7,9 +7,12 @@ translator so every API dialect shares them.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.translation.detection import UNCERTAIN_BELOW
+from service.translation.prompts import TranslationOptions
 from service.translation.translator import Translation
 
 
@@ -17,7 +20,48 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class TranslateRequest(_Strict):
+class _Options(_Strict):
+    """The translation options: each goes through the model family's own template, one at a
+    time; a family without that template refuses it (422 naming it)."""
+
+    glossary: dict[str, str] | None = Field(
+        None,
+        description="Terminology: source term -> target term, in the order the prompt lists them "
+        "(HY-MT1.5, Hy-MT2).",
+        examples=[{"Cloud Native": "云原生"}],
+    )
+    context: str | None = Field(
+        None,
+        min_length=1,
+        description="Text before the segment, for the model to read but not translate "
+        "(HY-MT1.5's contextual template, Hy-MT2's background one).",
+    )
+    format: Literal["text", "markup"] = Field(
+        "text",
+        description="markup: HTML/XML tags kept where they belong (HY-MT1.5's formatted "
+        "translation with numbered tags; its template translates into Chinese only).",
+    )
+    style: str | None = Field(
+        None, min_length=1, description="The style the translation must follow (Hy-MT2)."
+    )
+    preferences: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="Personal preferences, numbered in the prompt before the translate "
+        "instruction (Hy-MT2).",
+    )
+
+    def options(self) -> TranslationOptions:
+        return TranslationOptions(
+            glossary=tuple((self.glossary or {}).items()),
+            context=self.context,
+            format=self.format,
+            style=self.style,
+            preferences=tuple(self.preferences or ()),
+        )
+
+
+class TranslateRequest(_Options):
     text: str = Field(min_length=1, description="Text to translate.", examples=["Hello, world!"])
     target_lang: str = Field(description="Target language code (GET /languages).", examples=["de"])
     source_lang: str | None = Field(
@@ -25,12 +69,19 @@ class TranslateRequest(_Strict):
     )
 
 
-class BatchTranslateRequest(_Strict):
+class BatchTranslateRequest(_Options):
     texts: list[str] = Field(min_length=1, description="Texts to translate, one segment each.")
     target_lang: str = Field(description="Target language code (GET /languages).", examples=["fr"])
     source_lang: str | None = Field(
         None, description="Source language code of every text; omit (or auto) to detect each."
     )
+
+
+class PromptOut(BaseModel):
+    prompt: str = Field(
+        description="The exact text the model would read, chat format and special tokens included."
+    )
+    input_tokens: int = Field(description="Its number of tokens.")
 
 
 class Usage(BaseModel):

@@ -46,6 +46,13 @@ class EngineConfig:
 
     model_id: str | None = None
     model_revision: str | None = None
+    # The turn format of the model's family and size: picks the demo model (and the demo
+    # tokenizer of a ``dummy`` load) when no model is given.
+    chat_format: Literal["hunyuan-7b", "hy", "hy-v3"] = "hunyuan-7b"
+    # The config in ``configs/`` a ``dummy`` load builds when no model is given.
+    shipped_config: str = "hunyuan-mt-7b"
+    # Whether the chat template's generation prompt follows the user turn.
+    add_generation_prompt: bool = False
     load_format: Literal["auto", "dummy"] = "auto"
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     quantization: Literal["none", "nf4", "int8"] = "none"

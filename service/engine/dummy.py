@@ -28,18 +28,20 @@ from service.engine.folders import build_once
 log = logging.getLogger(__name__)
 
 SEED = 0
-SHIPPED_CONFIG = "hunyuan-mt-7b"
 
 
-def dummy_config(model_id: str | None, special_ids: dict[str, int]) -> tuple[PretrainedConfig, str]:
-    """The config to build (shipped Hunyuan-MT-7B when ``model_id`` is None) and its name."""
+def dummy_config(
+    model_id: str | None, special_ids: dict[str, int], shipped: str = "hunyuan-mt-7b"
+) -> tuple[PretrainedConfig, str]:
+    """The config to build (the shipped config ``shipped`` when ``model_id`` is None) and its
+    name."""
     if model_id is None:
-        text = resources.files("service.engine").joinpath(f"configs/{SHIPPED_CONFIG}.json")
+        text = resources.files("service.engine").joinpath(f"configs/{shipped}.json")
         values = json.loads(text.read_text("utf-8"))
         values.pop("architectures", None)
         model_type = values.pop("model_type")
         config = AutoConfig.for_model(model_type, **values)
-        name = f"{SHIPPED_CONFIG}-dummy"
+        name = f"{shipped}-dummy"
     else:
         config = AutoConfig.from_pretrained(model_id)
         name = f"{model_id}-dummy"

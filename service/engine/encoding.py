@@ -10,6 +10,8 @@ The copy is never reconfigured after construction, which keeps it safe to call f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tokenizers import Tokenizer
 
 from service.engine.protocol import TokenizerSpec
@@ -36,6 +38,9 @@ class ChatPromptEncoder:
 
     def count_tokens(self, text: str) -> int:
         return len(self._encode_plain(text))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._plain.decode(list(ids), skip_special_tokens=False))
 
     def _encode_plain(self, text: str) -> tuple[int, ...]:
         return tuple(self._plain.encode(text, add_special_tokens=False).ids)

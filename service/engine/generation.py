@@ -97,7 +97,7 @@ class LoadedEngine:
 
     def __init__(self, loaded: LoadedModel) -> None:
         self._device = loaded.device
-        self._tokenizer = tokenizer_spec(loaded.tokenizer)
+        self._tokenizer = tokenizer_spec(loaded.tokenizer, loaded.add_generation_prompt)
         self._encoder = ChatPromptEncoder(self._tokenizer)
         self._eos_ids = eos_ids(loaded.model)
         self._detokenizer = Detokenizer(loaded.tokenizer, self._eos_ids)

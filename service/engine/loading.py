@@ -23,7 +23,7 @@ from transformers import (
 
 from service.engine.compilation import compile_norms, wants_compiled_norms
 from service.engine.config import EngineConfig
-from service.engine.demo import DEMO_VERSION, ensure_demo_model
+from service.engine.demo import demo_name, ensure_demo_model
 from service.engine.dummy import dummy_config, materialized_checkpoint, random_model
 from service.engine.output_layer import prepare_output_layer
 from service.engine.quantization import quantization_config, quantization_label
@@ -45,6 +45,8 @@ class LoadedModel:
     quantization: str
     load_seconds: float
     compiled_norms: int = 0
+    # Whether prompts end with the chat template's generation prompt (the family's way).
+    add_generation_prompt: bool = False
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -73,7 +75,7 @@ def load_model(settings: EngineConfig) -> LoadedModel:
     label = quantization_label(settings.quantization, settings.quantize_lm_head)
     revision = settings.model_revision
     if settings.load_format == "dummy" or settings.model_id is None:
-        tokenizer_source: str | Path = ensure_demo_model(settings.data_dir)
+        tokenizer_source: str | Path = ensure_demo_model(settings.data_dir, settings.chat_format)
         tokenizer_revision = None
     else:
         tokenizer_source, tokenizer_revision = settings.model_id, revision
@@ -85,7 +87,9 @@ def load_model(settings: EngineConfig) -> LoadedModel:
 
     model: PreTrainedModel
     if settings.load_format == "dummy":
-        config, name = dummy_config(settings.model_id, _special_ids(tokenizer))
+        config, name = dummy_config(
+            settings.model_id, _special_ids(tokenizer), settings.shipped_config
+        )
         revision = None
         _log_loading(name, device, dtype, label)
         if quantization is None:
@@ -96,7 +100,7 @@ def load_model(settings: EngineConfig) -> LoadedModel:
     else:
         source: str | Path
         if settings.model_id is None:
-            source, name, revision = tokenizer_source, f"hunyuan-mt-{DEMO_VERSION}", None
+            source, name, revision = tokenizer_source, demo_name(settings.shipped_config), None
         else:
             source, name = settings.model_id, settings.model_id
         _log_loading(name, device, dtype, label)
@@ -125,6 +129,7 @@ def load_model(settings: EngineConfig) -> LoadedModel:
         quantization=label,
         load_seconds=seconds,
         compiled_norms=norms,
+        add_generation_prompt=settings.add_generation_prompt,
     )
 
 

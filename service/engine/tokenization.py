@@ -16,12 +16,17 @@ from service.engine.protocol import TokenizerSpec
 _SENTINEL = "\u2063USER-CONTENT\u2063"
 
 
-def tokenizer_spec(tokenizer: PreTrainedTokenizerBase) -> TokenizerSpec:
-    """The serialized tokenizer and the chat template's ids around one user turn."""
+def tokenizer_spec(
+    tokenizer: PreTrainedTokenizerBase, add_generation_prompt: bool = False
+) -> TokenizerSpec:
+    """The serialized tokenizer and the chat template's ids around one user turn (followed by
+    the template's generation prompt when ``add_generation_prompt``)."""
     if not tokenizer.is_fast:
         raise TypeError("a fast (Rust) tokenizer is required")
     rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=False
+        [{"role": "user", "content": _SENTINEL}],
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
     )
     if not isinstance(rendered, str) or rendered.count(_SENTINEL) != 1:
         raise ValueError("the tokenizer's chat template does not render the user content once")

@@ -117,6 +117,10 @@ class PromptEncoder(Protocol):
         """Number of tokens of ``text`` alone, special-token strings counted as plain text."""
         ...
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` with special tokens written out (what the model reads)."""
+        ...
+
 
 # Receives (result or error, seconds queued inside the engine, seconds generating).
 Completion = Callable[[GenerationResult | ServiceError, float, float], None]

@@ -45,6 +45,7 @@ from service.engine.types import Decoding
 from service.errors import EngineUnavailable, ServiceError, error_of
 from service.translation.detection import Detection, LanguageDetector
 from service.translation.languages import Language, LanguageTable
+from service.translation.prompts import PLAIN, TranslationOptions
 from service.translation.translator import Prepared, PromptBuilder, TranslationConfig
 
 log = logging.getLogger(__name__)
@@ -102,11 +103,15 @@ def _serve(
 def _answer(builder: PromptBuilder, kind: str, args: tuple[Any, ...]) -> tuple[str, object]:
     try:
         if kind == "prepare":
-            texts, target, source, fields = args
+            texts, target, source, fields, options = args
             return "ok", [
-                builder.prepare(text, target, source, field=field)
+                builder.prepare(text, target, source, field=field, options=options)
                 for text, field in zip(texts, fields, strict=True)
             ]
+        if kind == "render":
+            text, target, source, options = args
+            prepared = builder.prepare(text, target, source, field="text", options=options)
+            return "ok", (prepared, builder.chat_text(prepared))
         if kind == "chat":
             content, decoding, max_new_tokens = args
             return "ok", builder.prepare_chat(content, decoding, max_new_tokens)
@@ -181,10 +186,17 @@ class Preparer:
         target: Language,
         source: Language | None,
         fields: Sequence[str],
+        options: TranslationOptions = PLAIN,
     ) -> list[Prepared]:
         result: list[Prepared] = await self._run(
-            "prepare", (list(texts), target, source, list(fields))
+            "prepare", (list(texts), target, source, list(fields), options)
         )
+        return result
+
+    async def render(
+        self, text: str, target: Language, source: Language | None, options: TranslationOptions
+    ) -> tuple[Prepared, str]:
+        result: tuple[Prepared, str] = await self._run("render", (text, target, source, options))
         return result
 
     async def prepare_chat(self, content: str, decoding: Decoding, max_new_tokens: int) -> Prepared:

@@ -1,46 +1,110 @@
-"""The Hunyuan-MT prompt templates, exactly as the model card gives them.
+"""The user message for one text: the family's template for the options asked, filled in.
 
-The Chinese template is used when either side of the pair is Chinese, the English one otherwise;
-the target language is named in the template's own language. The chat template around the prompt
-is the tokenizer's business (``service.engine.tokenization``).
+The Chinese version of a template is used when either side of the pair is Chinese (an unlabelled
+text is judged by its script), the English one otherwise; the target language is named in the
+template's own language. A family that has no template for an option refuses it (422, naming the
+option), and its templates take one option at a time. The chat template around the message is
+the tokenizer's business (``service.engine.tokenization``).
 """
 
 from __future__ import annotations
 
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
+from service.errors import Unsupported
+from service.translation.families import HUNYUAN_MT, Family, fill, numbered
 from service.translation.languages import Language
+from service.translation.tags import number_tags
 
-CHINESE_TEMPLATE = "把下面的文本翻译成{target_language}，不要额外解释。\n\n{source_text}"
-ENGLISH_TEMPLATE = (
-    "Translate the following segment into {target_language}, without additional explanation."
-    "\n\n{source_text}"
-)
+TextFormat = Literal["text", "markup"]
+
+
+@dataclass(frozen=True, slots=True)
+class TranslationOptions:
+    """What a request asks beyond the plain translation (the native API's options)."""
+
+    # Source term -> target term, in the order given.
+    glossary: tuple[tuple[str, str], ...] = ()
+    # Text before the segment (HY-MT1.5's contextual template, Hy-MT2's background one).
+    context: str | None = None
+    # ``markup``: tags kept (HY-MT1.5's formatted-translation template, numbered tags).
+    format: TextFormat = "text"
+    # Hy-MT2: the style the translation must follow, and numbered personal preferences.
+    style: str | None = None
+    preferences: tuple[str, ...] = field(default=())
+
+    def asked(self) -> list[str]:
+        """The options set, by name."""
+        values = {
+            "glossary": bool(self.glossary),
+            "context": self.context is not None,
+            "format": self.format != "text",
+            "style": self.style is not None,
+            "preferences": bool(self.preferences),
+        }
+        return [name for name, present in values.items() if present]
+
+
+PLAIN = TranslationOptions()
 
 
 @dataclass(frozen=True, slots=True)
 class PromptFormat:
-    """Renders the translation instruction for one text.
+    """Renders the translation instruction for one text with one family's templates."""
 
-    ``name`` identifies the template family in cache keys: change it whenever a template changes.
-    """
+    family: Family = HUNYUAN_MT
 
-    name: str = "hunyuan-mt-v1"
-    chinese_template: str = CHINESE_TEMPLATE
-    english_template: str = ENGLISH_TEMPLATE
+    @property
+    def name(self) -> str:
+        """Identifies the templates in cache keys."""
+        return self.family.cache_name
 
-    def render(self, text: str, target: Language, source: Language | None) -> str:
-        """The user message asking to translate ``text`` into ``target``.
-
-        ``str.format`` substitutes the text once and never re-parses it, so braces or template
-        words inside the text stay plain data.
-        """
-        if target.is_chinese or (source.is_chinese if source else looks_chinese(text)):
-            return self.chinese_template.format(
-                target_language=target.chinese_name, source_text=text
+    def render(
+        self,
+        text: str,
+        target: Language,
+        source: Language | None,
+        options: TranslationOptions = PLAIN,
+    ) -> str:
+        """The user message asking to translate ``text`` into ``target`` as ``options`` say."""
+        asked = options.asked()
+        missing = [name for name in asked if name not in self.family.options]
+        if missing:
+            raise Unsupported(
+                f"{', '.join(missing)}: not supported by the {self.family.title} model family "
+                f"(it supports: {', '.join(sorted(self.family.options)) or 'no options'})"
             )
-        return self.english_template.format(target_language=target.english_name, source_text=text)
+        if len(asked) > 1:
+            raise Unsupported(
+                f"{', '.join(asked)}: the {self.family.title} templates take one option at a time"
+            )
+        kind = asked[0] if asked else "default"
+        chinese = target.is_chinese or (source.is_chinese if source else looks_chinese(text))
+        template, language = self.family.template(kind, chinese)
+        name = target.chinese_name if language == "zh" else target.english_name
+        values = {"target": name, "text": text}
+        if kind == "glossary":
+            line = self.family.term_lines[language]
+            values["terms"] = "\n".join(
+                fill(line, {"source": source_term, "target": target_term})
+                for source_term, target_term in options.glossary
+            )
+        elif kind == "context":
+            values["context"] = options.context or ""
+        elif kind == "style":
+            values["style"] = options.style or ""
+        elif kind == "preferences":
+            values["preferences"] = numbered(list(options.preferences), language)
+        elif kind == "format":
+            if not target.is_chinese:
+                raise Unsupported(
+                    f"format: the {self.family.title} formatted-translation template translates "
+                    "into Chinese only"
+                )
+            values["text"] = number_tags(text).numbered
+        return fill(template, values)
 
 
 def looks_chinese(text: str) -> bool:

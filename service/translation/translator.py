@@ -40,9 +40,11 @@ from service.policy.admission import Admission, Reservation
 from service.scheduling.types import Scheduled
 from service.translation.cache import ResultCache
 from service.translation.detection import Detection, LanguageDetector
+from service.translation.families import FAMILIES
 from service.translation.languages import Language, LanguageTable
 from service.translation.markup import segment
-from service.translation.prompts import PromptFormat, looks_chinese
+from service.translation.prompts import PLAIN, PromptFormat, TranslationOptions, looks_chinese
+from service.translation.tags import Numbered, number_tags
 from service.translation.verbatim import verbatim
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,7 @@ class TranslationConfig:
     cache_ttl_s: float = 3600.0
     warmup: bool = True
     prepare_niceness: int = 10  # added to the preparation workers' nice value
+    family: str = "hunyuan-mt"  # the model family whose templates build the prompts
 
 
 class TextPreparer(Protocol):
@@ -75,7 +78,14 @@ class TextPreparer(Protocol):
         target: Language,
         source: Language | None,
         fields: Sequence[str],
+        options: TranslationOptions = PLAIN,
     ) -> list[Prepared]: ...
+
+    async def render(
+        self, text: str, target: Language, source: Language | None, options: TranslationOptions
+    ) -> tuple[Prepared, str]:
+        """The request for ``text`` and the exact text the model would read (chat format)."""
+        ...
 
     async def prepare_chat(
         self, content: str, decoding: Decoding, max_new_tokens: int
@@ -136,6 +146,8 @@ class Prepared:
     request: GenerationRequest
     # Set when the source language was detected rather than given.
     detected_confidence: float | None = None
+    # Set for markup sent with numbered tags: turns the answer's tags back into the original.
+    restore: Numbered | None = None
 
 
 def token_budget(source_tokens: int, settings: TranslationConfig) -> int:
@@ -170,7 +182,7 @@ class PromptBuilder:
         self._detector = detector
         self._fingerprint = model_fingerprint
         self.languages = languages or LanguageTable()
-        self._format = prompt_format or PromptFormat()
+        self._format = prompt_format or PromptFormat(FAMILIES[settings.family])
         self.decoding = settings.decoding
 
     def languages_of(
@@ -202,7 +214,13 @@ class PromptBuilder:
             raise InvalidInput(f"{field}: the text is not valid Unicode (lone surrogate)") from None
 
     def prepare(
-        self, text: str, target: Language, source: Language | None, *, field: str
+        self,
+        text: str,
+        target: Language,
+        source: Language | None,
+        *,
+        field: str,
+        options: TranslationOptions = PLAIN,
     ) -> Prepared:
         """The request for ``text``; ``field`` names it in errors (``texts[3]``)."""
         self.check(text, field)
@@ -217,14 +235,27 @@ class PromptBuilder:
             source, confidence = detection.language, detection.confidence
         elif source is None and looks_chinese(text):
             source = self.languages["zh"]  # without a detector, at least pick the right template
-        prompt = self._format.render(text, target, source)
+        prompt = self._format.render(text, target, source, options)
         request = GenerationRequest(
             prompt_ids=self._encoder.encode_chat(prompt),
             max_new_tokens=token_budget(source_tokens, self._settings),
             decoding=self.decoding,
         )
-        key = (self._fingerprint, self._format.name, prompt, self.decoding, request.max_new_tokens)
-        return Prepared(source, prompt, key, request, detected_confidence=confidence)
+        # The prompt carries every option's effect; the format also changes what is returned.
+        key = (
+            self._fingerprint,
+            self._format.name,
+            prompt,
+            self.decoding,
+            request.max_new_tokens,
+            options.format,
+        )
+        restore = number_tags(text) if options.format == "markup" else None
+        return Prepared(source, prompt, key, request, confidence, restore)
+
+    def chat_text(self, prepared: Prepared) -> str:
+        """What the model reads for ``prepared``: the chat format's tokens written out."""
+        return self._encoder.decode(prepared.request.prompt_ids)
 
     def prepare_chat(self, content: str, decoding: Decoding, max_new_tokens: int) -> Prepared:
         """The request for a user turn given as it is (no template of ours around it)."""
@@ -277,6 +308,7 @@ class Translator:
         source_lang: str | None = None,
         *,
         deadline: float | None = None,
+        options: TranslationOptions = PLAIN,
     ) -> Translation:
         """``deadline`` is a ``time.monotonic()`` instant; past it, ``DeadlineExceeded``."""
         target, source = self._prompts.languages_of(target_lang, source_lang)
@@ -284,8 +316,23 @@ class Translator:
         if verbatim(text):
             return _as_is(text, source, target)
         with self._admission.reserve(1, deadline) as reservation:
-            (prepared,) = await self._preparer.prepare([text], target, source, ["text"])
+            (prepared,) = await self._preparer.prepare([text], target, source, ["text"], options)
             return await self._run(prepared, target, deadline, reservation)
+
+    async def prompt(
+        self,
+        text: str,
+        target_lang: str,
+        source_lang: str | None = None,
+        *,
+        options: TranslationOptions = PLAIN,
+    ) -> tuple[str, int]:
+        """The exact text the model would read for this translation (chat format included) and
+        its number of tokens, without generating: nothing is admitted or cached."""
+        target, source = self._prompts.languages_of(target_lang, source_lang)
+        self._prompts.check(text, "text")
+        prepared, chat = await self._preparer.render(text, target, source, options)
+        return chat, len(prepared.request.prompt_ids)
 
     async def translate_batch(
         self,
@@ -295,6 +342,7 @@ class Translator:
         *,
         deadline: float | None = None,
         alternatives: int = 0,
+        options: TranslationOptions = PLAIN,
     ) -> list[Translation | ServiceError]:
         """One result per text, in input order: its translation, or the error of that text alone.
 
@@ -320,7 +368,7 @@ class Translator:
         with self._admission.reserve(len(todo) * (1 + alternatives), deadline) as reservation:
             fields = [f"texts[{index}]" for index in todo]
             prepared = await self._preparer.prepare(
-                [texts[index] for index in todo], target, source, fields
+                [texts[index] for index in todo], target, source, fields, options
             )
             outcomes = await asyncio.gather(
                 *(
@@ -490,9 +538,13 @@ class Translator:
         else:
             main, others = await self._generate(prepared, deadline, reservation), []
         result, origin, queue_s, inference_s = main
-        distinct = dict.fromkeys(other[0].text for other in others if other[0].text != result.text)
+        restore = prepared.restore.restore if prepared.restore is not None else str
+        text = restore(result.text)
+        distinct = dict.fromkeys(
+            draft for draft in (restore(other[0].text) for other in others) if draft != text
+        )
         return Translation(
-            text=result.text,
+            text=text,
             source=prepared.source,
             target=target,
             detected_confidence=prepared.detected_confidence,

@@ -1,0 +1,250 @@
+"""The Hunyuan translation model families as data: their prompt templates, how glossary terms
+are written, which translation options each supports, and their generation defaults.
+
+Every template is Tencent's published text (Hunyuan-MT-7B's model card, the HY-MT1.5 README, the
+Hy-MT2 README table with ``<br>`` read as a newline; docs/model-families.md has the sources and
+the readings). Placeholders are filled in one pass (``fill``), so braces or placeholder names
+inside a user's text stay plain data, and literal braces in a template stay as printed.
+
+A template exists per instruction language: ``zh`` is used when either side of the pair is
+Chinese (or when the family has only a Chinese version of that template), ``en`` otherwise, and
+the language names follow the template's language (Chinese names in Chinese prompts).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from service.engine.types import MODEL_CARD_DECODING, Decoding
+
+FamilyName = Literal["hunyuan-mt", "hy-mt1.5", "hy-mt2"]
+# The translation options of the native API, by the template they need.
+Option = Literal["glossary", "context", "format", "style", "preferences"]
+ChatFormat = Literal["hunyuan-7b", "hy", "hy-v3"]
+
+# Hunyuan-MT-7B's model card.
+_HUNYUAN_ZH = "把下面的文本翻译成{target}，不要额外解释。\n\n{text}"
+_HUNYUAN_EN = (
+    "Translate the following segment into {target}, without additional explanation.\n\n{text}"
+)
+# The HY-MT1.5 README's code blocks (no trailing spaces).
+_HY15_ZH = "将以下文本翻译为{target}，注意只需要输出翻译后的结果，不要额外解释：\n\n{text}"
+_HY15_GLOSSARY = (
+    "参考下面的翻译：\n{terms}\n\n"
+    "将以下文本翻译为{target}，注意只需要输出翻译后的结果，不要额外解释：\n{text}"
+)
+# One empty line after the text in the README's block: the template ends with a newline.
+_HY15_CONTEXT = (
+    "{context}\n"
+    "参考上面的信息，把下面的文本翻译成{target}，注意不需要翻译上文，也不要额外解释：\n{text}\n"
+)
+# The target language is hard-coded as Chinese in Tencent's template.
+_HY15_FORMAT = (
+    "将以下<source></source>之间的文本翻译为中文，注意只需要输出翻译后的结果，不要额外解释，"
+    "原文中的<sn></sn>标签表示标签内文本包含格式信息，需要在译文中相应的位置尽量保留该标签。"
+    "输出格式为：<target>str</target>\n\n<source>{text}</source>"
+)
+# The Hy-MT2 README's table.
+_HY2_EN = (
+    "Translate the following text into {target}. Note that you should only output the translated "
+    "result without any additional explanation:\n\n{text}"
+)
+_HY2_GLOSSARY_ZH = (
+    "参考下面的翻译：\n{terms}\n"
+    "将以下文本翻译为{target}，注意只需要输出翻译后的结果，不要额外解释：\n\n{text}"
+)
+_HY2_GLOSSARY_EN = (
+    "Reference the following translations:\n{terms}\n\nTranslate the following text into "
+    "{target}. Note that you must ONLY output the translated result without any additional "
+    "explanation:\n\n{text}"
+)
+_HY2_STYLE_ZH = "请将以下文本翻译为{target}。\n注意翻译的风格要严格符合【{style}】\n\n{text}"
+_HY2_STYLE_EN = (
+    "Please translate the following text into {target}. Note that the translation style must "
+    "strictly conform to [{style}]:\n\n{text}"
+)
+# ``{preferences}``: the numbered preferences and the last item's number (``numbered``).
+_HY2_PREFERENCES_ZH = (
+    "【待翻译文本】\n{text}\n\n【翻译任务】\n{preferences}将【待翻译文本】翻译为{target}。"
+)
+_HY2_PREFERENCES_EN = (
+    "[Source Text]\n{text}\n\n[Translation Tasks]\n{preferences}Translate the [Source Text] into "
+    "{target}."
+)
+_HY2_CONTEXT_ZH = (
+    "【背景信息】\n{context}\n\n请结合背景信息将以下文本翻译为{target}。\n\n【待翻译文本】\n{text}"
+)
+_HY2_CONTEXT_EN = (
+    "[Background Information]\n{context}\n\nPlease translate the following text into {target}, "
+    "taking the provided background information into consideration.\n\n[Source Text]\n{text}"
+)
+
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One model family: its templates by kind and instruction language, and its defaults."""
+
+    name: FamilyName
+    title: str
+    # (kind, instruction language) -> template; kind "default" or an ``Option``.
+    templates: Mapping[tuple[str, str], str]
+    # One glossary line per term, by instruction language.
+    term_lines: Mapping[str, str] = field(default_factory=dict)
+    decoding: Decoding = MODEL_CARD_DECODING
+    max_new_tokens: int = 1024
+    licence: str = ""
+    # Bumped whenever a template changes: part of every cache key.
+    version: int = 1
+
+    @property
+    def options(self) -> frozenset[str]:
+        return frozenset(kind for kind, _ in self.templates if kind != "default")
+
+    @property
+    def cache_name(self) -> str:
+        return f"{self.name}-v{self.version}"
+
+    def template(self, kind: str, chinese: bool) -> tuple[str, str]:
+        """The template of ``kind`` and its instruction language for a pair that involves
+        Chinese or not (a kind with only a Chinese version always takes that one)."""
+        language = "zh" if chinese or (kind, "en") not in self.templates else "en"
+        return self.templates[(kind, language)], language
+
+
+def fill(template: str, values: Mapping[str, str]) -> str:
+    """``template`` with the placeholders named in ``values`` replaced in one pass: nothing
+    inserted is read again, and any other brace stays as written."""
+    return _PLACEHOLDER.sub(lambda match: values.get(match.group(1), match.group(0)), template)
+
+
+def numbered(items: list[str], language: str) -> str:
+    """Preference lines numbered from 1, then the number of the last item, which is the
+    template's translate instruction: ``1、a\n2、b\n3、`` (``1. a\n2. b\n3. `` in English)."""
+    mark = "、" if language == "zh" else ". "
+    lines = [f"{n}{mark}{item}\n" for n, item in enumerate(items, start=1)]
+    return "".join(lines) + f"{len(items) + 1}{mark}"
+
+
+HUNYUAN_MT = Family(
+    name="hunyuan-mt",
+    title="Hunyuan-MT-7B",
+    templates={("default", "zh"): _HUNYUAN_ZH, ("default", "en"): _HUNYUAN_EN},
+    licence="Tencent Hunyuan Community License; does not apply in the European Union, the United "
+    "Kingdom and South Korea",
+)
+HY_MT15 = Family(
+    name="hy-mt1.5",
+    title="HY-MT1.5",
+    templates={
+        ("default", "zh"): _HY15_ZH,
+        ("default", "en"): _HUNYUAN_EN,
+        ("glossary", "zh"): _HY15_GLOSSARY,
+        ("context", "zh"): _HY15_CONTEXT,
+        ("format", "zh"): _HY15_FORMAT,
+    },
+    # The README shows one term; several are written one per line, as Hy-MT2's README does.
+    term_lines={"zh": "{source} 翻译成 {target}"},
+    max_new_tokens=2048,
+    licence="Tencent HY Community License; does not apply in the European Union, the United "
+    "Kingdom and South Korea",
+)
+HY_MT2 = Family(
+    name="hy-mt2",
+    title="Hy-MT2",
+    templates={
+        ("default", "zh"): _HY15_ZH,
+        ("default", "en"): _HY2_EN,
+        ("glossary", "zh"): _HY2_GLOSSARY_ZH,
+        ("glossary", "en"): _HY2_GLOSSARY_EN,
+        ("style", "zh"): _HY2_STYLE_ZH,
+        ("style", "en"): _HY2_STYLE_EN,
+        ("preferences", "zh"): _HY2_PREFERENCES_ZH,
+        ("preferences", "en"): _HY2_PREFERENCES_EN,
+        ("context", "zh"): _HY2_CONTEXT_ZH,
+        ("context", "en"): _HY2_CONTEXT_EN,
+    },
+    term_lines={"zh": "{source} 翻译成 {target}", "en": "{source} translates to {target}"},
+    max_new_tokens=4096,
+    licence="Apache License 2.0 (since 2026-05-26; the Tencent HY Community License before)",
+)
+# Hy-MT2-30B-A3B's own generation settings (its README).
+HY_MT2_MOE_DECODING = Decoding(
+    greedy=False, temperature=0.7, top_k=0, top_p=1.0, repetition_penalty=1.0
+)
+FAMILIES: Mapping[str, Family] = {f.name: f for f in (HUNYUAN_MT, HY_MT15, HY_MT2)}
+
+ModelSize = Literal["1.8b", "7b", "30b-a3b"]
+# Sizes each family comes in (the published checkpoints).
+SIZES: Mapping[str, tuple[ModelSize, ...]] = {
+    "hunyuan-mt": ("7b",),
+    "hy-mt1.5": ("1.8b", "7b"),
+    "hy-mt2": ("1.8b", "7b", "30b-a3b"),
+}
+
+
+_CHAT_FORMATS: Mapping[str, ChatFormat] = {"7b": "hunyuan-7b", "1.8b": "hy", "30b-a3b": "hy-v3"}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What the service serves: the family, the size, and what follows from them."""
+
+    family: Family
+    size: ModelSize
+
+    @property
+    def chat_format(self) -> ChatFormat:
+        """The 7B models share Hunyuan-MT-7B's turn format; the 1.8B ones use the ``hy_``
+        tokens; the 30B-A3B uses them with its own end-of-answer token (``hy_v3``)."""
+        return _CHAT_FORMATS[self.size]
+
+    @property
+    def decoding(self) -> Decoding:
+        return HY_MT2_MOE_DECODING if self.size == "30b-a3b" else self.family.decoding
+
+    @property
+    def shipped_config(self) -> str:
+        """The name of the config in ``service/engine/configs`` for the ``dummy`` load."""
+        return f"{self.family.name}-{self.size}"
+
+    @property
+    def add_generation_prompt(self) -> bool:
+        """Whether the chat template's generation prompt follows the user turn: the Hy-MT2
+        README renders with it; Hunyuan-MT and HY-MT1.5 (README) without it."""
+        return self.family.name == "hy-mt2"
+
+
+def resolve_model(
+    model_id: str | None, family: str | None = None, size: str | None = None
+) -> ModelSpec:
+    """The model to serve, from the explicit ``family`` and ``size`` or else from ``model_id``'s
+    name; ``ValueError`` with what to set when neither tells."""
+    name = (model_id or "").lower().replace("_", "-")
+    if family is None:
+        if model_id is None:
+            family = "hunyuan-mt"  # the demo model
+        elif "hunyuan-mt" in name:
+            family = "hunyuan-mt"
+        elif "hy-mt1.5" in name or "hy-mt1-5" in name:
+            family = "hy-mt1.5"
+        elif "hy-mt2" in name:
+            family = "hy-mt2"
+        else:
+            raise ValueError(
+                f"cannot tell the model family of {model_id!r} from its name: set "
+                f"HYMT_MODEL_FAMILY to one of {', '.join(FAMILIES)} (and HYMT_MODEL_SIZE)"
+            )
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}: one of {', '.join(FAMILIES)}")
+    sizes = SIZES[family]
+    if size is None:
+        found = [s for s in ("30b-a3b", "1.8b", "7b") if s in name]
+        size = found[0] if found else ("7b" if "7b" in sizes else sizes[0])
+    if size not in sizes:
+        raise ValueError(f"{family} comes in sizes {', '.join(sizes)}, not {size!r}")
+    return ModelSpec(FAMILIES[family], size)
