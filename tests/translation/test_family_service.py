@@ -1,0 +1,92 @@
+"""Each turn format's demo model through HTTP: the family's options, /prompt, refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import ServiceClient, StartApp
+
+
+@pytest.mark.parametrize(
+    ("family", "size", "begins", "ends"),
+    [
+        ("hunyuan-mt", "7b", "<|startoftext|>", "<|extra_0|>"),
+        (
+            "hy-mt1.5",
+            "1.8b",
+            "<｜hy_begin▁of▁sentence｜><｜hy_User｜>",
+            "<｜hy_place▁holder▁no▁8｜>",
+        ),
+        ("hy-mt2", "1.8b", "<｜hy_begin▁of▁sentence｜><｜hy_User｜>", "<｜hy_Assistant｜>"),
+        ("hy-mt2", "30b-a3b", "<｜hy_begin▁of▁sentence｜><｜hy_User｜>", "<｜hy_Assistant｜>"),
+    ],
+)
+async def test_prompt_shows_the_chat_format_the_model_reads(
+    start_app: StartApp, family: str, size: str, begins: str, ends: str
+) -> None:
+    client: ServiceClient = await start_app(
+        model_family=family, model_size=size, warmup=False, max_new_tokens=4
+    )
+    body = {"text": "Good morning", "target_lang": "de", "source_lang": "en"}
+    shown = await client.http.post("/prompt", json=body)
+    assert shown.status_code == 200, shown.text
+    prompt = shown.json()["prompt"]
+    assert prompt.startswith(begins)
+    assert prompt.endswith(ends)
+    assert "German" in prompt
+    assert "Good morning" in prompt
+    assert shown.json()["input_tokens"] > 5
+    translated = await client.http.post("/translate", json=body)
+    assert translated.status_code == 200, translated.text
+    # /prompt counts what /translate sends.
+    assert translated.json()["usage"]["input_tokens"] == shown.json()["input_tokens"]
+
+
+async def test_hy_mt2_options_through_http(start_app: StartApp) -> None:
+    client: ServiceClient = await start_app(
+        model_family="hy-mt2", model_size="1.8b", max_new_tokens=4, warmup=False
+    )
+    base = {"text": "Deploy the service.", "target_lang": "zh", "source_lang": "en"}
+    options = [
+        {"glossary": {"service": "服务", "deploy": "部署"}},
+        {"context": "An operations manual."},
+        {"style": "formal"},
+        {"preferences": ["Keep it short", "No English words"]},
+    ]
+    prompts = set()
+    for option in options:
+        shown = await client.http.post("/prompt", json={**base, **option})
+        assert shown.status_code == 200, shown.text
+        prompts.add(shown.json()["prompt"])
+        done = await client.http.post("/translate", json={**base, **option})
+        assert done.status_code == 200, done.text
+        assert done.headers["x-cache"] == "miss"  # each option is its own cache entry
+    assert len(prompts) == len(options)
+    assert "service 翻译成 服务\ndeploy 翻译成 部署" in "".join(prompts)
+    refused = await client.http.post("/translate", json={**base, "format": "markup"})
+    assert refused.status_code == 422
+    assert "format" in refused.json()["error"]["message"]
+    both = await client.http.post("/translate", json={**base, "style": "formal", "context": "x"})
+    assert both.status_code == 422
+    batch = await client.http.post(
+        "/batch_translate",
+        json={"texts": ["One.", "Two."], "target_lang": "de", "glossary": {"One": "Eins"}},
+    )
+    assert batch.status_code == 200, batch.text
+
+
+async def test_hy_mt15_markup_and_hunyuan_refusals(start_app: StartApp) -> None:
+    client: ServiceClient = await start_app(
+        model_family="hy-mt1.5", model_size="1.8b", max_new_tokens=4, warmup=False
+    )
+    body = {"text": "<p>Hello <b>world</b></p>", "target_lang": "zh", "format": "markup"}
+    shown = await client.http.post("/prompt", json=body)
+    assert "<source><s1>Hello <s2>world</s2></s1></source>" in shown.json()["prompt"]
+    done = await client.http.post("/translate", json=body)
+    assert done.status_code == 200, done.text
+    plain: ServiceClient = await start_app(warmup=False)
+    refused = await plain.http.post(
+        "/translate", json={"text": "Hi", "target_lang": "de", "glossary": {"Hi": "Hallo"}}
+    )
+    assert refused.status_code == 422
+    assert refused.json()["error"]["message"].startswith("glossary: not supported")
