@@ -47,7 +47,7 @@ async def test_hy_mt2_options_through_http(start_app: StartApp) -> None:
         model_family="hy-mt2", model_size="1.8b", max_new_tokens=4, warmup=False
     )
     base = {"text": "Deploy the service.", "target_lang": "zh", "source_lang": "en"}
-    options = [
+    options: list[dict[str, object]] = [
         {"glossary": {"service": "服务", "deploy": "部署"}},
         {"context": "An operations manual."},
         {"style": "formal"},
