@@ -13,9 +13,10 @@ for f in "$tmp"/*; do
   case $name in numpy*|bin) continue ;; esac  # the image's numpy goes with its torch
   [ -e "$site/$name" ] || cp -r "$f" "$site/"
 done
-# Only the model code the service loads (Hunyuan, the auto classes and what they import).
+# Only the model code the service loads (Hunyuan dense, Hy-MT2-30B-A3B's hy_v3, the auto classes
+# and what they import).
 for d in "$site"/transformers/models/*/; do
-  case $(basename "$d") in hunyuan_v1_dense|auto|encoder_decoder|__pycache__) ;; *) rm -rf "$d" ;; esac
+  case $(basename "$d") in hunyuan_v1_dense|hy_v3|auto|encoder_decoder|__pycache__) ;; *) rm -rf "$d" ;; esac
 done
 # Packages the image already has, and ones only transformers' download and CLI paths use.
 # The image's tokenizers 0.23.2 and huggingface-hub 1.33 satisfy transformers 5.24; its aiohttp
