@@ -91,6 +91,13 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.target_mismatches = Counter(
+            f"{PREFIX}_target_language_mismatches_total",
+            "Translations whose detected language is surely not their target language "
+            "(answered anyway, flagged target_language_mismatch).",
+            ["target"],
+            registry=r,
+        )
         self.cache_hits = Counter(
             f"{PREFIX}_cache_hits_total", "Translations answered from the result cache.", registry=r
         )

@@ -48,6 +48,8 @@ class FakeOptions:
     error: str | None = None
     # Seconds to sleep while loading; a negative value makes the load fail.
     load_s: float = 0.0
+    # Every text's answer instead of its prompt length.
+    answer: str | None = None
 
 
 class FakeEngine:
@@ -91,7 +93,7 @@ class FakeEngine:
             raise OutOfMemory(f"out of memory generating a batch of {len(batch)}")
         return [
             GenerationResult(
-                text=f"out:{length}",
+                text=options.answer if options.answer is not None else f"out:{length}",
                 prompt_tokens=length,
                 completion_tokens=min(3, request.max_new_tokens),
                 finish_reason="stop",

@@ -103,6 +103,12 @@ class TranslationOut(BaseModel):
         "the English prompt template.",
     )
     target_lang: str
+    target_language_mismatch: bool = Field(
+        False,
+        description="True when the translation was detected, with confidence, in another "
+        "language than target_lang (answered anyway; counted in "
+        "hymt_target_language_mismatches_total).",
+    )
     usage: Usage
 
     @classmethod
@@ -114,6 +120,7 @@ class TranslationOut(BaseModel):
             source_lang_uncertain=translation.detected_confidence is not None
             and translation.detected_confidence < UNCERTAIN_BELOW,
             target_lang=translation.target.code,
+            target_language_mismatch=translation.target_mismatch,
             usage=Usage(
                 input_tokens=translation.input_tokens, output_tokens=translation.output_tokens
             ),

@@ -39,7 +39,7 @@ from service.metrics import Metrics
 from service.policy.admission import Admission, Reservation
 from service.scheduling.types import Scheduled
 from service.translation.cache import ResultCache
-from service.translation.detection import Detection, LanguageDetector
+from service.translation.detection import Detection, LanguageDetector, target_mismatch
 from service.translation.families import FAMILIES
 from service.translation.languages import Language, LanguageTable
 from service.translation.markup import segment
@@ -121,6 +121,8 @@ class Translation:
     # Other translations sampled for the same text (LibreTranslate's ``alternatives``), distinct
     # from ``text`` and from each other; empty unless asked for.
     alternatives: tuple[str, ...] = ()
+    # The translation was detected, surely, in another language than the target.
+    target_mismatch: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,7 +319,9 @@ class Translator:
             return _as_is(text, source, target)
         with self._admission.reserve(1, deadline) as reservation:
             (prepared,) = await self._preparer.prepare([text], target, source, ["text"], options)
-            return await self._run(prepared, target, deadline, reservation)
+            translation = await self._run(prepared, target, deadline, reservation)
+        (checked,) = await self._check_targets([translation])
+        return checked
 
     async def prompt(
         self,
@@ -382,7 +386,25 @@ class Translator:
                 results[index] = outcome
             else:
                 raise outcome  # a bug, not a per-text failure: the one 500 path
+        done = {i: r for i in todo if isinstance(r := results[i], Translation)}
+        checked = await self._check_targets(list(done.values()))
+        for index, translation in zip(done, checked, strict=True):
+            results[index] = translation
         return results
+
+    async def _check_targets(self, translations: list[Translation]) -> list[Translation]:
+        """The translations, flagged where one is surely in another language than its target
+        (detected in the worker pool, counted by target)."""
+        if not translations:
+            return translations
+        detections = await self._preparer.detect([t.text for t in translations])
+        checked = []
+        for translation, detection in zip(translations, detections, strict=True):
+            if target_mismatch(translation.text, translation.target, detection):
+                self._metrics.target_mismatches.labels(target=translation.target.code).inc()
+                translation = dataclasses.replace(translation, target_mismatch=True)
+            checked.append(translation)
+        return checked
 
     async def translate_markup(
         self,

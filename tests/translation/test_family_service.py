@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from service.translation.detection import Detection, target_mismatch
+from service.translation.languages import LanguageTable
 from tests.conftest import ServiceClient, StartApp
+from tests.fakes import FakeControl
 
 
 @pytest.mark.parametrize(
@@ -90,3 +93,34 @@ async def test_hy_mt15_markup_and_hunyuan_refusals(start_app: StartApp) -> None:
     )
     assert refused.status_code == 422
     assert refused.json()["error"]["message"].startswith("glossary: not supported")
+
+
+async def test_a_translation_in_the_wrong_language_is_flagged_and_counted(
+    start_app: StartApp, fake: FakeControl
+) -> None:
+    german = "Das Wetter ist heute sehr schön und wir gehen im Park spazieren."
+    client: ServiceClient = await start_app(loader=fake.loader(answer=german), cache_size=0)
+    wrong = await client.http.post(
+        "/translate",
+        json={"text": "The weather is nice.", "target_lang": "ja", "source_lang": "en"},
+    )
+    assert wrong.status_code == 200, wrong.text
+    assert wrong.json()["target_language_mismatch"] is True
+    right = await client.http.post(
+        "/batch_translate",
+        json={"texts": ["The weather is nice.", "12345"], "target_lang": "de", "source_lang": "en"},
+    )
+    assert [t["target_language_mismatch"] for t in right.json()["translations"]] == [False, False]
+    metrics = (await client.http.get("/metrics")).text
+    assert 'hymt_target_language_mismatches_total{target="ja"} 1.0' in metrics
+
+
+def test_short_texts_and_alike_languages_are_not_mismatches() -> None:
+    languages = LanguageTable()
+    zh, hant, de = languages["zh"], languages["zh-Hant"], languages["de"]
+    sure = 0.99
+    assert not target_mismatch("Hallo", de, Detection(languages["en"], sure))  # too short
+    assert not target_mismatch("今天天气很好，我们去公园散步吧。", hant, Detection(zh, sure))
+    long_text = "This sentence is long enough to be judged."
+    assert target_mismatch(long_text, de, Detection(languages["en"], sure))
+    assert not target_mismatch(long_text, de, Detection(languages["en"], 0.5))  # not sure
