@@ -27,6 +27,7 @@ from service.api.openai import OPENAI, create_openai_app
 from service.config import Settings
 from service.engine.factory import EngineLoader, load_engine
 from service.engine.protocol import Peer
+from service.glossaries import GlossaryStore
 from service.metrics import Metrics
 from service.runtime import Runtime
 
@@ -90,6 +91,7 @@ def create_app(
         finally:
             announcing.cancel()
             await runtime.stop(settings.drain_timeout_s)
+            glossaries.close()
 
     app = FastAPI(
         title="Hunyuan-MT translation service",
@@ -100,13 +102,15 @@ def create_app(
         telemetry=NO_TELEMETRY,
     )
     access = AccessControl(settings.access_config())
+    glossaries = GlossaryStore(settings.data_dir / "glossaries.sqlite3")
+    app.state.glossaries = glossaries
     app.state.runtime = runtime
     app.state.access = access
     app.include_router(native.router)
     app.include_router(probes.router)
     # Compatibility dialects: thin routers over the same runtime, each with its own error shape.
     app.mount("/libretranslate", create_libretranslate_app(runtime, access))
-    app.mount("/v2", create_deepl_app(runtime, access))
+    app.mount("/v2", create_deepl_app(runtime, access, glossaries))
     app.mount("/v1", create_openai_app(runtime, access))
     install_error_handlers(app)
     if settings.cors_origins:

@@ -42,6 +42,12 @@ class RequestContext:
         access.admit(client)
         return cls(client=client, deadline=deadline, translator=runtime.translator, access=access)
 
+    @property
+    def owner(self) -> str:
+        """Whose glossaries (and other stored resources) this caller sees: its key's, or the
+        one shared owner of an open service."""
+        return self.client.identity if self.client.identity.startswith("key:") else "open"
+
     def charge(self, characters: int) -> None:
         """Count ``characters`` against the caller's quota (``QuotaExceeded`` when spent)."""
         self.access.charge(self.client, characters)

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from service.access import AccessControl
 from service.api.context import RequestContext
 from service.api.errors import Dialect, install_dialect_errors
+from service.api.glossaries import glossary_entries, install_glossary_routes
 from service.api.middleware import NO_TELEMETRY
 from service.api.params import Params, read_params
 from service.errors import (
@@ -34,13 +35,14 @@ from service.errors import (
     Unauthenticated,
     Unsupported,
 )
+from service.glossaries import GlossaryStore
 from service.runtime import Runtime
 from service.translation.languages import Language, LanguageTable
+from service.translation.prompts import TranslationOptions
 
 MAX_REQUEST_BYTES = 128 * 1024
 # Parameters whose effect the model cannot produce: refused, never half-applied.
 REFUSED = (
-    "glossary_id",
     "glossary_ids",
     "style_id",
     "style_rule",
@@ -145,7 +147,11 @@ def _tags(params: Params, name: str) -> list[str]:
     return [tag.strip() for item in values if isinstance(item, str) for tag in item.split(",")]
 
 
-def create_deepl_app(runtime: Runtime, access: AccessControl) -> FastAPI:
+# Formality as a Hy-MT2 style (the families with a style template).
+_STYLES = {"more": "formal", "prefer_more": "formal", "less": "informal", "prefer_less": "informal"}
+
+
+def create_deepl_app(runtime: Runtime, access: AccessControl, glossaries: GlossaryStore) -> FastAPI:
     app = FastAPI(
         title="DeepL-compatible API v2", docs_url=None, redoc_url=None, telemetry=NO_TELEMETRY
     )
@@ -198,14 +204,29 @@ def create_deepl_app(runtime: Runtime, access: AccessControl) -> FastAPI:
         for name, value in options.items():
             if value is not None and value.lower() not in _ALLOWED[name]:
                 raise InvalidInput(f"Value for '{name}' not supported.")
+        translator = context.translator
         formality = (options["formality"] or "default").lower()
-        if formality not in _SAFE_FORMALITY:
+        styled = "style" in translator.options and formality in _STYLES
+        if formality not in _SAFE_FORMALITY and not styled:
             raise InvalidInput("'formality' is not supported for given 'target_lang'.")
         refused = [name for name in REFUSED if params.get(name)]
         if refused:
             raise Unsupported(f"unsupported parameter(s): {', '.join(refused)}")
+        glossary_id = _value(params, "glossary_id")
+        terms = (
+            await glossary_entries(glossaries, context, glossary_id, source, target)
+            if glossary_id is not None
+            else ()
+        )
+        hint = _value(params, "context")
+        wanted = TranslationOptions(
+            glossary=terms,
+            # DeepL's context is a hint: it goes to the family's context template where there is
+            # one, and is ignored (not billed) where there is none.
+            context=hint if hint and "context" in translator.options else None,
+            style=_STYLES[formality] if styled else None,
+        )
         context.charge(sum(len(text) for text in texts))
-        translator = context.translator
         source_code = source.code if source is not None else None
         tag_handling = options["tag_handling"]
         if tag_handling or _value(params, "ignore_tags"):
@@ -218,7 +239,7 @@ def create_deepl_app(runtime: Runtime, access: AccessControl) -> FastAPI:
             )
         else:
             outcomes = await translator.translate_batch(
-                texts, target.code, source_code, deadline=context.deadline
+                texts, target.code, source_code, deadline=context.deadline, options=wanted
             )
         translations: list[dict[str, object]] = []
         for text, outcome in zip(texts, outcomes, strict=True):
@@ -253,8 +274,10 @@ def create_deepl_app(runtime: Runtime, access: AccessControl) -> FastAPI:
         if kind == "source":
             entries = [{"language": c.code, "name": c.name} for c in source_codes(languages)]
         else:
+            # Formality goes to the family's style template, where it has one (Hy-MT2).
+            formal = "style" in context.translator.options
             entries = [
-                {"language": c.code, "name": c.name, "supports_formality": False}
+                {"language": c.code, "name": c.name, "supports_formality": formal}
                 for c in target_codes(languages)
             ]
         return JSONResponse(entries)
@@ -269,5 +292,10 @@ def create_deepl_app(runtime: Runtime, access: AccessControl) -> FastAPI:
         )
 
     app.add_api_route("/usage", usage, methods=["GET", "POST"])
+
+    def glossary_language(params: Params, name: str) -> Language | None:
+        return language_of(params, name, source_codes(runtime.translator.languages))
+
+    install_glossary_routes(app, glossaries, context_of, glossary_language, _value)
 
     return app

@@ -5,13 +5,16 @@ HTTP only: schemas in, schemas out, timing headers. Everything else is the trans
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 
+from service.api.context import RequestContext
 from service.api.dependencies import ContextDep, RuntimeDep
+from service.api.glossaries import glossary_entries
 from service.api.schemas import (
     BatchTranslateRequest,
     BatchTranslateResponse,
@@ -26,6 +29,8 @@ from service.api.schemas import (
     Usage,
 )
 from service.errors import BatchTooLarge, ServiceError
+from service.glossaries import GlossaryStore
+from service.translation.prompts import TranslationOptions
 from service.translation.translator import Translation
 
 _ERRORS: dict[int | str, dict[str, object]] = {
@@ -44,6 +49,24 @@ _ERRORS: dict[int | str, dict[str, object]] = {
 router = APIRouter(tags=["translation"])
 
 
+async def _options(
+    body: TranslateRequest | BatchTranslateRequest, context: RequestContext, request: Request
+) -> TranslationOptions:
+    """The body's options, with the terms of its stored glossary first."""
+    options = body.options()
+    if body.glossary_id is None:
+        return options
+    table = context.translator.languages
+    target = table.resolve(body.target_lang, field="target_lang")
+    given = body.source_lang
+    source = (
+        table.resolve(given, field="source_lang") if given and given.lower() != "auto" else None
+    )
+    store: GlossaryStore = request.app.state.glossaries
+    terms = await glossary_entries(store, context, body.glossary_id, source, target)
+    return dataclasses.replace(options, glossary=terms + options.glossary)
+
+
 def _timing_headers(response: Response, translations: Sequence[Translation]) -> None:
     """The article's diagnosis built in: time waiting for the GPU vs time on it."""
     queue_ms = max(t.queue_s for t in translations) * 1000
@@ -55,17 +78,19 @@ def _timing_headers(response: Response, translations: Sequence[Translation]) -> 
 @router.post("/translate", response_model=TranslationOut, responses=_ERRORS)
 async def translate(
     body: TranslateRequest,
+    request: Request,
     response: Response,
     context: ContextDep,
 ) -> TranslationOut:
     """Translate one text."""
+    options = await _options(body, context, request)
     context.charge(len(body.text))
     translation = await context.translator.translate(
         body.text,
         body.target_lang,
         body.source_lang,
         deadline=context.deadline,
-        options=body.options(),
+        options=options,
     )
     _timing_headers(response, [translation])
     response.headers["X-Cache"] = translation.cache
@@ -73,11 +98,14 @@ async def translate(
 
 
 @router.post("/prompt", response_model=PromptOut, responses=_ERRORS)
-async def prompt(body: TranslateRequest, context: ContextDep) -> PromptOut:
+async def prompt(body: TranslateRequest, request: Request, context: ContextDep) -> PromptOut:
     """What the model would read for this ``POST /translate`` body, without generating: the
     exact text (chat format included) and its token count. Nothing is queued or charged."""
     text, tokens = await context.translator.prompt(
-        body.text, body.target_lang, body.source_lang, options=body.options()
+        body.text,
+        body.target_lang,
+        body.source_lang,
+        options=await _options(body, context, request),
     )
     return PromptOut(prompt=text, input_tokens=tokens)
 
@@ -124,6 +152,7 @@ async def translate_get(
 @router.post("/batch_translate", response_model=BatchTranslateResponse, responses=_ERRORS)
 async def batch_translate(
     body: BatchTranslateRequest,
+    request: Request,
     response: Response,
     context: ContextDep,
 ) -> BatchTranslateResponse:
@@ -132,13 +161,14 @@ async def batch_translate(
     A text that fails alone (out of memory, deadline) gets an error object in its place while the
     others succeed; when every text failed, the request fails with the first text's error.
     """
+    options = await _options(body, context, request)
     context.charge(sum(len(text) for text in body.texts))
     outcomes = await context.translator.translate_batch(
         body.texts,
         body.target_lang,
         body.source_lang,
         deadline=context.deadline,
-        options=body.options(),
+        options=options,
     )
     done = [outcome for outcome in outcomes if isinstance(outcome, Translation)]
     if not done:

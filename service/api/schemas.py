@@ -30,6 +30,11 @@ class _Options(_Strict):
         "(HY-MT1.5, Hy-MT2).",
         examples=[{"Cloud Native": "云原生"}],
     )
+    glossary_id: str | None = Field(
+        None,
+        description="A stored glossary of the caller's (POST /v2/glossaries) for this language "
+        "pair, source_lang required; its terms come before those of glossary.",
+    )
     context: str | None = Field(
         None,
         min_length=1,

@@ -186,6 +186,7 @@ class PromptBuilder:
         self.languages = languages or LanguageTable()
         self._format = prompt_format or PromptFormat(FAMILIES[settings.family])
         self.decoding = settings.decoding
+        self.options = self._format.family.options
 
     def languages_of(
         self, target_lang: str, source_lang: str | None
@@ -299,6 +300,7 @@ class Translator:
         self._metrics = metrics
         self._preparer = preparer
         self.languages = prompts.languages
+        self.options = prompts.options  # what the family's templates support
         self.max_batch_items = settings.max_batch_items
         self.max_new_tokens = settings.max_new_tokens
         self.decoding = prompts.decoding  # the model's recommended sampling
