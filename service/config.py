@@ -125,6 +125,12 @@ class Settings(BaseSettings):
         "read from model_id's name (Hunyuan-MT, HY-MT1.5, Hy-MT2; any other name is refused at "
         "start). Without model_id it picks the demo model of that family's chat format.",
     )
+    add_generation_prompt: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Whether prompts end with the chat template's generation prompt. auto: as "
+        "the family's README renders it (Hy-MT2 on; Hunyuan-MT and HY-MT1.5 off). Which way "
+        "HY-MT1.5-1.8B was trained is not published: try both when its output looks wrong.",
+    )
     model_size: Literal["1.8b", "7b", "30b-a3b"] | None = Field(
         None,
         description="The model's size within its family (the 1.8B models use another chat "
@@ -428,7 +434,11 @@ class Settings(BaseSettings):
             model_revision=self.model_revision,
             chat_format=spec.chat_format,
             shipped_config=spec.shipped_config,
-            add_generation_prompt=spec.add_generation_prompt,
+            add_generation_prompt=(
+                spec.add_generation_prompt
+                if self.add_generation_prompt == "auto"
+                else self.add_generation_prompt == "on"
+            ),
             load_format=self.load_format,
             dtype=self.dtype,
             quantization=self.quantization,

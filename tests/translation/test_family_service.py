@@ -124,3 +124,11 @@ def test_short_texts_and_alike_languages_are_not_mismatches() -> None:
     long_text = "This sentence is long enough to be judged."
     assert target_mismatch(long_text, de, Detection(languages["en"], sure))
     assert not target_mismatch(long_text, de, Detection(languages["en"], 0.5))  # not sure
+
+
+async def test_the_generation_prompt_can_be_turned_on_for_hy_mt15(start_app: StartApp) -> None:
+    client: ServiceClient = await start_app(
+        model_family="hy-mt1.5", model_size="1.8b", add_generation_prompt="on", warmup=False
+    )
+    shown = await client.http.post("/prompt", json={"text": "Hi there", "target_lang": "de"})
+    assert shown.json()["prompt"].endswith("Hi there<｜hy_Assistant｜>")
