@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Sequence
+import json
+from collections.abc import AsyncIterator, Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
 
 from service.api.context import RequestContext
 from service.api.dependencies import ContextDep, RuntimeDep
@@ -95,6 +97,56 @@ async def translate(
     _timing_headers(response, [translation])
     response.headers["X-Cache"] = translation.cache
     return TranslationOut.of(translation)
+
+
+@router.post(
+    "/translate/stream",
+    response_class=StreamingResponse,
+    responses={
+        **_ERRORS,
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": 'Server-sent events: `piece` ({"text"}) as the text is generated, '
+            'then `done` (the POST /translate answer) or `error` ({"error": {code, message}}).',
+        },
+    },
+)
+async def translate_stream(
+    body: TranslateRequest, request: Request, context: ContextDep
+) -> StreamingResponse:
+    """Translate one text and stream it: the body of ``POST /translate``; the pieces of the
+    translation as the engine generates them, then the whole answer. Refusals and bad input
+    before the stream starts are ordinary JSON errors; leaving early cancels the generation."""
+    options = await _options(body, context, request)
+    context.charge(len(body.text))
+    items = context.translator.stream_translation(
+        body.text, body.target_lang, body.source_lang, deadline=context.deadline, options=options
+    )
+    first = await anext(items)  # admission and preparation happen before the answer starts
+
+    async def events() -> AsyncIterator[bytes]:
+        item: str | Translation | None = first
+        try:
+            while isinstance(item, str):
+                if item:
+                    yield _event("piece", {"text": item})
+                item = await anext(items, None)
+        except ServiceError as error:
+            yield _event("error", {"error": {"code": error.code, "message": error.message}})
+            return
+        if isinstance(item, Translation):
+            yield _event("done", TranslationOut.of(item).model_dump())
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        # Nginx buffers proxied answers unless told not to: each event must leave at once.
+        headers={"X-Accel-Buffering": "no", "Cache-Control": "no-cache"},
+    )
+
+
+def _event(name: str, data: object) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
 @router.post("/prompt", response_model=PromptOut, responses=_ERRORS)

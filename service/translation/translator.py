@@ -498,42 +498,99 @@ class Translator:
         as ``complete`` is, but never cached or shared: each stream is its own generation. An
         engine that cannot stream gives the text as one piece at the end."""
         self._prompts.check(content, "messages[0].content")
-        pieces: asyncio.Queue[str | None] = asyncio.Queue()
         with self._admission.reserve(1, deadline) as reservation:
             prepared = await self._preparer.prepare_chat(content, decoding, max_new_tokens)
+            async for item in self._streamed(prepared, deadline, reservation):
+                if isinstance(item, str):
+                    yield item
+                    continue
+                result = item.result
+                yield Completion(
+                    text=result.text,
+                    input_tokens=result.prompt_tokens,
+                    output_tokens=result.completion_tokens,
+                    finish_reason=result.finish_reason,
+                    cache="bypass",
+                    queue_s=item.queue_s,
+                    inference_s=item.inference_s,
+                )
 
-            async def generate() -> Scheduled:
-                try:
-                    with _released(reservation):
-                        return await self._generator.generate(
-                            prepared.request, deadline, pieces.put_nowait
-                        )
-                finally:
-                    pieces.put_nowait(None)
+    async def stream_translation(
+        self,
+        text: str,
+        target_lang: str,
+        source_lang: str | None = None,
+        *,
+        deadline: float | None = None,
+        options: TranslationOptions = PLAIN,
+    ) -> AsyncIterator[str | Translation]:
+        """One translation as it is generated: pieces of text, then the ``Translation`` (whole
+        text, usage, target check). Admitted as ``translate`` is; never cached or shared. Markup
+        sent with numbered tags comes in one piece once its tags are restored."""
+        target, source = self._prompts.languages_of(target_lang, source_lang)
+        self._prompts.check(text, "text")
+        if verbatim(text):
+            yield text
+            yield _as_is(text, source, target)
+            return
+        with self._admission.reserve(1, deadline) as reservation:
+            (prepared,) = await self._preparer.prepare([text], target, source, ["text"], options)
+            restore = prepared.restore
+            async for item in self._streamed(prepared, deadline, reservation):
+                if isinstance(item, str):
+                    if restore is None:
+                        yield item
+                    continue
+                result = item.result
+                whole = restore.restore(result.text) if restore is not None else result.text
+                if restore is not None:
+                    yield whole
+                translation = Translation(
+                    text=whole,
+                    source=prepared.source,
+                    target=target,
+                    detected_confidence=prepared.detected_confidence,
+                    input_tokens=result.prompt_tokens,
+                    output_tokens=result.completion_tokens,
+                    cache="bypass",
+                    queue_s=item.queue_s,
+                    inference_s=item.inference_s,
+                )
+        (checked,) = await self._check_targets([translation])
+        yield checked
 
-            task = asyncio.ensure_future(generate())
+    async def _streamed(
+        self, prepared: Prepared, deadline: float | None, reservation: Reservation
+    ) -> AsyncIterator[str | Scheduled]:
+        """``prepared`` generated with its text streamed: the pieces as the engine sends them,
+        the rest of the final text (what the last pieces held back), then the result. Leaving
+        early cancels the generation in the engine."""
+        pieces: asyncio.Queue[str | None] = asyncio.Queue()
+
+        async def generate() -> Scheduled:
             try:
-                streamed = ""
-                while (piece := await pieces.get()) is not None:
-                    streamed += piece
-                    yield piece
-                scheduled = await task
+                with _released(reservation):
+                    return await self._generator.generate(
+                        prepared.request, deadline, pieces.put_nowait
+                    )
             finally:
-                if not task.done():
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
-        result = scheduled.result
-        if result.text.startswith(streamed) and len(result.text) > len(streamed):
-            yield result.text[len(streamed) :]  # what the last pieces held back, or all of it
-        yield Completion(
-            text=result.text,
-            input_tokens=result.prompt_tokens,
-            output_tokens=result.completion_tokens,
-            finish_reason=result.finish_reason,
-            cache="bypass",
-            queue_s=scheduled.queue_s,
-            inference_s=scheduled.inference_s,
-        )
+                pieces.put_nowait(None)
+
+        task = asyncio.ensure_future(generate())
+        try:
+            streamed = ""
+            while (piece := await pieces.get()) is not None:
+                streamed += piece
+                yield piece
+            scheduled = await task
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        text = scheduled.result.text
+        if text.startswith(streamed) and len(text) > len(streamed):
+            yield text[len(streamed) :]
+        yield scheduled
 
     async def _run(
         self,

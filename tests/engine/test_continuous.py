@@ -133,3 +133,22 @@ async def test_chat_completions_stream_step_by_step(start_app: StartApp) -> None
     assert len([piece for piece in pieces if piece]) > 1
     assert "".join(pieces) == whole.json()["choices"][0]["message"]["content"]
     assert chunks[-1]["usage"] == whole.json()["usage"]
+
+
+async def test_translate_stream_sends_pieces_then_the_answer(start_app: StartApp) -> None:
+    client: ServiceClient = await start_app(engine="continuous", max_new_tokens=12, cache_size=0)
+    body = {"text": "good morning to all of you", "target_lang": "de", "source_lang": "en"}
+    whole = await client.http.post("/translate", json=body)
+    streamed = await client.http.post("/translate/stream", json=body)
+    assert streamed.status_code == 200, streamed.text
+    events = [block.splitlines() for block in streamed.text.strip().split("\n\n")]
+    names = [lines[0].removeprefix("event: ") for lines in events]
+    data = [json.loads(lines[1].removeprefix("data: ")) for lines in events]
+    assert names[-1] == "done"
+    assert names.count("piece") > 1  # the text as the engine generated it
+    assert "".join(d["text"] for d in data[:-1]) == data[-1]["translation"]
+    assert data[-1]["translation"] == whole.json()["translation"]
+    assert data[-1]["usage"] == whole.json()["usage"]
+    refused = await client.http.post("/translate/stream", json={**body, "target_lang": "xx"})
+    assert refused.status_code == 422  # before the stream starts: a JSON error
+    assert refused.json()["error"]["code"] == "unknown_language"
