@@ -190,7 +190,18 @@ class Settings(BaseSettings):
     )
 
     # --- request limits ----------------------------------------------------------------------
-    max_text_chars: int = Field(5000, ge=1, description="Most characters in one text.")
+    max_text_chars: int = Field(
+        5000,
+        ge=1,
+        description="Most characters in one segment; a longer text given to /translate is "
+        "translated as a document (up to max_document_chars), cut into segments.",
+    )
+    max_document_chars: int = Field(
+        50_000,
+        ge=1,
+        description="Most characters of a text translated as a document (POST /translate, "
+        "segment by segment; each segment takes one admitted place).",
+    )
     max_input_tokens: int = Field(
         2048, ge=1, description="Most tokens of one text (the practical limit is 8k in + out)."
     )
@@ -496,6 +507,7 @@ class Settings(BaseSettings):
             warmup=self.warmup,
             prepare_niceness=self.prepare_niceness,
             family=self.model_spec().family.name,
+            max_document_chars=self.max_document_chars,
         )
 
     def access_config(self) -> AccessConfig:

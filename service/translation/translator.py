@@ -44,10 +44,16 @@ from service.translation.families import FAMILIES
 from service.translation.languages import Language, LanguageTable
 from service.translation.markup import segment
 from service.translation.prompts import PLAIN, PromptFormat, TranslationOptions, looks_chinese
+from service.translation.segments import Document, split_document
 from service.translation.tags import Numbered, number_tags
 from service.translation.verbatim import verbatim
 
 log = logging.getLogger(__name__)
+
+# The longest segment of a document (a line, or a run of a long line's sentences).
+_SEGMENT_CHARS = 1000
+# The start of a document its source language is detected from.
+_DETECT_CHARS = 4000
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +73,8 @@ class TranslationConfig:
     warmup: bool = True
     prepare_niceness: int = 10  # added to the preparation workers' nice value
     family: str = "hunyuan-mt"  # the model family whose templates build the prompts
+    # A text over max_text_chars and up to this is translated as a document, segment by segment.
+    max_document_chars: int = 50_000
 
 
 class TextPreparer(Protocol):
@@ -314,7 +322,12 @@ class Translator:
         deadline: float | None = None,
         options: TranslationOptions = PLAIN,
     ) -> Translation:
-        """``deadline`` is a ``time.monotonic()`` instant; past it, ``DeadlineExceeded``."""
+        """``deadline`` is a ``time.monotonic()`` instant; past it, ``DeadlineExceeded``.
+        A text longer than ``max_text_chars`` is translated as a document (``document``)."""
+        if len(text) > self._settings.max_text_chars:
+            return await self.document(
+                text, target_lang, source_lang, deadline=deadline, options=options
+            )
         target, source = self._prompts.languages_of(target_lang, source_lang)
         self._prompts.check(text, "text")
         if verbatim(text):
@@ -324,6 +337,90 @@ class Translator:
             translation = await self._run(prepared, target, deadline, reservation)
         (checked,) = await self._check_targets([translation])
         return checked
+
+    async def document(
+        self,
+        text: str,
+        target_lang: str,
+        source_lang: str | None = None,
+        *,
+        deadline: float | None = None,
+        options: TranslationOptions = PLAIN,
+    ) -> Translation:
+        """A long text translated segment by segment (``segments.split_document``: its lines,
+        long lines cut between sentences) as one batch, and joined back with its structure.
+        The source language is detected once for the whole text; where the family has a
+        context template and no other option is asked, each segment gets the one before it in
+        its paragraph as context. Each segment is cached on its own. A failed segment fails
+        the document."""
+        limit = self._settings.max_document_chars
+        if len(text) > limit:
+            raise TextTooLong(f"text: {len(text)} characters, at most {limit} for a document")
+        target, source = self._prompts.languages_of(target_lang, source_lang)
+        self._prompts.check(text[: self._settings.max_text_chars], "text")
+        document = split_document(text, min(_SEGMENT_CHARS, self._settings.max_text_chars))
+        segments = document.texts()
+        confidence = None
+        if source is None:
+            (detection,) = await self._preparer.detect([text[:_DETECT_CHARS]])
+            source, confidence = detection.language, detection.confidence
+        todo = [index for index, segment in enumerate(segments) if not verbatim(segment)]
+        chained = "context" in self.options and not options.asked()
+        with self._admission.reserve(len(todo), deadline) as reservation:
+            if chained:
+                prepared = [
+                    item
+                    for items in await asyncio.gather(
+                        *(
+                            self._preparer.prepare(
+                                [segments[i]],
+                                target,
+                                source,
+                                [f"text (segment {i + 1})"],
+                                self._chained(document, segments, i),
+                            )
+                            for i in todo
+                        )
+                    )
+                    for item in items
+                ]
+            else:
+                fields = [f"text (segment {i + 1})" for i in todo]
+                prepared = await self._preparer.prepare(
+                    [segments[i] for i in todo], target, source, fields, options
+                )
+            outcomes = await asyncio.gather(
+                *(self._run(item, target, deadline, reservation) for item in prepared),
+                return_exceptions=True,
+            )
+        done: list[Translation] = []
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            done.append(outcome)
+        texts = list(segments)
+        for index, translation in zip(todo, done, strict=True):
+            texts[index] = translation.text
+        whole = Translation(
+            text=document.join(texts),
+            source=source,
+            target=target,
+            detected_confidence=confidence,
+            input_tokens=sum(t.input_tokens for t in done),
+            output_tokens=sum(t.output_tokens for t in done),
+            cache="hit" if done and all(t.cache == "hit" for t in done) else "miss",
+            queue_s=max((t.queue_s for t in done), default=0.0),
+            inference_s=max((t.inference_s for t in done), default=0.0),
+        )
+        (checked,) = await self._check_targets([whole])
+        return checked
+
+    @staticmethod
+    def _chained(document: Document, segments: list[str], index: int) -> TranslationOptions:
+        """The context option for segment ``index``: the segment before it in its paragraph."""
+        if index > 0 and document.paragraphs[index - 1] == document.paragraphs[index]:
+            return TranslationOptions(context=segments[index - 1])
+        return PLAIN
 
     async def prompt(
         self,
