@@ -38,7 +38,7 @@ UNCERTAIN_BELOW = 0.5
 # A translation is said to be in another language than its target only when the detector is at
 # least this sure and the text has at least this many letters: short texts and names fool it.
 MISMATCH_FROM = 0.8
-_MISMATCH_LETTERS = 12
+MISMATCH_LETTERS = 12
 # Targets whose output the detector cannot tell apart (Chinese scripts and Cantonese; Malay and
 # Indonesian): no mismatch between them.
 _ALIKE = (frozenset({"zh", "zh-Hant", "yue"}), frozenset({"ms", "id"}))
@@ -88,13 +88,17 @@ class Detection:
         return self.confidence < UNCERTAIN_BELOW
 
 
+def letters(text: str) -> int:
+    return sum(1 for char in text if char.isalpha())
+
+
 def target_mismatch(text: str, target: Language, detection: Detection) -> bool:
     """Whether a translation is surely not in its target language (HY-MT1.5 users report
     EN->JA answered in Hindi): detected with confidence, long enough, and not a language the
     detector confuses with the target."""
     if detection.confidence < MISMATCH_FROM:
         return False
-    if sum(1 for char in text if char.isalpha()) < _MISMATCH_LETTERS:
+    if letters(text) < MISMATCH_LETTERS:
         return False
     found, wanted = detection.language.code, target.code
     return found != wanted and not any({found, wanted} <= alike for alike in _ALIKE)

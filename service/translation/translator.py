@@ -39,7 +39,13 @@ from service.metrics import Metrics
 from service.policy.admission import Admission, Reservation
 from service.scheduling.types import Scheduled
 from service.translation.cache import ResultCache
-from service.translation.detection import Detection, LanguageDetector, target_mismatch
+from service.translation.detection import (
+    MISMATCH_LETTERS,
+    Detection,
+    LanguageDetector,
+    letters,
+    target_mismatch,
+)
 from service.translation.families import FAMILIES
 from service.translation.languages import Language, LanguageTable
 from service.translation.markup import segment
@@ -494,12 +500,23 @@ class Translator:
     async def _check_targets(self, translations: list[Translation]) -> list[Translation]:
         """The translations, flagged where one is surely in another language than its target
         (detected in the worker pool, counted by target)."""
-        if not translations:
+        # Too short to judge: not sent to the detector at all.
+        judged = [t for t in translations if letters(t.text) >= MISMATCH_LETTERS]
+        if not judged:
             return translations
-        detections = await self._preparer.detect([t.text for t in translations])
+        detections = dict(
+            zip(
+                map(id, judged),
+                await self._preparer.detect([t.text for t in judged]),
+                strict=True,
+            )
+        )
         checked = []
-        for translation, detection in zip(translations, detections, strict=True):
-            if target_mismatch(translation.text, translation.target, detection):
+        for translation in translations:
+            detection = detections.get(id(translation))
+            if detection is not None and target_mismatch(
+                translation.text, translation.target, detection
+            ):
                 self._metrics.target_mismatches.labels(target=translation.target.code).inc()
                 translation = dataclasses.replace(translation, target_mismatch=True)
             checked.append(translation)

@@ -22,6 +22,7 @@ async def test_translate_returns_translation_languages_and_usage(demo: ServiceCl
         "detected_confidence",
         "source_lang_uncertain",
         "target_lang",
+        "target_language_mismatch",
         "usage",
     }
     assert body["detected_confidence"] is None  # given, not detected

@@ -187,7 +187,12 @@ def test_dummy_load_format_builds_random_weights_from_a_config(
     import json
 
     (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIG))
-    settings = make_settings(load_format="dummy", model_id=str(tmp_path), quantization=quantization)
+    settings = make_settings(
+        load_format="dummy",
+        model_id=str(tmp_path),
+        model_family="hunyuan-mt",
+        quantization=quantization,
+    )
     first = StaticBatchEngine(load_model(settings.engine_config()))
     assert first.info.model == f"{tmp_path}-dummy"
     request = GenerationRequest(first.encoder.encode_chat("random"), 5, GREEDY)
