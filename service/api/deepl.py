@@ -38,6 +38,7 @@ from service.errors import (
 from service.glossaries import GlossaryStore
 from service.runtime import Runtime
 from service.translation.languages import Language, LanguageTable
+from service.translation.markup import INLINE
 from service.translation.prompts import TranslationOptions
 
 MAX_REQUEST_BYTES = 128 * 1024
@@ -230,12 +231,18 @@ def create_deepl_app(runtime: Runtime, access: AccessControl, glossaries: Glossa
         source_code = source.code if source is not None else None
         tag_handling = options["tag_handling"]
         if tag_handling or _value(params, "ignore_tags"):
+            # Inline elements do not split a sentence: HTML's formatting elements by default,
+            # and the non_splitting_tags given, less the splitting_tags given.
+            inline = (INLINE if tag_handling == "html" else frozenset()) | set(
+                _tags(params, "non_splitting_tags")
+            )
             outcomes = await translator.translate_markup(
                 texts,
                 target.code,
                 source_code,
                 deadline=context.deadline,
                 ignore=_tags(params, "ignore_tags"),
+                inline=inline - set(_tags(params, "splitting_tags")),
             )
         else:
             outcomes = await translator.translate_batch(

@@ -28,6 +28,7 @@ from service.errors import (
     Unauthenticated,
 )
 from service.runtime import Runtime
+from service.translation.markup import INLINE
 from service.translation.translator import Translation
 
 # LibreTranslate's own status codes where they differ from the native API's.
@@ -100,7 +101,7 @@ def create_libretranslate_app(runtime: Runtime, access: AccessControl) -> FastAP
         translator = context.translator
         if body.format == "html":
             outcomes = await translator.translate_markup(
-                texts, body.target, source, deadline=context.deadline
+                texts, body.target, source, deadline=context.deadline, inline=INLINE
             )
         else:
             outcomes = await translator.translate_batch(

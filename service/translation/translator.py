@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -48,7 +48,7 @@ from service.translation.detection import (
 )
 from service.translation.families import FAMILIES
 from service.translation.languages import Language, LanguageTable
-from service.translation.markup import segment
+from service.translation.markup import Segmented, segment, tag_sequence
 from service.translation.prompts import PLAIN, PromptFormat, TranslationOptions, looks_chinese
 from service.translation.segments import Document, split_document
 from service.translation.tags import Numbered, number_tags
@@ -530,13 +530,17 @@ class Translator:
         *,
         deadline: float | None = None,
         ignore: Sequence[str] = (),
+        inline: Iterable[str] = (),
     ) -> list[Translation | ServiceError]:
         """Translate HTML or XML documents: tags kept, the text between them translated, the
-        contents of the ``ignore`` elements and of those marked ``translate="no"`` kept."""
+        contents of the ``ignore`` elements and of those marked ``translate="no"`` kept. A run
+        through ``inline`` elements is translated whole, tags included; where its translation
+        does not keep those tags in order, its pieces between the tags are translated instead."""
         target, _ = self._prompts.languages_of(target_lang, source_lang)
-        segmented = [segment(document, ignore) for document in documents]
+        segmented = [segment(document, ignore, inline) for document in documents]
         runs = [s.parts[i] for s in segmented for i in s.texts]
         outcomes = await self.translate_batch(runs, target_lang, source_lang, deadline=deadline)
+        await self._untangle(segmented, outcomes, target_lang, source_lang, deadline)
         results: list[Translation | ServiceError] = []
         position = 0
         for document in segmented:
@@ -561,6 +565,51 @@ class Translator:
                 )
             )
         return results
+
+    async def _untangle(
+        self,
+        segmented: list[Segmented],
+        outcomes: list[Translation | ServiceError],
+        target_lang: str,
+        source_lang: str | None,
+        deadline: float | None,
+    ) -> None:
+        """Where a run translated whole lost or reordered its inline tags, translate its pieces
+        between the tags instead and put them back around the original tags (in place)."""
+        redo: list[tuple[int, Segmented]] = []
+        position = 0
+        for document in segmented:
+            for index in document.texts:
+                outcome = outcomes[position]
+                split = document.pieces.get(index)
+                if (
+                    split is not None
+                    and isinstance(outcome, Translation)
+                    and tag_sequence(outcome.text) != tag_sequence(document.parts[index])
+                ):
+                    redo.append((position, split))
+                position += 1
+        if not redo:
+            return
+        pieces = [split.parts[i] for _, split in redo for i in split.texts]
+        again = await self.translate_batch(pieces, target_lang, source_lang, deadline=deadline)
+        start = 0
+        for position, split in redo:
+            mine = again[start : start + len(split.texts)]
+            start += len(split.texts)
+            failure = next((o for o in mine if isinstance(o, ServiceError)), None)
+            whole = outcomes[position]
+            assert isinstance(whole, Translation)
+            if failure is not None:
+                outcomes[position] = failure
+                continue
+            done = [o for o in mine if isinstance(o, Translation)]
+            outcomes[position] = dataclasses.replace(
+                whole,
+                text=split.rebuild([t.text for t in done]).strip(),
+                input_tokens=whole.input_tokens + sum(t.input_tokens for t in done),
+                output_tokens=whole.output_tokens + sum(t.output_tokens for t in done),
+            )
 
     async def detect(self, texts: Sequence[str]) -> list[Detection]:
         """The detected language of each text (no model work; in the worker pool)."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import ServiceClient
+from tests.conftest import ServiceClient, StartApp
+from tests.fakes import FakeControl
 
 KEY = {"Authorization": "DeepL-Auth-Key k"}
 
@@ -174,3 +175,43 @@ async def test_unknown_routes_and_methods_answer_in_deepls_shape(keyed: ServiceC
     method = await keyed.http.delete("/v2/translate", headers=KEY)
     assert method.status_code == 405
     assert set(method.json()) == {"message"}
+
+
+@pytest.mark.parametrize(
+    ("answer", "generations", "expected"),
+    [
+        # The model kept the inline tags: the sentence was translated whole.
+        ("Hallo <b>Welt</b> heute", 1, "<p>Hallo <b>Welt</b> heute</p>"),
+        # It lost them: the pieces between the tags are translated instead, tags kept.
+        ("Hallo", 4, "<p>Hallo <b>Hallo</b> Hallo</p>"),
+    ],
+)
+async def test_inline_tags_do_not_split_a_sentence(
+    start_app: StartApp, fake: FakeControl, answer: str, generations: int, expected: str
+) -> None:
+    client = await start_app(loader=fake.loader(answer=answer), cache_size=0)
+    before = fake.items_seen
+    response = await client.http.post(
+        "/v2/translate",
+        json={
+            "text": ["<p>Hello <b>world</b> today</p>"],
+            "target_lang": "DE",
+            "tag_handling": "html",
+        },
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["translations"][0]["text"] == expected
+    assert fake.items_seen - before == generations
+    # splitting_tags puts the split back for a tag: three pieces, three generations.
+    before = fake.items_seen
+    split = await client.http.post(
+        "/v2/translate",
+        json={
+            "text": ["<p>Hello <b>world</b> today</p>"],
+            "target_lang": "DE",
+            "tag_handling": "html",
+            "splitting_tags": "b",
+        },
+    )
+    assert split.status_code == 200, split.text
+    assert fake.items_seen - before == 3
