@@ -125,7 +125,14 @@ def install_error_handlers(app: FastAPI) -> None:
             f"{_location(problem.get('loc', ()))}: {problem.get('msg', 'invalid')}"
             for problem in error.errors()
         ]
-        return error_response(422, "validation_error", "; ".join(problems) or "invalid request")
+        message = "; ".join(problems) or "invalid request"
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if request.method == "POST" and kind and not kind.endswith("json"):
+            # A form or plain-text body where the native API reads JSON: say so first.
+            message = (
+                f"send the body as JSON (Content-Type: application/json), not {kind}; {message}"
+            )
+        return error_response(422, "validation_error", message)
 
     async def on_http_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, HTTPException)

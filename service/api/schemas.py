@@ -7,11 +7,12 @@ translator so every API dialect shares them.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.translation.detection import UNCERTAIN_BELOW
+from service.translation.languages import LanguageTable
 from service.translation.prompts import TranslationOptions
 from service.translation.translator import Translation
 
@@ -66,19 +67,42 @@ class _Options(_Strict):
         )
 
 
+def _codes(schema: dict[str, Any]) -> None:
+    """The model's language codes in the OpenAPI document (when it is built, not at import),
+    so generated clients and fuzzers know them; other spellings are still accepted."""
+    codes = list(LanguageTable())
+    schema["anyOf"] = [{"enum": codes, "type": "string"}, {"type": "string"}]
+    schema.pop("type", None)
+
+
+def _source_codes(schema: dict[str, Any]) -> None:
+    schema["anyOf"] = [
+        {"enum": ["auto", *LanguageTable()], "type": "string"},
+        {"type": "string"},
+        {"type": "null"},
+    ]
+
+
+_TARGET = "Target language code (GET /languages; en-US, zh-CN, english... are accepted too)."
+
+
 class TranslateRequest(_Options):
     text: str = Field(min_length=1, description="Text to translate.", examples=["Hello, world!"])
-    target_lang: str = Field(description="Target language code (GET /languages).", examples=["de"])
+    target_lang: str = Field(description=_TARGET, examples=["de"], json_schema_extra=_codes)
     source_lang: str | None = Field(
-        None, description="Source language code; omit (or auto) to detect it per text."
+        None,
+        description="Source language code; omit (or auto) to detect it per text.",
+        json_schema_extra=_source_codes,
     )
 
 
 class BatchTranslateRequest(_Options):
     texts: list[str] = Field(min_length=1, description="Texts to translate, one segment each.")
-    target_lang: str = Field(description="Target language code (GET /languages).", examples=["fr"])
+    target_lang: str = Field(description=_TARGET, examples=["fr"], json_schema_extra=_codes)
     source_lang: str | None = Field(
-        None, description="Source language code of every text; omit (or auto) to detect each."
+        None,
+        description="Source language code of every text; omit (or auto) to detect each.",
+        json_schema_extra=_source_codes,
     )
 
 

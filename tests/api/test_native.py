@@ -153,8 +153,20 @@ async def test_metrics_exposes_the_service_series(demo: ServiceClient) -> None:
 
 async def test_openapi_docs_are_served(demo: ServiceClient) -> None:
     assert (await demo.http.get("/docs")).status_code == 200
-    paths = (await demo.http.get("/openapi.json")).json()["paths"]
+    document = (await demo.http.get("/openapi.json")).json()
+    paths = document["paths"]
     assert {"/translate", "/batch_translate", "/health", "/languages"} <= set(paths)
+    assert {"/translate/stream", "/prompt"} <= set(paths)
+    target = document["components"]["schemas"]["TranslateRequest"]["properties"]["target_lang"]
+    listed = target["anyOf"][0]["enum"]  # the codes, for generated clients and fuzzers
+    assert len(listed) == 38
+    assert "zh-Hant" in listed
+
+
+async def test_a_form_body_is_told_to_send_json(demo: ServiceClient) -> None:
+    response = await demo.http.post("/translate", data={"text": "hello", "target_lang": "de"})
+    assert response.status_code == 422
+    assert response.json()["error"]["message"].startswith("send the body as JSON")
 
 
 async def test_request_id_is_echoed_when_given(demo: ServiceClient) -> None:
