@@ -45,9 +45,10 @@ async def test_prompt_shows_the_chat_format_the_model_reads(
     assert translated.json()["usage"]["input_tokens"] == shown.json()["input_tokens"]
 
 
-async def test_hy_mt2_options_through_http(start_app: StartApp) -> None:
+@pytest.mark.parametrize("size", ["1.8b", "7b", "30b-a3b"])  # the three turn formats
+async def test_hy_mt2_options_and_a_glossary_through_http(start_app: StartApp, size: str) -> None:
     client: ServiceClient = await start_app(
-        model_family="hy-mt2", model_size="1.8b", max_new_tokens=4, warmup=False
+        model_family="hy-mt2", model_size=size, max_new_tokens=4, warmup=False
     )
     base = {"text": "Deploy the service.", "target_lang": "zh", "source_lang": "en"}
     options: list[dict[str, object]] = [
@@ -76,6 +77,26 @@ async def test_hy_mt2_options_through_http(start_app: StartApp) -> None:
         json={"texts": ["One.", "Two."], "target_lang": "de", "glossary": {"One": "Eins"}},
     )
     assert batch.status_code == 200, batch.text
+    # A stored glossary (the DeepL routes), used by id, then deleted.
+    created = await client.http.post(
+        "/v2/glossaries",
+        json={
+            "name": "ops",
+            "source_lang": "en",
+            "target_lang": "zh",
+            "entries": "service\t服务\n",
+            "entries_format": "tsv",
+        },
+    )
+    assert created.status_code == 201, created.text
+    glossary_id = created.json()["glossary_id"]
+    used = await client.http.post("/prompt", json={**base, "glossary_id": glossary_id})
+    assert "service 翻译成 服务" in used.json()["prompt"]
+    translated = await client.http.post("/translate", json={**base, "glossary_id": glossary_id})
+    assert translated.status_code == 200, translated.text
+    assert (await client.http.delete(f"/v2/glossaries/{glossary_id}")).status_code == 204
+    gone = await client.http.post("/translate", json={**base, "glossary_id": glossary_id})
+    assert gone.status_code == 404
 
 
 async def test_hy_mt15_markup_and_hunyuan_refusals(start_app: StartApp) -> None:
