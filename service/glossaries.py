@@ -167,14 +167,15 @@ class GlossaryStore:
             raise NotFound("Glossary not found")
         return Glossary(*row)
 
-    def entries(self, owner: str, glossary_id: str) -> list[tuple[str, str]]:
-        self.get(owner, glossary_id)
+    def lookup(self, owner: str, glossary_id: str) -> tuple[Glossary, list[tuple[str, str]]]:
+        """The glossary and its entries, in one transaction."""
+        glossary = self.get(owner, glossary_id)
         with self._transaction() as db:
             rows = db.execute(
                 "SELECT source, target FROM entries WHERE glossary = ? ORDER BY position",
                 (glossary_id,),
             ).fetchall()
-        return [(source, target) for source, target in rows]
+        return glossary, [(source, target) for source, target in rows]
 
     def delete(self, owner: str, glossary_id: str) -> None:
         with self._transaction() as db:

@@ -108,7 +108,7 @@ def install_glossary_routes(
 
     async def entries(request: Request, glossary_id: str) -> PlainTextResponse:
         context = context_of(request, await read_params(request))
-        pairs = await asyncio.to_thread(store.entries, context.owner, glossary_id)
+        _, pairs = await asyncio.to_thread(store.lookup, context.owner, glossary_id)
         return PlainTextResponse(to_tsv(pairs), media_type="text/tab-separated-values")
 
     app.add_api_route("/glossaries/{glossary_id}", info, methods=["GET"])
@@ -129,11 +129,10 @@ async def glossary_entries(
         raise InvalidInput(
             "Use of a glossary requires the 'source_lang' parameter to be specified."
         )
-    glossary = await asyncio.to_thread(store.get, context.owner, glossary_id)
+    glossary, pairs = await asyncio.to_thread(store.lookup, context.owner, glossary_id)
     if (glossary.source_lang, glossary.target_lang) != (
         glossary_code(source),
         glossary_code(target),
     ):
         raise InvalidInput("Glossary does not match the given language pair.")
-    pairs = await asyncio.to_thread(store.entries, context.owner, glossary_id)
     return tuple(pairs)

@@ -58,12 +58,7 @@ async def _options(
     options = body.options()
     if body.glossary_id is None:
         return options
-    table = context.translator.languages
-    target = table.resolve(body.target_lang, field="target_lang")
-    given = body.source_lang
-    source = (
-        table.resolve(given, field="source_lang") if given and given.lower() != "auto" else None
-    )
+    target, source = context.translator.languages_of(body.target_lang, body.source_lang)
     store: GlossaryStore = request.app.state.glossaries
     terms = await glossary_entries(store, context, body.glossary_id, source, target)
     return dataclasses.replace(options, glossary=terms + options.glossary)

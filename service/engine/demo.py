@@ -25,6 +25,7 @@ import logging
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -121,6 +122,8 @@ class DemoFormat:
     eos: str
     pad: str
     architecture: str  # "dense" or "moe"
+    # The 7B vocabulary's end-of-document token (the config's eod_token_id), where there is one.
+    eod: str | None = None
 
 
 DEMO_FORMATS = {
@@ -132,6 +135,7 @@ DEMO_FORMATS = {
         "<|eos|>",
         "<|pad|>",
         "dense",
+        eod="<|endoftext|>",
     ),
     "hy": DemoFormat(
         "demo-hy-v1",
@@ -179,7 +183,8 @@ def ensure_demo_model(data_dir: Path, chat_format: str = "hunyuan-7b") -> Path:
 
 def _build(folder: Path, demo: DemoFormat) -> None:
     tokenizer = _train_tokenizer(demo)
-    ids = {token: _token_id(tokenizer, token) for token in (demo.bos, demo.eos, demo.pad)}
+    named = (demo.bos, demo.eos, demo.pad, *([demo.eod] if demo.eod else []))
+    ids = {token: _token_id(tokenizer, token) for token in named}
     config = _config(demo, len(tokenizer), ids)
     torch.manual_seed(SEED)
     # The model classes take their own config class; ``_config`` built the matching one.
@@ -198,35 +203,34 @@ def _build(folder: Path, demo: DemoFormat) -> None:
 
 
 def _config(demo: DemoFormat, vocab_size: int, ids: dict[str, int]) -> PretrainedConfig:
+    tiny: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 192,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": 8192,
+        # Untied like the 7B checkpoint; tied random embeddings make greedy decoding echo the
+        # last prompt token forever.
+        "tie_word_embeddings": False,
+        "bos_token_id": ids[demo.bos],
+        "eos_token_id": ids[demo.eos],
+        "pad_token_id": ids[demo.pad],
+    }
     if demo.architecture == "moe":
         return HYV3Config(
-            vocab_size=vocab_size,
-            hidden_size=64,
-            intermediate_size=192,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            max_position_embeddings=8192,
             num_experts=4,
             num_experts_per_tok=2,
             num_shared_experts=1,
             moe_intermediate_size=32,
             mlp_layer_types=["dense", "sparse"],
-            tie_word_embeddings=False,
-            bos_token_id=ids[demo.bos],
-            eos_token_id=ids[demo.eos],
-            pad_token_id=ids[demo.pad],
+            **tiny,
         )
+    if demo.eod is not None:
+        tiny["eod_token_id"] = ids[demo.eod]
     return HunYuanDenseV1Config(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=192,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=8192,
         rms_norm_eps=1e-5,
         rope_parameters={
             "rope_type": "dynamic",
@@ -234,12 +238,7 @@ def _config(demo: DemoFormat, vocab_size: int, ids: dict[str, int]) -> Pretraine
             "alpha": 1000.0,
             "factor": 1.0,
         },
-        # Untied like the 7B checkpoint; tied random embeddings make greedy decoding echo the
-        # last prompt token forever.
-        tie_word_embeddings=False,
-        bos_token_id=ids[demo.bos],
-        eos_token_id=ids[demo.eos],
-        pad_token_id=ids[demo.pad],
+        **tiny,
     )
 
 

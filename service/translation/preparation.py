@@ -46,6 +46,7 @@ from service.errors import EngineUnavailable, ServiceError, error_of
 from service.translation.detection import Detection, LanguageDetector
 from service.translation.languages import Language, LanguageTable
 from service.translation.prompts import PLAIN, TranslationOptions
+from service.translation.segments import Document, split_document
 from service.translation.translator import Prepared, PromptBuilder, TranslationConfig
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,9 @@ def _answer(builder: PromptBuilder, kind: str, args: tuple[Any, ...]) -> tuple[s
                 builder.prepare(text, target, source, field=field, options=options)
                 for text, field in zip(texts, fields, strict=True)
             ]
+        if kind == "split":
+            text, max_chars = args
+            return "ok", split_document(text, max_chars)
         if kind == "render":
             text, target, source, options = args
             prepared = builder.prepare(text, target, source, field="text", options=options)
@@ -191,6 +195,10 @@ class Preparer:
         result: list[Prepared] = await self._run(
             "prepare", (list(texts), target, source, list(fields), options)
         )
+        return result
+
+    async def split(self, text: str, max_chars: int) -> Document:
+        result: Document = await self._run("split", (text, max_chars))
         return result
 
     async def render(

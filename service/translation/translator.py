@@ -50,7 +50,7 @@ from service.translation.families import FAMILIES
 from service.translation.languages import Language, LanguageTable
 from service.translation.markup import Segmented, segment, tag_sequence
 from service.translation.prompts import PLAIN, PromptFormat, TranslationOptions, looks_chinese
-from service.translation.segments import Document, split_document
+from service.translation.segments import Document
 from service.translation.tags import Numbered, number_tags
 from service.translation.verbatim import verbatim
 
@@ -99,6 +99,10 @@ class TextPreparer(Protocol):
         self, text: str, target: Language, source: Language | None, options: TranslationOptions
     ) -> tuple[Prepared, str]:
         """The request for ``text`` and the exact text the model would read (chat format)."""
+        ...
+
+    async def split(self, text: str, max_chars: int) -> Document:
+        """``segments.split_document`` of a long text (milliseconds: not on the event loop)."""
         ...
 
     async def prepare_chat(
@@ -315,6 +319,7 @@ class Translator:
         self._preparer = preparer
         self.languages = prompts.languages
         self.options = prompts.options  # what the family's templates support
+        self.languages_of = prompts.languages_of
         self.max_batch_items = settings.max_batch_items
         self.max_new_tokens = settings.max_new_tokens
         self.decoding = prompts.decoding  # the model's recommended sampling
@@ -364,7 +369,9 @@ class Translator:
             raise TextTooLong(f"text: {len(text)} characters, at most {limit} for a document")
         target, source = self._prompts.languages_of(target_lang, source_lang)
         self._prompts.check(text[: self._settings.max_text_chars], "text")
-        document = split_document(text, min(_SEGMENT_CHARS, self._settings.max_text_chars))
+        document = await self._preparer.split(
+            text, min(_SEGMENT_CHARS, self._settings.max_text_chars)
+        )
         segments = document.texts()
         confidence = None
         if source is None:
@@ -407,17 +414,7 @@ class Translator:
         texts = list(segments)
         for index, translation in zip(todo, done, strict=True):
             texts[index] = translation.text
-        whole = Translation(
-            text=document.join(texts),
-            source=source,
-            target=target,
-            detected_confidence=confidence,
-            input_tokens=sum(t.input_tokens for t in done),
-            output_tokens=sum(t.output_tokens for t in done),
-            cache="hit" if done and all(t.cache == "hit" for t in done) else "miss",
-            queue_s=max((t.queue_s for t in done), default=0.0),
-            inference_s=max((t.inference_s for t in done), default=0.0),
-        )
+        whole = _combined(document.join(texts), done, source, target, confidence)
         (checked,) = await self._check_targets([whole])
         return checked
 
@@ -500,26 +497,17 @@ class Translator:
     async def _check_targets(self, translations: list[Translation]) -> list[Translation]:
         """The translations, flagged where one is surely in another language than its target
         (detected in the worker pool, counted by target)."""
-        # Too short to judge: not sent to the detector at all.
-        judged = [t for t in translations if letters(t.text) >= MISMATCH_LETTERS]
+        # Too short to judge (``target_mismatch`` says no): not sent to the detector at all.
+        judged = [i for i, t in enumerate(translations) if letters(t.text) >= MISMATCH_LETTERS]
         if not judged:
             return translations
-        detections = dict(
-            zip(
-                map(id, judged),
-                await self._preparer.detect([t.text for t in judged]),
-                strict=True,
-            )
-        )
-        checked = []
-        for translation in translations:
-            detection = detections.get(id(translation))
-            if detection is not None and target_mismatch(
-                translation.text, translation.target, detection
-            ):
+        detections = await self._preparer.detect([translations[i].text for i in judged])
+        checked = list(translations)
+        for index, detection in zip(judged, detections, strict=True):
+            translation = translations[index]
+            if target_mismatch(translation.text, translation.target, detection):
                 self._metrics.target_mismatches.labels(target=translation.target.code).inc()
-                translation = dataclasses.replace(translation, target_mismatch=True)
-            checked.append(translation)
+                checked[index] = dataclasses.replace(translation, target_mismatch=True)
         return checked
 
     async def translate_markup(
@@ -551,17 +539,14 @@ class Translator:
                 results.append(failure)
                 continue
             done = [o for o in mine if isinstance(o, Translation)]
+            first = done[0] if done else None
             results.append(
-                Translation(
-                    text=document.rebuild([t.text for t in done]),
-                    source=done[0].source if done else None,
-                    target=target,
-                    detected_confidence=done[0].detected_confidence if done else None,
-                    input_tokens=sum(t.input_tokens for t in done),
-                    output_tokens=sum(t.output_tokens for t in done),
-                    cache="hit" if all(t.cache == "hit" for t in done) else "miss",
-                    queue_s=max((t.queue_s for t in done), default=0.0),
-                    inference_s=max((t.inference_s for t in done), default=0.0),
+                _combined(
+                    document.rebuild([t.text for t in done]),
+                    done,
+                    first.source if first else None,
+                    target,
+                    first.detected_confidence if first else None,
                 )
             )
         return results
@@ -853,6 +838,28 @@ def _released(reservation: Reservation) -> Iterator[None]:
         reservation.release(1)
         raise
     reservation.release(1)
+
+
+def _combined(
+    text: str,
+    parts: Sequence[Translation],
+    source: Language | None,
+    target: Language,
+    confidence: float | None,
+) -> Translation:
+    """One translation made of ``parts`` (a document's segments, a markup's runs): their
+    tokens summed, the slowest one's times, a cache hit only when every part was one."""
+    return Translation(
+        text=text,
+        source=source,
+        target=target,
+        detected_confidence=confidence,
+        input_tokens=sum(t.input_tokens for t in parts),
+        output_tokens=sum(t.output_tokens for t in parts),
+        cache="hit" if all(t.cache == "hit" for t in parts) else "miss",
+        queue_s=max((t.queue_s for t in parts), default=0.0),
+        inference_s=max((t.inference_s for t in parts), default=0.0),
+    )
 
 
 def _as_is(text: str, source: Language | None, target: Language) -> Translation:
