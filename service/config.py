@@ -508,6 +508,7 @@ class Settings(BaseSettings):
             prepare_niceness=self.prepare_niceness,
             family=self.model_spec().family.name,
             max_document_chars=self.max_document_chars,
+            think_tags=self.model_spec().chat_format == "hy-v3",
         )
 
     def access_config(self) -> AccessConfig:

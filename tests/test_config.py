@@ -41,3 +41,12 @@ def test_several_api_processes_refuse_limits_each_would_count_alone() -> None:
         Settings(_env_file=None, api_processes=2, char_quota="1000/hour")
     policy = Settings(_env_file=None, api_processes=4, max_queue_size=512).policy_config()
     assert (policy.max_in_flight, policy.processes) == (512, 4)
+
+
+def test_only_the_30b_a3b_has_its_think_blocks_taken_out() -> None:
+    def think(**given: str) -> bool:
+        return Settings(_env_file=None, **given).translation_config().think_tags  # type: ignore[arg-type]
+
+    assert think(model_family="hy-mt2", model_size="30b-a3b")
+    assert not think(model_family="hy-mt2", model_size="7b")
+    assert not think()

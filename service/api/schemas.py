@@ -42,10 +42,21 @@ class _Options(_Strict):
         description="Text before the segment, for the model to read but not translate "
         "(HY-MT1.5's contextual template, Hy-MT2's background one).",
     )
-    format: Literal["text", "markup"] = Field(
+    format: Literal["text", "markup", "json", "html", "csv", "markdown"] = Field(
         "text",
         description="markup: HTML/XML tags kept where they belong (HY-MT1.5's formatted "
-        "translation with numbered tags; its template translates into Chinese only).",
+        "translation with numbered tags; its template translates into Chinese only). json, "
+        "html, csv, markdown: structured data whose structure, keys and placeholders are kept "
+        "and whose user-facing text is translated (Hy-MT2).",
+    )
+    delimiter: str | None = Field(
+        None,
+        min_length=1,
+        max_length=16,
+        description="A delimiter in the text that must come back as many times as it was sent "
+        "(Hy-MT2's delimiter-safe template); where the translation loses or adds one, the "
+        "pieces between the delimiters are translated one by one and joined with it.",
+        examples=["@@"],
     )
     style: str | None = Field(
         None, min_length=1, description="The style the translation must follow (Hy-MT2)."
@@ -64,6 +75,7 @@ class _Options(_Strict):
             format=self.format,
             style=self.style,
             preferences=tuple(self.preferences or ()),
+            delimiter=self.delimiter,
         )
 
 

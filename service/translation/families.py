@@ -22,7 +22,14 @@ from service.engine.types import MODEL_CARD_DECODING, Decoding
 
 FamilyName = Literal["hunyuan-mt", "hy-mt1.5", "hy-mt2"]
 # The translation options of the native API, by the template they need.
-Option = Literal["glossary", "context", "format", "style", "preferences"]
+Option = Literal["glossary", "context", "format", "style", "preferences", "delimiter"]
+# Template kinds besides "default" and the options: how each ``format`` value is rendered.
+STRUCTURED_FORMATS: Mapping[str, str] = {
+    "json": "JSON",
+    "html": "HTML",
+    "csv": "CSV",
+    "markdown": "Markdown",
+}
 ChatFormat = Literal["hunyuan-7b", "hy", "hy-v3"]
 
 # Hunyuan-MT-7B's model card.
@@ -82,7 +89,39 @@ _HY2_CONTEXT_EN = (
     "taking the provided background information into consideration.\n\n[Source Text]\n{text}"
 )
 
+# Delimiter-safe translation: the delimiters themselves are not named in the template.
+_HY2_DELIMITER_ZH = (
+    "请将以下文本准确翻译为{target}。\n"
+    "你必须在译文中保留等量的分隔符，绝对不可遗漏、转义或翻译该符号，并注意分隔符的位置。\n\n{text}"
+)
+_HY2_DELIMITER_EN = (
+    "Please accurately translate the following text into {target}.\nYou must retain the exact "
+    "same number of delimiters in the translation. Strictly do not omit, escape, or translate "
+    "these symbols, and pay close attention to their placement.\n\n{text}"
+)
+# Structured data (JSON, HTML, CSV, Markdown). The Chinese version names the data placeholder in
+# its first line too, so the data appears twice there, as published; ``{{var}}`` is printed
+# literally (docs/model-families.md).
+_HY2_STRUCTURED_ZH = (
+    "# 任务目标\n将下方{text}中的{format_type}格式数据翻译为{target}。\n\n# 严格约束\n"
+    "1. **结构锁定**：绝对保持原有的{format_type}数据结构、缩进和层级完全不变。\n"
+    "2. **选择性翻译**：仅翻译面向用户展示的可见文本内容。\n"
+    "3. **禁止修改**：**严禁**翻译或更改任何代码标签、键名 (Key)、变量占位符"
+    "（如 `{{var}}`、`${var}`、`%s`、`%d` 等）或代码属性。\n\n# 数据输入\n{text}"
+)
+_HY2_STRUCTURED_EN = (
+    "### Task\nTranslate the user-facing text within the following {format_type} data into "
+    "{target}.\n\n### Strict Rules\n1. **Structure Preservation:** You MUST preserve the "
+    "original {format_type} data structure, nesting, hierarchy, and indentation exactly as they "
+    "are.\n2. **Selective Translation:** Translate ONLY the visible, user-facing text "
+    "content/values.\n3. **Strict Non-Translation:** NEVER translate or alter code tags, keys, "
+    "properties, object names, or variable placeholders. Leave them exactly in their original "
+    "English/code form.\n\n### Source Data\n{text}"
+)
+
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+# ``markup``: numbered tags (HY-MT1.5); ``structured``: one of ``STRUCTURED_FORMATS`` (Hy-MT2).
+_FORMAT_KINDS = frozenset({"markup", "structured"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +142,18 @@ class Family:
 
     @property
     def options(self) -> frozenset[str]:
-        return frozenset(kind for kind, _ in self.templates if kind != "default")
+        """The native API's options the templates support (both format kinds are ``format``)."""
+        kinds = {kind for kind, _ in self.templates if kind != "default"}
+        return frozenset("format" if kind in _FORMAT_KINDS else kind for kind in kinds)
+
+    @property
+    def formats(self) -> frozenset[str]:
+        """The ``format`` values besides ``text`` the templates support."""
+        kinds = {kind for kind, _ in self.templates}
+        found = {"markup"} if "markup" in kinds else set()
+        if "structured" in kinds:
+            found.update(STRUCTURED_FORMATS)
+        return frozenset(found)
 
     @property
     def cache_name(self) -> str:
@@ -145,7 +195,7 @@ HY_MT15 = Family(
         ("default", "en"): _HUNYUAN_EN,
         ("glossary", "zh"): _HY15_GLOSSARY,
         ("context", "zh"): _HY15_CONTEXT,
-        ("format", "zh"): _HY15_FORMAT,
+        ("markup", "zh"): _HY15_FORMAT,
     },
     # The README shows one term; several are written one per line, as Hy-MT2's README does.
     term_lines={"zh": "{source} 翻译成 {target}"},
@@ -167,6 +217,10 @@ HY_MT2 = Family(
         ("preferences", "en"): _HY2_PREFERENCES_EN,
         ("context", "zh"): _HY2_CONTEXT_ZH,
         ("context", "en"): _HY2_CONTEXT_EN,
+        ("delimiter", "zh"): _HY2_DELIMITER_ZH,
+        ("delimiter", "en"): _HY2_DELIMITER_EN,
+        ("structured", "zh"): _HY2_STRUCTURED_ZH,
+        ("structured", "en"): _HY2_STRUCTURED_EN,
     },
     term_lines={"zh": "{source} 翻译成 {target}", "en": "{source} translates to {target}"},
     max_new_tokens=4096,

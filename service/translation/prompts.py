@@ -14,11 +14,18 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from service.errors import Unsupported
-from service.translation.families import HUNYUAN_MT, Family, fill, numbered
+from service.translation.families import (
+    HUNYUAN_MT,
+    STRUCTURED_FORMATS,
+    Family,
+    fill,
+    numbered,
+)
 from service.translation.languages import Language
 from service.translation.tags import number_tags
 
-TextFormat = Literal["text", "markup"]
+# ``markup``: HY-MT1.5's numbered tags; the others: Hy-MT2's structured-data template.
+TextFormat = Literal["text", "markup", "json", "html", "csv", "markdown"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +36,14 @@ class TranslationOptions:
     glossary: tuple[tuple[str, str], ...] = ()
     # Text before the segment (HY-MT1.5's contextual template, Hy-MT2's background one).
     context: str | None = None
-    # ``markup``: tags kept (HY-MT1.5's formatted-translation template, numbered tags).
+    # ``markup``: tags kept (HY-MT1.5's formatted-translation template, numbered tags);
+    # ``json``, ``html``, ``csv``, ``markdown``: Hy-MT2's structured-data template.
     format: TextFormat = "text"
     # Hy-MT2: the style the translation must follow, and numbered personal preferences.
     style: str | None = None
     preferences: tuple[str, ...] = field(default=())
+    # Hy-MT2's delimiter-safe template; the translator checks the count comes back.
+    delimiter: str | None = None
 
     def asked(self) -> list[str]:
         """The options set, by name."""
@@ -43,6 +53,7 @@ class TranslationOptions:
             "format": self.format != "text",
             "style": self.style is not None,
             "preferences": bool(self.preferences),
+            "delimiter": self.delimiter is not None,
         }
         return [name for name, present in values.items() if present]
 
@@ -81,6 +92,13 @@ class PromptFormat:
                 f"{', '.join(asked)}: the {self.family.title} templates take one option at a time"
             )
         kind = asked[0] if asked else "default"
+        if kind == "format":
+            if options.format not in self.family.formats:
+                raise Unsupported(
+                    f"format: {options.format!r} is not supported by the {self.family.title} "
+                    f"model family (it supports: {', '.join(sorted(self.family.formats))})"
+                )
+            kind = "markup" if options.format == "markup" else "structured"
         chinese = target.is_chinese or (source.is_chinese if source else looks_chinese(text))
         template, language = self.family.template(kind, chinese)
         name = target.chinese_name if language == "zh" else target.english_name
@@ -97,7 +115,9 @@ class PromptFormat:
             values["style"] = options.style or ""
         elif kind == "preferences":
             values["preferences"] = numbered(list(options.preferences), language)
-        elif kind == "format":
+        elif kind == "structured":
+            values["format_type"] = STRUCTURED_FORMATS[options.format]
+        elif kind == "markup":
             if not target.is_chinese:
                 raise Unsupported(
                     f"format: the {self.family.title} formatted-translation template translates "

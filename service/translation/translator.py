@@ -52,6 +52,7 @@ from service.translation.markup import Segmented, segment, tag_sequence
 from service.translation.prompts import PLAIN, PromptFormat, TranslationOptions, looks_chinese
 from service.translation.segments import Document
 from service.translation.tags import Numbered, number_tags
+from service.translation.thinking import ThoughtFilter, without_thoughts
 from service.translation.verbatim import verbatim
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,8 @@ class TranslationConfig:
     family: str = "hunyuan-mt"  # the model family whose templates build the prompts
     # A text over max_text_chars and up to this is translated as a document, segment by segment.
     max_document_chars: int = 50_000
+    # The model begins its answers with a think block (Hy-MT2-30B-A3B): taken out.
+    think_tags: bool = False
 
 
 class TextPreparer(Protocol):
@@ -346,6 +349,15 @@ class Translator:
         with self._admission.reserve(1, deadline) as reservation:
             (prepared,) = await self._preparer.prepare([text], target, source, ["text"], options)
             translation = await self._run(prepared, target, deadline, reservation)
+        if options.delimiter is not None:
+            outcomes: list[Translation | ServiceError] = [translation]
+            await self._keep_delimiters(
+                [text], outcomes, options.delimiter, target_lang, source_lang, deadline
+            )
+            (outcome,) = outcomes
+            if isinstance(outcome, ServiceError):
+                raise outcome
+            translation = outcome
         (checked,) = await self._check_targets([translation])
         return checked
 
@@ -488,6 +500,10 @@ class Translator:
                 results[index] = outcome
             else:
                 raise outcome  # a bug, not a per-text failure: the one 500 path
+        if options.delimiter is not None:
+            await self._keep_delimiters(
+                texts, results, options.delimiter, target_lang, source_lang, deadline
+            )
         done = {i: r for i in todo if isinstance(r := results[i], Translation)}
         checked = await self._check_targets(list(done.values()))
         for index, translation in zip(done, checked, strict=True):
@@ -596,6 +612,65 @@ class Translator:
                 output_tokens=whole.output_tokens + sum(t.output_tokens for t in done),
             )
 
+    async def _keep_delimiters(
+        self,
+        texts: Sequence[str],
+        outcomes: list[Translation | ServiceError],
+        delimiter: str,
+        target_lang: str,
+        source_lang: str | None,
+        deadline: float | None,
+    ) -> None:
+        """Where a translation asked to keep ``delimiter`` came back with another count of it,
+        translate the pieces between the delimiters one by one and join them with it (in
+        place): the caller splits on the delimiter, so a wrong count is never passed on."""
+        redo = [
+            (index, text.split(delimiter))
+            for index, (text, outcome) in enumerate(zip(texts, outcomes, strict=True))
+            if isinstance(outcome, Translation)
+            and outcome.text.count(delimiter) != text.count(delimiter)
+        ]
+        if not redo:
+            return
+        # Only the pieces with words are translated; the whitespace around each is kept.
+        cores = [
+            (index, number, piece.strip())
+            for index, pieces in redo
+            for number, piece in enumerate(pieces)
+            if piece.strip()
+        ]
+        again = await self.translate_batch(
+            [core for _, _, core in cores], target_lang, source_lang, deadline=deadline
+        )
+        translated: dict[tuple[int, int], Translation | ServiceError] = {
+            (index, number): outcome
+            for (index, number, _), outcome in zip(cores, again, strict=True)
+        }
+        for index, pieces in redo:
+            mine = [translated[(index, n)] for n in range(len(pieces)) if (index, n) in translated]
+            failure = next((o for o in mine if isinstance(o, ServiceError)), None)
+            whole = outcomes[index]
+            assert isinstance(whole, Translation)
+            if failure is not None:
+                outcomes[index] = failure
+                continue
+            joined = []
+            for number, piece in enumerate(pieces):
+                done = translated.get((index, number))
+                if not isinstance(done, Translation):
+                    joined.append(piece)
+                    continue
+                core = piece.strip()
+                start = piece.index(core)
+                joined.append(piece[:start] + done.text + piece[start + len(core) :])
+            parts = [o for o in mine if isinstance(o, Translation)]
+            outcomes[index] = dataclasses.replace(
+                whole,
+                text=delimiter.join(joined),
+                input_tokens=whole.input_tokens + sum(t.input_tokens for t in parts),
+                output_tokens=whole.output_tokens + sum(t.output_tokens for t in parts),
+            )
+
     async def detect(self, texts: Sequence[str]) -> list[Detection]:
         """The detected language of each text (no model work; in the worker pool)."""
         return await self._preparer.detect(texts)
@@ -675,6 +750,14 @@ class Translator:
         """One translation as it is generated: pieces of text, then the ``Translation`` (whole
         text, usage, target check). Admitted as ``translate`` is; never cached or shared. Markup
         sent with numbered tags comes in one piece once its tags are restored."""
+        if options.delimiter is not None:
+            # Sent once its delimiters are checked (and the pieces redone where they were lost).
+            done = await self.translate(
+                text, target_lang, source_lang, deadline=deadline, options=options
+            )
+            yield done.text
+            yield done
+            return
         target, source = self._prompts.languages_of(target_lang, source_lang)
         self._prompts.check(text, "text")
         if verbatim(text):
@@ -684,15 +767,19 @@ class Translator:
         with self._admission.reserve(1, deadline) as reservation:
             (prepared,) = await self._preparer.prepare([text], target, source, ["text"], options)
             restore = prepared.restore
+            thoughts = ThoughtFilter() if self._settings.think_tags else None
             async for item in self._streamed(prepared, deadline, reservation):
                 if isinstance(item, str):
-                    if restore is None:
-                        yield item
+                    piece = item if thoughts is None else thoughts.feed(item)
+                    if restore is None and piece:
+                        yield piece
                     continue
                 result = item.result
-                whole = restore.restore(result.text) if restore is not None else result.text
+                whole = self._answer(prepared, result.text)
                 if restore is not None:
                     yield whole
+                elif thoughts is not None and (held := thoughts.rest()):
+                    yield held
                 translation = Translation(
                     text=whole,
                     source=prepared.source,
@@ -767,10 +854,11 @@ class Translator:
         else:
             main, others = await self._generate(prepared, deadline, reservation), []
         result, origin, queue_s, inference_s = main
-        restore = prepared.restore.restore if prepared.restore is not None else str
-        text = restore(result.text)
+        text = self._answer(prepared, result.text)
         distinct = dict.fromkeys(
-            draft for draft in (restore(other[0].text) for other in others) if draft != text
+            draft
+            for draft in (self._answer(prepared, other[0].text) for other in others)
+            if draft != text
         )
         return Translation(
             text=text,
@@ -784,6 +872,12 @@ class Translator:
             inference_s=inference_s,
             alternatives=tuple(distinct),
         )
+
+    def _answer(self, prepared: Prepared, text: str) -> str:
+        """The translation in the model's answer: without a think block, tags restored."""
+        if self._settings.think_tags:
+            text = without_thoughts(text)
+        return prepared.restore.restore(text) if prepared.restore is not None else text
 
     def _alternative(self, prepared: Prepared, index: int) -> Prepared:
         """Another draw for ``prepared``: sampled (the model card's sampling where the service

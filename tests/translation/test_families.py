@@ -11,6 +11,7 @@ from service.translation.families import HUNYUAN_MT, HY_MT2, HY_MT15, resolve_mo
 from service.translation.languages import LanguageTable
 from service.translation.prompts import PromptFormat, TranslationOptions
 from service.translation.tags import number_tags
+from service.translation.thinking import ThoughtFilter, without_thoughts
 
 LANGS = LanguageTable()
 EN, ZH, DE, FR = LANGS["en"], LANGS["zh"], LANGS["de"], LANGS["fr"]
@@ -142,8 +143,8 @@ def test_options_a_family_lacks_are_refused_by_name() -> None:
         PromptFormat(HUNYUAN_MT).render("Hi", DE, EN, TERMS)
     with pytest.raises(Unsupported, match=r"style: not supported by the HY-MT1\.5"):
         HY15.render("Hi", DE, EN, TranslationOptions(style="formal"))
-    with pytest.raises(Unsupported, match="format: not supported by the Hy-MT2"):
-        HY2.render("<b>Hi</b>", ZH, EN, TranslationOptions(format="markup"))
+    with pytest.raises(Unsupported, match="format: not supported by the Hunyuan-MT-7B"):
+        PromptFormat(HUNYUAN_MT).render("{}", DE, EN, TranslationOptions(format="json"))
     with pytest.raises(Unsupported, match="one option at a time"):
         HY2.render("Hi", DE, EN, TranslationOptions(style="formal", context="x"))
 
@@ -180,3 +181,79 @@ def test_an_unknown_model_or_size_is_refused_with_what_to_set() -> None:
     with pytest.raises(ValueError, match="sizes 7b"):
         resolve_model(None, "hunyuan-mt", "1.8b")
     assert resolve_model("tencent/Hy-MT2-30B-A3B").decoding.top_p == 1.0
+
+
+def test_hy_mt2_delimiters() -> None:
+    options = TranslationOptions(delimiter="@@")
+    assert HY2.render("a@@b", ZH, EN, options) == (
+        "请将以下文本准确翻译为中文。\n"
+        "你必须在译文中保留等量的分隔符，绝对不可遗漏、转义或翻译该符号，并注意分隔符的位置。\n\n"
+        "a@@b"
+    )
+    assert HY2.render("a@@b", DE, EN, options) == (
+        "Please accurately translate the following text into German.\n"
+        "You must retain the exact same number of delimiters in the translation. Strictly do not "
+        "omit, escape, or translate these symbols, and pay close attention to their placement.\n\n"
+        "a@@b"
+    )
+
+
+def test_hy_mt2_structured_data() -> None:
+    data = '{"title": "Hello {{name}}", "count": "%d items"}'
+    assert HY2.render(data, ZH, EN, TranslationOptions(format="json")) == (
+        "# 任务目标\n"
+        f"将下方{data}中的JSON格式数据翻译为中文。\n"
+        "\n"
+        "# 严格约束\n"
+        "1. **结构锁定**：绝对保持原有的JSON数据结构、缩进和层级完全不变。\n"
+        "2. **选择性翻译**：仅翻译面向用户展示的可见文本内容。\n"
+        "3. **禁止修改**：**严禁**翻译或更改任何代码标签、键名 (Key)、变量占位符（如 `{{var}}`、"
+        "`${var}`、`%s`、`%d` 等）或代码属性。\n"
+        "\n"
+        "# 数据输入\n"
+        f"{data}"
+    )
+    assert HY2.render("| a | b |", FR, EN, TranslationOptions(format="markdown")) == (
+        "### Task\n"
+        "Translate the user-facing text within the following Markdown data into French.\n"
+        "\n"
+        "### Strict Rules\n"
+        "1. **Structure Preservation:** You MUST preserve the original Markdown data structure, "
+        "nesting, hierarchy, and indentation exactly as they are.\n"
+        "2. **Selective Translation:** Translate ONLY the visible, user-facing text "
+        "content/values.\n"
+        "3. **Strict Non-Translation:** NEVER translate or alter code tags, keys, properties, "
+        "object names, or variable placeholders. Leave them exactly in their original "
+        "English/code form.\n"
+        "\n"
+        "### Source Data\n"
+        "| a | b |"
+    )
+
+
+def test_each_family_refuses_the_formats_it_has_no_template_for() -> None:
+    with pytest.raises(Unsupported, match=r"'markup' is not supported by the Hy-MT2.*html"):
+        HY2.render("<b>x</b>", ZH, EN, TranslationOptions(format="markup"))
+    with pytest.raises(Unsupported, match=r"'json' is not supported by the HY-MT1\.5"):
+        HY15.render("{}", ZH, EN, TranslationOptions(format="json"))
+    with pytest.raises(Unsupported, match=r"delimiter: not supported by the HY-MT1\.5"):
+        HY15.render("a@@b", ZH, EN, TranslationOptions(delimiter="@@"))
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ("<think>\n\n</think>\n\nBonjour", "Bonjour"),
+        ("<think>the user wants French</think>Bonjour", "Bonjour"),
+        ("  <think></think> Bonjour le monde", "Bonjour le monde"),
+        ("Bonjour <think>", "Bonjour <think>"),
+        ("<think>never closed", "<think>never closed"),
+        ("<thin", "<thin"),
+    ],
+)
+def test_think_blocks_leave_answers_whole_and_streamed(answer: str, expected: str) -> None:
+    assert without_thoughts(answer) == expected
+    for size in (1, 2, 3, 7):
+        stream = ThoughtFilter()
+        pieces = [answer[i : i + size] for i in range(0, len(answer), size)]
+        assert "".join(stream.feed(p) for p in pieces) + stream.rest() == expected

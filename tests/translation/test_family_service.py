@@ -48,6 +48,8 @@ async def test_hy_mt2_options_and_a_glossary_through_http(start_app: StartApp, s
         {"context": "An operations manual."},
         {"style": "formal"},
         {"preferences": ["Keep it short", "No English words"]},
+        {"format": "json"},
+        {"delimiter": "@@"},
     ]
     prompts = set()
     for option in options:
@@ -62,6 +64,15 @@ async def test_hy_mt2_options_and_a_glossary_through_http(start_app: StartApp, s
     refused = await client.http.post("/translate", json={**base, "format": "markup"})
     assert refused.status_code == 422
     assert "format" in refused.json()["error"]["message"]
+    # The random demo model loses the delimiters: the pieces are translated one by one instead.
+    delimited = await client.http.post(
+        "/translate", json={**base, "text": "Start@@ Stop @@Wait", "delimiter": "@@"}
+    )
+    assert delimited.status_code == 200, delimited.text
+    pieces = delimited.json()["translation"].split("@@")
+    assert len(pieces) == 3
+    assert pieces[1].startswith(" ")
+    assert pieces[1].endswith(" ")
     both = await client.http.post("/translate", json={**base, "style": "formal", "context": "x"})
     assert both.status_code == 422
     batch = await client.http.post(
