@@ -25,6 +25,8 @@ from service.api.libretranslate import LIBRETRANSLATE, create_libretranslate_app
 from service.api.middleware import NO_TELEMETRY, Door, RequestContextMiddleware
 from service.api.openai import OPENAI, create_openai_app
 from service.config import Settings
+from service.documents.jobs import JobStore
+from service.documents.service import Documents
 from service.engine.factory import EngineLoader, load_engine
 from service.engine.protocol import Peer
 from service.glossaries import GlossaryStore
@@ -77,6 +79,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if follow is None:  # the first process of the service: no job runs anywhere yet
+            await documents.recover()
         runtime.start()
         announcing = asyncio.create_task(announce(), name="announce-serving")
         if follow is not None:
@@ -90,6 +94,7 @@ def create_app(
             yield
         finally:
             announcing.cancel()
+            await documents.close()
             await runtime.stop(settings.drain_timeout_s)
             glossaries.close()
 
@@ -104,13 +109,18 @@ def create_app(
     access = AccessControl(settings.access_config())
     glossaries = GlossaryStore(settings.data_dir / "glossaries.sqlite3")
     app.state.glossaries = glossaries
+    documents = Documents(
+        JobStore(settings.data_dir / "documents", settings.documents_config().limits),
+        lambda: runtime.translator,
+        settings.documents_config(),
+    )
     app.state.runtime = runtime
     app.state.access = access
     app.include_router(native.router)
     app.include_router(probes.router)
     # Compatibility dialects: thin routers over the same runtime, each with its own error shape.
-    app.mount("/libretranslate", create_libretranslate_app(runtime, access))
-    app.mount("/v2", create_deepl_app(runtime, access, glossaries))
+    app.mount("/libretranslate", create_libretranslate_app(runtime, access, documents))
+    app.mount("/v2", create_deepl_app(runtime, access, glossaries, documents))
     app.mount("/v1", create_openai_app(runtime, access))
     install_error_handlers(app)
     if settings.cors_origins:
@@ -128,10 +138,14 @@ def create_app(
         metrics=runtime.metrics,
         max_body_bytes=settings.max_body_bytes,
         door=door,
+        uploads=UPLOADS,
+        max_upload_bytes=settings.max_file_bytes,
     )
     return app
 
 
+# The routes that take a document upload (their body limit is the file limit).
+UPLOADS = frozenset({"/v2/document", "/libretranslate/translate_file"})
 # The routes that admit texts, and the dialect each answers in.
 _ADMITTING = {
     "/translate": NATIVE,

@@ -20,6 +20,9 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.access import AccessConfig
+from service.documents.jobs import JobLimits
+from service.documents.runner import RunnerConfig
+from service.documents.service import DocumentsConfig
 from service.engine.config import BatchingConfig, ContinuousConfig, EngineConfig
 from service.engine.types import Decoding
 from service.policy.config import PolicyConfig
@@ -201,6 +204,26 @@ class Settings(BaseSettings):
         ge=1,
         description="Most characters of a text translated as a document (POST /translate, "
         "segment by segment; each segment takes one admitted place).",
+    )
+    max_file_bytes: int = Field(
+        10 * 1024 * 1024,
+        ge=1024,
+        description="Largest document upload in bytes (POST /v2/document, /translate_file); "
+        "bigger gets 413.",
+    )
+    max_file_chars: int = Field(
+        1_000_000, ge=1, description="Most characters to translate in one uploaded document."
+    )
+    max_documents_per_key: int = Field(
+        20,
+        ge=1,
+        description="Document jobs a key may hold at once (until downloaded or expired).",
+    )
+    document_ttl_s: float = Field(
+        86_400.0, gt=0, description="How long a document job and its files are kept."
+    )
+    document_jobs: int = Field(
+        2, ge=1, description="Documents translating at once in each API process."
     )
     max_input_tokens: int = Field(
         2048, ge=1, description="Most tokens of one text (the practical limit is 8k in + out)."
@@ -509,6 +532,19 @@ class Settings(BaseSettings):
             family=self.model_spec().family.name,
             max_document_chars=self.max_document_chars,
             think_tags=self.model_spec().chat_format == "hy-v3",
+        )
+
+    def documents_config(self) -> DocumentsConfig:
+        return DocumentsConfig(
+            max_file_bytes=self.max_file_bytes,
+            max_file_chars=self.max_file_chars,
+            chunk_chars=self.max_document_chars,
+            limits=JobLimits(
+                max_jobs_per_owner=self.max_documents_per_key, ttl_s=self.document_ttl_s
+            ),
+            runner=RunnerConfig(
+                max_running=self.document_jobs, unit_timeout_s=self.request_timeout_s
+            ),
         )
 
     def access_config(self) -> AccessConfig:

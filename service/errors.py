@@ -72,6 +72,12 @@ class QuotaExceeded(RateLimited):
     code = "quota_exceeded"
 
 
+class TooManyDocuments(RateLimited):
+    """This client holds as many document jobs as it may."""
+
+    code = "too_many_documents"
+
+
 class Unsupported(InvalidInput):
     """The request asks for an option this service cannot honour."""
 

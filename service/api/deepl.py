@@ -21,10 +21,12 @@ from fastapi.responses import JSONResponse
 
 from service.access import AccessControl
 from service.api.context import RequestContext
+from service.api.documents import install_deepl_document_routes
 from service.api.errors import Dialect, install_dialect_errors
 from service.api.glossaries import glossary_entries, install_glossary_routes
 from service.api.middleware import NO_TELEMETRY
 from service.api.params import Params, read_params
+from service.documents.service import Documents
 from service.errors import (
     DeadlineExceeded,
     Forbidden,
@@ -152,7 +154,9 @@ def _tags(params: Params, name: str) -> list[str]:
 _STYLES = {"more": "formal", "prefer_more": "formal", "less": "informal", "prefer_less": "informal"}
 
 
-def create_deepl_app(runtime: Runtime, access: AccessControl, glossaries: GlossaryStore) -> FastAPI:
+def create_deepl_app(
+    runtime: Runtime, access: AccessControl, glossaries: GlossaryStore, documents: Documents
+) -> FastAPI:
     app = FastAPI(
         title="DeepL-compatible API v2", docs_url=None, redoc_url=None, telemetry=NO_TELEMETRY
     )
@@ -190,6 +194,35 @@ def create_deepl_app(runtime: Runtime, access: AccessControl, glossaries: Glossa
             raise InvalidInput(f"Value for '{name}' not supported.")
         return found
 
+    async def options_of(
+        params: Params, context: RequestContext, source: Language | None, target: Language
+    ) -> TranslationOptions:
+        """What ``formality``, ``glossary_id`` and ``context`` ask of the model family."""
+        translator = context.translator
+        formality = (_value(params, "formality") or "default").lower()
+        if formality not in _ALLOWED["formality"]:
+            raise InvalidInput("Value for 'formality' not supported.")
+        styled = "style" in translator.options and formality in _STYLES
+        if formality not in _SAFE_FORMALITY and not styled:
+            raise InvalidInput("'formality' is not supported for given 'target_lang'.")
+        refused = [name for name in REFUSED if params.get(name)]
+        if refused:
+            raise Unsupported(f"unsupported parameter(s): {', '.join(refused)}")
+        glossary_id = _value(params, "glossary_id")
+        terms = (
+            await glossary_entries(glossaries, context, glossary_id, source, target)
+            if glossary_id is not None
+            else ()
+        )
+        hint = _value(params, "context")
+        return TranslationOptions(
+            glossary=terms,
+            # DeepL's context is a hint: it goes to the family's context template where there is
+            # one, and is ignored (not billed) where there is none.
+            context=hint if hint and "context" in translator.options else None,
+            style=_STYLES[formality] if styled else None,
+        )
+
     async def translate(request: Request) -> JSONResponse:
         if len(await request.body()) > MAX_REQUEST_BYTES:
             raise PayloadTooLarge("Request Entity Too Large")
@@ -206,27 +239,7 @@ def create_deepl_app(runtime: Runtime, access: AccessControl, glossaries: Glossa
             if value is not None and value.lower() not in _ALLOWED[name]:
                 raise InvalidInput(f"Value for '{name}' not supported.")
         translator = context.translator
-        formality = (options["formality"] or "default").lower()
-        styled = "style" in translator.options and formality in _STYLES
-        if formality not in _SAFE_FORMALITY and not styled:
-            raise InvalidInput("'formality' is not supported for given 'target_lang'.")
-        refused = [name for name in REFUSED if params.get(name)]
-        if refused:
-            raise Unsupported(f"unsupported parameter(s): {', '.join(refused)}")
-        glossary_id = _value(params, "glossary_id")
-        terms = (
-            await glossary_entries(glossaries, context, glossary_id, source, target)
-            if glossary_id is not None
-            else ()
-        )
-        hint = _value(params, "context")
-        wanted = TranslationOptions(
-            glossary=terms,
-            # DeepL's context is a hint: it goes to the family's context template where there is
-            # one, and is ignored (not billed) where there is none.
-            context=hint if hint and "context" in translator.options else None,
-            style=_STYLES[formality] if styled else None,
-        )
+        wanted = await options_of(params, context, source, target)
         context.charge(sum(len(text) for text in texts))
         source_code = source.code if source is not None else None
         tag_handling = options["tag_handling"]
@@ -304,5 +317,12 @@ def create_deepl_app(runtime: Runtime, access: AccessControl, glossaries: Glossa
         return language_of(params, name, source_codes(runtime.translator.languages))
 
     install_glossary_routes(app, glossaries, context_of, glossary_language, _value)
+
+    def document_target(params: Params, name: str) -> Language | None:
+        return language_of(params, name, target_codes(runtime.translator.languages))
+
+    install_deepl_document_routes(
+        app, documents, context_of, document_target, glossary_language, options_of
+    )
 
     return app

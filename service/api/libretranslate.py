@@ -16,9 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.access import AccessControl
 from service.api.context import RequestContext
+from service.api.documents import install_libretranslate_file_routes
 from service.api.errors import Dialect, install_dialect_errors
 from service.api.middleware import NO_TELEMETRY
 from service.api.params import Params, parse, read_params
+from service.documents.formats import EXTENSIONS
+from service.documents.service import Documents
 from service.errors import (
     DeadlineExceeded,
     Forbidden,
@@ -44,7 +47,6 @@ def _error_body(error: ServiceError) -> dict[str, str]:
 
 LIBRETRANSLATE = Dialect("/libretranslate", _STATUS, _error_body)
 # LibreTranslate's answers for features this server does not offer.
-_FILES_DISABLED = "Files translation are disabled on this server."
 _SUGGESTIONS_DISABLED = "Suggestions are disabled on this server."
 
 
@@ -71,7 +73,9 @@ class DetectBody(_Request):
     q: str = Field(min_length=1)
 
 
-def create_libretranslate_app(runtime: Runtime, access: AccessControl) -> FastAPI:
+def create_libretranslate_app(
+    runtime: Runtime, access: AccessControl, documents: Documents
+) -> FastAPI:
     app = FastAPI(
         title="LibreTranslate-compatible API",
         docs_url=None,
@@ -132,6 +136,8 @@ def create_libretranslate_app(runtime: Runtime, access: AccessControl) -> FastAP
                 answer["alternatives"] = [list(t.alternatives) for t in done]
         return JSONResponse(answer)
 
+    install_libretranslate_file_routes(app, documents, context_of)
+
     @app.post("/detect")
     async def detect(request: Request) -> JSONResponse:
         params = await read_params(request)
@@ -166,10 +172,6 @@ def create_libretranslate_app(runtime: Runtime, access: AccessControl) -> FastAP
             return JSONResponse({"status": "unavailable"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.post("/translate_file")
-    async def translate_file() -> JSONResponse:
-        raise Forbidden(_FILES_DISABLED)
-
     @app.post("/suggest")
     async def suggest() -> JSONResponse:
         raise Forbidden(_SUGGESTIONS_DISABLED)
@@ -188,8 +190,8 @@ def create_libretranslate_app(runtime: Runtime, access: AccessControl) -> FastAP
                 "apiKeys": access.requires_keys,
                 "keyRequired": access.requires_keys,
                 "suggestions": False,
-                "filesTranslation": False,
-                "supportedFilesFormat": [],
+                "filesTranslation": True,
+                "supportedFilesFormat": [f".{name}" for name in EXTENSIONS],
                 "language": {
                     "source": {"code": "auto", "name": "Auto Detect"},
                     "target": {"code": "en", "name": "English"},

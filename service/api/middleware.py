@@ -80,6 +80,8 @@ NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": Fal
 
 # Refusals at the door are summed up in one log line per this many seconds.
 _SUMMARY_PERIOD_S = 1.0
+# Room for a multipart form's boundaries and other fields around an uploaded file.
+_FORM_OVERHEAD = 64 * 1024
 
 
 class Door:
@@ -137,10 +139,16 @@ class RequestContextMiddleware:
         metrics: Metrics,
         max_body_bytes: int,
         door: Door | None = None,
+        uploads: frozenset[str] = frozenset(),
+        max_upload_bytes: int = 0,
     ) -> None:
         self.app = app
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        # Routes that take a file: their bodies may be up to max_upload_bytes (and a form's
+        # boundaries) instead.
+        self.uploads = uploads
+        self.max_upload_bytes = max_upload_bytes
         self.door = door or Door(metrics)
         self._requests = Children(metrics.requests)
         self._durations = Children(metrics.request_duration)
@@ -172,10 +180,11 @@ class RequestContextMiddleware:
                 refused = True
                 await refusal(scope, receive, send_with_id)
                 return
-            body = await self._read_body(scope, receive)
+            limit = self._limit(scope)
+            body = await self._read_body(scope, receive, limit)
             if body is None:
                 await self._reply(
-                    413, "payload_too_large", self._too_large(), send_with_id, scope, receive
+                    413, "payload_too_large", self._too_large(limit), send_with_id, scope, receive
                 )
             else:
                 finished = await self._call_until_disconnect(scope, body, receive, send_with_id)
@@ -193,13 +202,20 @@ class RequestContextMiddleware:
             else:
                 self._record(scope, status, time.perf_counter() - started, request_id)
 
-    def _too_large(self) -> str:
-        return f"request body over {self.max_body_bytes} bytes"
+    def _limit(self, scope: Scope) -> int:
+        path = str(scope.get("path", "")).removeprefix(str(scope.get("root_path", "")))
+        if path in self.uploads:
+            return max(self.max_body_bytes, self.max_upload_bytes + _FORM_OVERHEAD)
+        return self.max_body_bytes
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+    @staticmethod
+    def _too_large(limit: int) -> str:
+        return f"request body over {limit} bytes"
+
+    async def _read_body(self, scope: Scope, receive: Receive, limit: int) -> bytes | None:
         """The whole request body, or None when it is over the limit (413 without reading on)."""
         declared = _header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+        if declared is not None and declared.isdigit() and int(declared) > limit:
             return None
         chunks: list[bytes] = []
         size = 0
@@ -209,7 +225,7 @@ class RequestContextMiddleware:
                 break
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_body_bytes:
+            if size > limit:
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):

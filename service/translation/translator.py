@@ -543,7 +543,7 @@ class Translator:
         target, _ = self._prompts.languages_of(target_lang, source_lang)
         segmented = [segment(document, ignore, inline) for document in documents]
         runs = [s.parts[i] for s in segmented for i in s.texts]
-        outcomes = await self.translate_batch(runs, target_lang, source_lang, deadline=deadline)
+        outcomes = await self._in_batches(runs, target_lang, source_lang, deadline)
         await self._untangle(segmented, outcomes, target_lang, source_lang, deadline)
         results: list[Translation | ServiceError] = []
         position = 0
@@ -593,7 +593,7 @@ class Translator:
         if not redo:
             return
         pieces = [split.parts[i] for _, split in redo for i in split.texts]
-        again = await self.translate_batch(pieces, target_lang, source_lang, deadline=deadline)
+        again = await self._in_batches(pieces, target_lang, source_lang, deadline)
         start = 0
         for position, split in redo:
             mine = again[start : start + len(split.texts)]
@@ -611,6 +611,28 @@ class Translator:
                 input_tokens=whole.input_tokens + sum(t.input_tokens for t in done),
                 output_tokens=whole.output_tokens + sum(t.output_tokens for t in done),
             )
+
+    async def _in_batches(
+        self,
+        texts: Sequence[str],
+        target_lang: str,
+        source_lang: str | None,
+        deadline: float | None,
+    ) -> list[Translation | ServiceError]:
+        """``translate_batch`` for any number of texts (a document's runs): batches of the
+        largest size, all admitted at once."""
+        size = self._settings.max_batch_items
+        if len(texts) <= size:
+            return await self.translate_batch(texts, target_lang, source_lang, deadline=deadline)
+        batches = await asyncio.gather(
+            *(
+                self.translate_batch(
+                    texts[start : start + size], target_lang, source_lang, deadline=deadline
+                )
+                for start in range(0, len(texts), size)
+            )
+        )
+        return [outcome for batch in batches for outcome in batch]
 
     async def _keep_delimiters(
         self,
@@ -639,8 +661,8 @@ class Translator:
             for number, piece in enumerate(pieces)
             if piece.strip()
         ]
-        again = await self.translate_batch(
-            [core for _, _, core in cores], target_lang, source_lang, deadline=deadline
+        again = await self._in_batches(
+            [core for _, _, core in cores], target_lang, source_lang, deadline
         )
         translated: dict[tuple[int, int], Translation | ServiceError] = {
             (index, number): outcome

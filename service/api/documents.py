@@ -1,0 +1,166 @@
+"""Files over HTTP: DeepL's document API on the DeepL app (``POST /v2/document`` to upload,
+``/v2/document/{id}`` for the status, ``/v2/document/{id}/result`` for the one download) and
+LibreTranslate's ``/translate_file`` (which answers once the file is translated, with a link)
+and ``/download_file/...`` on the LibreTranslate app.
+
+The routes read the upload, authenticate and charge the caller, and hand the rest to
+``service.documents.service.Documents``; errors go through each dialect's own error shape.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from starlette.datastructures import UploadFile
+
+from service.api.context import RequestContext
+from service.api.params import Params, read_params
+from service.documents.jobs import Job
+from service.documents.service import Documents
+from service.errors import InvalidInput, NotFound
+from service.translation.languages import Language
+from service.translation.prompts import TranslationOptions
+
+ContextOf = Callable[[Request, Params], RequestContext]
+LanguageOf = Callable[[Params, str], Language | None]
+OptionsOf = Callable[
+    [Params, RequestContext, Language | None, Language], Awaitable[TranslationOptions]
+]
+
+
+async def read_upload(request: Request, name: str = "file") -> tuple[Params, str, bytes]:
+    """The form's fields, and the name and bytes of its file ``name`` (a multipart upload)."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "multipart/form-data":
+        raise InvalidInput(f"invalid request: send the document as multipart/form-data '{name}'")
+    params = await read_params(request)
+    form = await request.form()
+    upload = form.get(name)
+    if not isinstance(upload, UploadFile):
+        raise InvalidInput(f"invalid request: missing {name} parameter (the document)")
+    filename = params.get("filename") or upload.filename or ""
+    if not isinstance(filename, str) or not filename.strip():
+        raise InvalidInput("invalid request: the document has no file name")
+    return params, filename.strip(), await upload.read()
+
+
+def deepl_status(job: Job, now: float) -> dict[str, object]:
+    status: dict[str, object] = {"document_id": job.id, "status": job.state}
+    remaining = job.seconds_remaining(now)
+    if remaining is not None:
+        status["seconds_remaining"] = remaining
+    if job.state in ("done", "downloaded"):
+        status["billed_characters"] = job.characters
+    if job.state == "error":
+        status["error_message"] = job.error or "error"
+    return status
+
+
+def install_deepl_document_routes(
+    app: FastAPI,
+    documents: Documents,
+    context_of: ContextOf,
+    target_of: LanguageOf,
+    source_of: LanguageOf,
+    options_of: OptionsOf,
+) -> None:
+    def key_of(params: Params) -> str:
+        key = params.get("document_key")
+        if not isinstance(key, str) or not key:
+            raise InvalidInput("Parameter 'document_key' not specified.")
+        return key
+
+    async def upload(request: Request) -> JSONResponse:
+        params, filename, data = await read_upload(request)
+        context = context_of(request, params)
+        target = target_of(params, "target_lang")
+        if target is None:
+            raise InvalidInput("Parameter 'target_lang' not specified.")
+        source = source_of(params, "source_lang")
+        output_format = params.get("output_format")
+        if output_format and output_format.lower() != filename.rsplit(".", 1)[-1].lower():
+            raise InvalidInput("output_format: a document is translated into its own format")
+        options = await options_of(params, context, source, target)
+        job = await documents.upload(
+            context.owner,
+            filename,
+            data,
+            target.code,
+            source.code if source else None,
+            options,
+        )
+        context.charge(job.characters)
+        return JSONResponse({"document_id": job.id, "document_key": job.key})
+
+    app.add_api_route("/document", upload, methods=["POST"])
+
+    async def status(request: Request, document_id: str) -> JSONResponse:
+        params = await read_params(request)
+        context = context_of(request, params)
+        job = await documents.status(context.owner, document_id, key_of(params))
+        return JSONResponse(deepl_status(job, time.time()))
+
+    app.add_api_route("/document/{document_id}", status, methods=["POST", "GET"])
+
+    async def result(request: Request, document_id: str) -> Response:
+        params = await read_params(request)
+        context = context_of(request, params)
+        job, data = await documents.take(context.owner, document_id, key_of(params))
+        return _file(job, data, documents)
+
+    app.add_api_route("/document/{document_id}/result", result, methods=["POST", "GET"])
+
+
+def install_libretranslate_file_routes(
+    app: FastAPI, documents: Documents, context_of: ContextOf
+) -> None:
+    async def translate_file(request: Request) -> JSONResponse:
+        params, filename, data = await read_upload(request)
+        context = context_of(request, params)
+        target = params.get("target")
+        if not isinstance(target, str) or not target:
+            raise InvalidInput("Invalid request: missing target parameter")
+        source = params.get("source")
+        source_lang = None if not isinstance(source, str) or source == "auto" else source
+        job = await documents.upload(context.owner, filename, data, target, source_lang)
+        context.charge(job.characters)
+        # LibreTranslate answers once the file is translated.
+        job = await documents.wait(job)
+        if job.state != "done":
+            raise InvalidInput(f"Cannot translate file: {job.error or job.state}")
+        name = urllib.parse.quote(_translated_name(job))
+        link = request.url_for("download_file", token=f"{job.id}.{job.key}", name=name)
+        return JSONResponse({"translatedFileUrl": str(link)})
+
+    app.add_api_route("/translate_file", translate_file, methods=["POST"])
+
+    async def download_file(token: str, name: str) -> Response:
+        job_id, _, key = token.partition(".")
+        if not key:
+            raise NotFound("file not found")
+        job, data = await documents.take(None, job_id, key)
+        return _file(job, data, documents)
+
+    app.add_api_route(
+        "/download_file/{token}/{name}", download_file, methods=["GET"], name="download_file"
+    )
+
+
+def _translated_name(job: Job) -> str:
+    stem, dot, extension = job.filename.rpartition(".")
+    return (
+        f"{stem}_{job.target_lang}{dot}{extension}" if dot else f"{job.filename}_{job.target_lang}"
+    )
+
+
+def _file(job: Job, data: bytes, documents: Documents) -> Response:
+    quoted = urllib.parse.quote(_translated_name(job))
+    return Response(
+        data,
+        media_type=documents.media_type(job),
+        headers={"Content-Disposition": f"attachment; filename*=UTF-8''{quoted}"},
+    )
