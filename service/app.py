@@ -24,6 +24,7 @@ from service.api.errors import NATIVE, Dialect, install_error_handlers
 from service.api.libretranslate import LIBRETRANSLATE, create_libretranslate_app
 from service.api.middleware import NO_TELEMETRY, Door, RequestContextMiddleware
 from service.api.openai import OPENAI, create_openai_app
+from service.api.web import install_web_page
 from service.config import Settings
 from service.documents.jobs import JobStore
 from service.documents.service import Documents
@@ -122,6 +123,8 @@ def create_app(
     app.mount("/libretranslate", create_libretranslate_app(runtime, access, documents))
     app.mount("/v2", create_deepl_app(runtime, access, glossaries, documents))
     app.mount("/v1", create_openai_app(runtime, access))
+    if settings.web_page:
+        install_web_page(app)
     install_error_handlers(app)
     if settings.cors_origins:
         app.add_middleware(

@@ -205,6 +205,9 @@ class Settings(BaseSettings):
         description="Most characters of a text translated as a document (POST /translate, "
         "segment by segment; each segment takes one admitted place).",
     )
+    web_page: bool = Field(
+        True, description="Serve the web page for people at / (and its files under /static/)."
+    )
     max_file_bytes: int = Field(
         10 * 1024 * 1024,
         ge=1024,

@@ -102,7 +102,8 @@ async def translate(
         200: {
             "content": {"text/event-stream": {}},
             "description": 'Server-sent events: `piece` ({"text"}) as the text is generated, '
-            'then `done` (the POST /translate answer) or `error` ({"error": {code, message}}).',
+            "then `done` (the POST /translate answer, with `timing`: `queue_ms`, "
+            '`inference_ms`) or `error` ({"error": {code, message}}).',
         },
     },
 )
@@ -130,7 +131,12 @@ async def translate_stream(
             yield _event("error", {"error": {"code": error.code, "message": error.message}})
             return
         if isinstance(item, Translation):
-            yield _event("done", TranslationOut.of(item).model_dump())
+            done = TranslationOut.of(item).model_dump()
+            done["timing"] = {
+                "queue_ms": round(item.queue_s * 1000, 1),
+                "inference_ms": round(item.inference_s * 1000, 1),
+            }
+            yield _event("done", done)
 
     return StreamingResponse(
         events(),

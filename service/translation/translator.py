@@ -772,6 +772,12 @@ class Translator:
         """One translation as it is generated: pieces of text, then the ``Translation`` (whole
         text, usage, target check). Admitted as ``translate`` is; never cached or shared. Markup
         sent with numbered tags comes in one piece once its tags are restored."""
+        if len(text) > self._settings.max_text_chars:
+            async for part in self._stream_document(
+                text, target_lang, source_lang, deadline=deadline, options=options
+            ):
+                yield part
+            return
         if options.delimiter is not None:
             # Sent once its delimiters are checked (and the pieces redone where they were lost).
             done = await self.translate(
@@ -814,6 +820,114 @@ class Translator:
                     inference_s=item.inference_s,
                 )
         (checked,) = await self._check_targets([translation])
+        yield checked
+
+    async def _stream_document(
+        self,
+        text: str,
+        target_lang: str,
+        source_lang: str | None,
+        *,
+        deadline: float | None,
+        options: TranslationOptions,
+    ) -> AsyncIterator[str | Translation]:
+        """A long text streamed: its segments are generated at once, as in ``document``, and
+        the text goes out in document order, each segment's pieces as they are generated (the
+        glue between segments as it is). Never cached; leaving early cancels every segment."""
+        limit = self._settings.max_document_chars
+        if len(text) > limit:
+            raise TextTooLong(f"text: {len(text)} characters, at most {limit} for a document")
+        target, source = self._prompts.languages_of(target_lang, source_lang)
+        self._prompts.check(text[: self._settings.max_text_chars], "text")
+        document = await self._preparer.split(
+            text, min(_SEGMENT_CHARS, self._settings.max_text_chars)
+        )
+        segments = document.texts()
+        confidence = None
+        if source is None:
+            (detection,) = await self._preparer.detect([text[:_DETECT_CHARS]])
+            source, confidence = detection.language, detection.confidence
+        todo = [index for index, segment in enumerate(segments) if not verbatim(segment)]
+        chained = "context" in self.options and not options.asked()
+        streams: dict[int, asyncio.Queue[str | Scheduled | BaseException]] = {}
+        tasks: list[asyncio.Task[None]] = []
+
+        async def pump(
+            prepared: Prepared, out: asyncio.Queue[str | Scheduled | BaseException]
+        ) -> None:
+            try:
+                async for item in self._streamed(prepared, deadline, reservation):
+                    out.put_nowait(item)
+            except Exception as error:  # handed to the reader, in document order
+                out.put_nowait(error)
+
+        with self._admission.reserve(len(todo), deadline) as reservation:
+            prepared_all = [
+                item
+                for items in await asyncio.gather(
+                    *(
+                        self._preparer.prepare(
+                            [segments[i]],
+                            target,
+                            source,
+                            [f"text (segment {i + 1})"],
+                            self._chained(document, segments, i) if chained else options,
+                        )
+                        for i in todo
+                    )
+                )
+                for item in items
+            ]
+            for index, prepared in zip(todo, prepared_all, strict=True):
+                streams[index] = asyncio.Queue()
+                tasks.append(asyncio.ensure_future(pump(prepared, streams[index])))
+            try:
+                done: list[Translation] = []
+                texts = list(segments)
+                position = {part: n for n, part in enumerate(document.sentences)}
+                by_segment = dict(zip(todo, prepared_all, strict=True))
+                for part_index, part in enumerate(document.parts):
+                    segment = position.get(part_index)
+                    if segment is None or segment not in streams:
+                        yield part
+                        continue
+                    prepared = by_segment[segment]
+                    thoughts = ThoughtFilter() if self._settings.think_tags else None
+                    streamed = ""
+                    while True:
+                        got = await streams[segment].get()
+                        if isinstance(got, BaseException):
+                            raise got
+                        if isinstance(got, str):
+                            piece = got if thoughts is None else thoughts.feed(got)
+                            if piece and prepared.restore is None:
+                                streamed += piece
+                                yield piece
+                            continue
+                        answer = self._answer(prepared, got.result.text)
+                        if answer.startswith(streamed) and len(answer) > len(streamed):
+                            yield answer[len(streamed) :]
+                        texts[segment] = answer
+                        done.append(
+                            Translation(
+                                text=answer,
+                                source=source,
+                                target=target,
+                                detected_confidence=confidence,
+                                input_tokens=got.result.prompt_tokens,
+                                output_tokens=got.result.completion_tokens,
+                                cache="bypass",
+                                queue_s=got.queue_s,
+                                inference_s=got.inference_s,
+                            )
+                        )
+                        break
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        whole = _combined(document.join(texts), done, source, target, confidence)
+        (checked,) = await self._check_targets([whole])
         yield checked
 
     async def _streamed(

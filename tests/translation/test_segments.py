@@ -4,6 +4,7 @@ generates again only the segment that changed."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -109,3 +110,29 @@ async def test_a_long_text_is_translated_by_segment_and_cached_by_segment(
     )
     assert too_long.status_code == 422
     assert "for a document" in too_long.json()["error"]["message"]
+
+
+async def test_a_long_text_streams_segment_by_segment_in_document_order(
+    start_app: StartApp, fake: FakeControl
+) -> None:
+    client: ServiceClient = await start_app(loader=fake.loader(), max_text_chars=80)
+    text = "# Notes\n\n" + "\n".join(
+        f"- Item {n} has a first sentence. And a second one here." for n in range(5)
+    )
+    body = {"text": text, "target_lang": "de", "source_lang": "en"}
+    async with client.http.stream("POST", "/translate/stream", json=body) as response:
+        assert response.status_code == 200
+        events = [
+            (block.split("\n")[0].removeprefix("event: "), json.loads(block.split("data: ")[1]))
+            for block in (await response.aread()).decode().strip().split("\n\n")
+        ]
+    names = [name for name, _ in events]
+    assert names[-1] == "done"
+    assert names.count("piece") >= 6  # the heading, the items and the glue between them
+    streamed = "".join(data["text"] for name, data in events if name == "piece")
+    done = events[-1][1]
+    assert streamed == done["translation"]
+    whole = await client.http.post("/translate", json=body)
+    assert whole.json()["translation"] == streamed  # the same text as the whole answer
+    assert streamed.count("\n- ") == 5
+    assert done["usage"]["output_tokens"] > 0
