@@ -263,3 +263,35 @@ def test_each_client_has_its_own_bucket_and_cannot_pick_another(
             assert statuses(client, limited.url, spoof=True) == [200, 200, 200, 429]
     finally:
         proxy.stop()
+
+
+def test_the_page_is_revalidated_its_files_cached_and_uploads_pass(nginx: Process) -> None:
+    page = httpx.get(f"{nginx.url}/")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert page.headers["cache-control"] == "no-cache"
+    assert 'label for="text">Text to translate<' in page.text
+    first = httpx.get(f"{nginx.url}/static/app.js")
+    second = httpx.get(f"{nginx.url}/static/app.js")
+    assert first.status_code == second.status_code == 200
+    assert first.headers["cache-control"] == "public, max-age=3600"
+    assert second.headers["x-cache-status"] == "HIT"
+    assert httpx.get(f"{nginx.url}/static/missing.js").status_code == 404
+    # A 3 MB document passes nginx's upload location (1 MiB is the limit elsewhere); mostly
+    # blank, so its translation is two lines.
+    text = b"Hello.\n" + b"\n" * 3_000_000 + b"Goodbye.\n"
+    upload = httpx.post(
+        f"{nginx.url}/v2/document",
+        data={"target_lang": "DE"},
+        files={"file": ("long.txt", text)},
+        timeout=60,
+    )
+    assert upload.status_code == 200, upload.text
+    assert upload.json()["document_id"]
+    too_big = httpx.post(
+        f"{nginx.url}/v2/document",
+        data={"target_lang": "DE"},
+        files={"file": ("huge.txt", b"x" * (12 * 1024 * 1024))},
+        timeout=60,
+    )
+    assert too_big.status_code == 413

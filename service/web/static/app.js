@@ -111,11 +111,12 @@ async function translate() {
       signal: state.controller.signal,
     });
     if (!response.ok) { showError(await problem(response)); return; }
-    let first = null;
+    let first = null, pieces = 0;
     await readEvents(response, (name, data) => {
       if (name === "piece") {
         if (first === null) first = performance.now() - started;
         out.textContent += data.text;
+        out.dataset.pieces = String(++pieces);
       } else if (name === "done") {
         out.textContent = data.translation;
         if (body.source_lang === undefined && data.source_lang) {
