@@ -12,7 +12,8 @@
 # the process split's own cost, to an engine that answers at once), overload (queue bound 512: a
 # flood of 4,096 requests at once (QUEUE sets the bound) with /health polled, then goodput at RATE requests/s, default
 # 85 (twice the 41 requests/s the cb variant sustains), under a DEADLINE, default 5 s).
-# Each writes VARIANT.json and VARIANT.log. SERVICE_ENV="NAME=VALUE ..." adds settings to every
+# stream (loadtests.streaming: time to first token and to the full text of a 2,000-word document
+# through POST /translate/stream). Each writes VARIANT.json and VARIANT.log. SERVICE_ENV="NAME=VALUE ..." adds settings to every
 # service the bench variants start.
 set -uo pipefail
 out=${OUT:?set OUT}; work=${WORK:-/tmp/hymt-bench}; mkdir -p "$work" "$out"
@@ -30,6 +31,12 @@ for variant in "$@"; do
       > "$work/$variant.out" 2>&1
     echo "exit $?"; cat "$work/$variant.json" 2>/dev/null || tail -c 3000 "$work/$variant.out"
     cp "$work/$variant.json" "$out/" 2>/dev/null; continue
+  fi
+  if [ "$variant" = stream ]; then  # loadtests.streaming: a 2,000-word document streamed
+    timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.streaming --label stream \
+      "${common[@]}" --env HYMT_ENGINE=continuous > "$work/stream.out" 2>&1
+    echo "exit $?"; cat "$work/stream.json" 2>/dev/null || tail -c 3000 "$work/stream.out"
+    cp "$work/stream.json" "$out/" 2>/dev/null; continue
   fi
   if [ "$variant" = ipc ]; then
     timeout 120 python3 -m loadtests.ipc --report "$work/ipc.json" > "$work/ipc.out" 2>&1
