@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             report["document_stream"] = runs
             for key in ("first_token_s", "full_text_s"):
                 values = [run[key] for run in runs]
-                report[f"document_{key}_p50"] = round(percentile(values, 50), 4)
+                report[f"document_{key}_p50"] = round(percentile(values, 0.5), 4)
                 report[f"document_{key}_max"] = round(max(values), 4)
             whole = []
             for n in range(max(1, args.repeats // 2)):
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             ]
             report["sentence_stream"] = lone
             report["sentence_first_token_s_p50"] = round(
-                percentile([run["first_token_s"] for run in lone], 50), 4
+                percentile([run["first_token_s"] for run in lone], 0.5), 4
             )
             path.write_text(json.dumps(report, indent=2))
     finally:
