@@ -37,15 +37,20 @@ async def read_upload(request: Request, name: str = "file") -> tuple[Params, str
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != "multipart/form-data":
         raise InvalidInput(f"invalid request: send the document as multipart/form-data '{name}'")
-    params = await read_params(request)
-    form = await request.form()
+    try:
+        form = await request.form()
+    except Exception:  # python-multipart raises several types for malformed bodies
+        raise InvalidInput("invalid request: the form body cannot be parsed") from None
     upload = form.get(name)
-    if not isinstance(upload, UploadFile):
+    data = await upload.read() if isinstance(upload, UploadFile) else None
+    uploaded_name = upload.filename if isinstance(upload, UploadFile) else None
+    params = await read_params(request)  # closes the form's files
+    if data is None:
         raise InvalidInput(f"invalid request: missing {name} parameter (the document)")
-    filename = params.get("filename") or upload.filename or ""
+    filename = params.get("filename") or uploaded_name or ""
     if not isinstance(filename, str) or not filename.strip():
         raise InvalidInput("invalid request: the document has no file name")
-    return params, filename.strip(), await upload.read()
+    return params, filename.strip(), data
 
 
 def deepl_status(job: Job, now: float) -> dict[str, object]:

@@ -38,6 +38,9 @@ async def read_params(request: Request) -> Params:
         for key in form:
             values = [value for value in form.getlist(key) if isinstance(value, str)]
             params[key] = values if len(values) > 1 else (values[0] if values else "")
+        # Uploaded files are spooled to temporary files: closed here, whoever reads the form
+        # (a route that wants a file reads it first: ``service.api.documents.read_upload``).
+        await form.close()
         return params
     body = await request.body()
     if not body:

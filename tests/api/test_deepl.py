@@ -4,6 +4,8 @@ left alone, unknown routes in DeepL's shape."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.conftest import ServiceClient, StartApp
@@ -215,3 +217,43 @@ async def test_inline_tags_do_not_split_a_sentence(
     )
     assert split.status_code == 200, split.text
     assert fake.items_seen - before == 3
+
+
+async def test_a_document_is_uploaded_polled_and_downloaded_once(keyed: ServiceClient) -> None:
+    auth = KEY
+    srt = "1\n00:00:01,000 --> 00:00:02,000\nHello there.\n"
+    upload = await keyed.http.post(
+        "/v2/document",
+        data={"target_lang": "DE"},
+        files={"file": ("talk.srt", srt.encode())},
+        headers=auth,
+    )
+    assert upload.status_code == 200, upload.text
+    job = upload.json()
+    key = {"document_key": job["document_key"]}
+    for _ in range(200):
+        status = await keyed.http.post(f"/v2/document/{job['document_id']}", json=key, headers=auth)
+        if status.json()["status"] == "done":
+            break
+        await asyncio.sleep(0.02)
+    assert status.json() == {
+        "document_id": job["document_id"],
+        "status": "done",
+        "billed_characters": len("Hello there."),
+    }
+    result = await keyed.http.post(
+        f"/v2/document/{job['document_id']}/result", json=key, headers=auth
+    )
+    assert result.status_code == 200
+    assert result.text.startswith("1\n00:00:01,000 --> 00:00:02,000\nout:")  # the fake's answer
+    again = await keyed.http.post(
+        f"/v2/document/{job['document_id']}/result", json=key, headers=auth
+    )
+    assert again.status_code == 404
+    assert "once" in again.json()["message"]
+    missing = await keyed.http.post("/v2/document", data={"target_lang": "DE"}, headers=auth)
+    assert missing.status_code == 400
+    assert "multipart" in missing.json()["message"]
+    no_key = await keyed.http.post(f"/v2/document/{job['document_id']}", json={}, headers=auth)
+    assert no_key.status_code == 400
+    assert no_key.json() == {"message": "Parameter 'document_key' not specified."}

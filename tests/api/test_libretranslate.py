@@ -41,20 +41,29 @@ async def test_the_codes_current_libretranslate_advertises_are_accepted(
     assert response.status_code == 200, response.text
 
 
-async def test_probe_spec_and_disabled_features(service: ServiceClient) -> None:
+async def test_probe_spec_files_and_disabled_features(service: ServiceClient) -> None:
     http = service.http
     health = await http.get("/libretranslate/health")
     assert (health.status_code, health.json()) == (200, {"status": "ok"})
     spec = await http.get("/libretranslate/spec")
     assert "/translate" in spec.json()["paths"]
+    # Files are served (tests/deploy/test_documents.py); without a file: 400 in its shape.
     files = await http.post("/libretranslate/translate_file", data={"source": "en"})
-    assert files.status_code == 403
-    assert files.json() == {"error": "Files translation are disabled on this server."}
+    assert files.status_code == 400
+    assert "multipart" in files.json()["error"]
+    upload = await http.post(
+        "/libretranslate/translate_file",
+        data={"source": "en", "target": "de"},
+        files={"other": ("a.txt", b"Hi")},
+    )
+    assert upload.status_code == 400
+    assert "missing file" in upload.json()["error"]
     suggest = await http.post("/libretranslate/suggest", json={"q": "a", "s": "b"})
     assert suggest.status_code == 403
     assert suggest.json() == {"error": "Suggestions are disabled on this server."}
     settings = (await http.get("/libretranslate/frontend/settings")).json()
-    assert settings["filesTranslation"] is False
+    assert settings["filesTranslation"] is True
+    assert ".docx" in settings["supportedFilesFormat"]
     assert settings["suggestions"] is False
     missing = await http.get("/libretranslate/nope")
     assert (missing.status_code, missing.json()) == (404, {"error": "Not found"})
