@@ -54,12 +54,14 @@ class JsonFormatter(logging.Formatter):
         self._stamp = (-1, "")
 
     def _time(self, created: float) -> str:
+        """RFC 3339 in UTC with milliseconds (``2026-12-01T23:09:35.123Z``): unambiguous across
+        hosts and time zones, and fine enough to order a request's lines."""
         second = int(created)
         cached, text = self._stamp
         if second != cached:
-            text = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(second))
+            text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
             self._stamp = (second, text)
-        return text
+        return f"{text}.{int((created - second) * 1000):03d}Z"
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
