@@ -4,7 +4,9 @@ Keys come from ``HYMT_API_KEYS`` and/or a file (one per line, ``#`` comments), a
 constant time against every configured key, and never appear in logs: a client is known by a
 short hash of its key (or by its address when no keys are configured). Rates and quotas use the
 ``limits`` library's sliding-window counters, per client, so one client's burst spends only its
-own allowance.
+own allowance. With Redis (``service.shared``) the counters are shared by every replica and API
+process, so a client spread over them gets exactly its allowance; while Redis is away each
+process counts on its own (the allowance is then per process), and shares again when it is back.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ import time
 from dataclasses import dataclass
 
 from limits import RateLimitItem, parse
-from limits.storage import MemoryStorage
+from limits.errors import StorageError
+from limits.storage import MemoryStorage, RedisStorage
 from limits.strategies import SlidingWindowCounterRateLimiter
+from limits.util import WindowStats
 
 from service.errors import Forbidden, QuotaExceeded, RateLimited, Unauthenticated
+from service.shared import Redis
 
 # The bound of the counting window when no quota is set: never reached.
 _UNLIMITED = 10**15
@@ -42,9 +47,23 @@ class Client:
 
 
 class AccessControl:
-    def __init__(self, settings: AccessConfig) -> None:
+    def __init__(self, settings: AccessConfig, redis: Redis | None = None) -> None:
         self._keys = [key.encode() for key in settings.api_keys]
         self._limiter = SlidingWindowCounterRateLimiter(MemoryStorage())
+        self._redis = redis
+        self._shared = (
+            SlidingWindowCounterRateLimiter(
+                RedisStorage(
+                    redis.url,
+                    wrap_exceptions=True,
+                    key_prefix=f"{redis.config.prefix}limits",
+                    socket_timeout=redis.timeout_s,
+                    socket_connect_timeout=redis.timeout_s,
+                )
+            )
+            if redis is not None
+            else None
+        )
         self._rate: RateLimitItem | None = (
             parse(settings.rate_limit) if settings.rate_limit else None
         )
@@ -86,19 +105,43 @@ class AccessControl:
         if self._chars is not None:
             self._spend(self._chars, client, characters, "character quota")
         else:
-            self._limiter.hit(self._usage, client.identity, cost=characters)
+            self._hit(self._usage, client, characters)
 
     def character_usage(self, client: Client) -> tuple[int, int | None]:
         """Characters used in the current window (the quota's, else a month) and the quota
         (None: unlimited)."""
-        stats = self._limiter.get_window_stats(self._usage, client.identity)
+        stats = self._stats(self._usage, client)
         used = self._usage.amount - stats.remaining
         return used, self._chars.amount if self._chars is not None else None
 
+    def _hit(self, item: RateLimitItem, client: Client, cost: int) -> bool:
+        """Spend ``cost`` of ``item`` in the shared counters, or the local ones while Redis
+        is away."""
+        if self._shared is not None and self._redis is not None and self._redis.usable():
+            try:
+                allowed = self._shared.hit(item, client.identity, cost=cost)
+            except StorageError as error:
+                self._redis.failed(error)
+            else:
+                self._redis.succeeded()
+                return allowed
+        return self._limiter.hit(item, client.identity, cost=cost)
+
+    def _stats(self, item: RateLimitItem, client: Client) -> WindowStats:
+        if self._shared is not None and self._redis is not None and self._redis.usable():
+            try:
+                stats = self._shared.get_window_stats(item, client.identity)
+            except StorageError as error:
+                self._redis.failed(error)
+            else:
+                self._redis.succeeded()
+                return stats
+        return self._limiter.get_window_stats(item, client.identity)
+
     def _spend(self, item: RateLimitItem, client: Client, cost: int, what: str) -> None:
-        if self._limiter.hit(item, client.identity, cost=cost):
+        if self._hit(item, client, cost):
             return
-        reset = self._limiter.get_window_stats(item, client.identity).reset_time
+        reset = self._stats(item, client).reset_time
         error = QuotaExceeded if item is self._chars else RateLimited
         raise error(
             f"{what} of {item} spent for this client",

@@ -33,6 +33,7 @@ from service.engine.protocol import Peer
 from service.glossaries import GlossaryStore
 from service.metrics import Metrics
 from service.runtime import Runtime
+from service.shared import Redis
 
 
 def create_app(
@@ -59,11 +60,13 @@ def create_app(
     ``on_serving`` is called once the app first serves; a follower awaits ``before_listening``
     (after it serves itself) before uvicorn listens.
     """
+    metrics = metrics or Metrics()
+    redis = Redis(settings.redis_config(), metrics) if settings.redis_url else None
     runtime = Runtime(
         settings.engine_config(),
         settings.policy_config(),
         settings.translation_config(),
-        metrics or Metrics(),
+        metrics,
         loader,
         workers=settings.preparation_workers,
         on_fatal=on_fatal,
@@ -71,6 +74,7 @@ def create_app(
         followers=followers,
         follow=follow,
         before_engine_stop=before_engine_stop,
+        redis=redis,
     )
 
     async def announce() -> None:
@@ -107,7 +111,7 @@ def create_app(
         lifespan=lifespan,
         telemetry=NO_TELEMETRY,
     )
-    access = AccessControl(settings.access_config())
+    access = AccessControl(settings.access_config(), redis)
     glossaries = GlossaryStore(settings.data_dir / "glossaries.sqlite3")
     app.state.glossaries = glossaries
     documents = Documents(

@@ -26,6 +26,7 @@ from service.documents.service import DocumentsConfig
 from service.engine.config import BatchingConfig, ContinuousConfig, EngineConfig
 from service.engine.types import Decoding
 from service.policy.config import PolicyConfig
+from service.shared import RedisConfig
 from service.translation.families import ModelSpec, resolve_model
 from service.translation.translator import TranslationConfig
 
@@ -204,6 +205,11 @@ class Settings(BaseSettings):
         ge=1,
         description="Most characters of a text translated as a document (POST /translate, "
         "segment by segment; each segment takes one admitted place).",
+    )
+    redis_url: str | None = Field(
+        None,
+        description="Shared state of several replicas (redis://host:6379/0): rate limits, "
+        "character quotas and a second-level result cache. Unset: each process has its own.",
     )
     web_page: bool = Field(
         True, description="Serve the web page for people at / (and its files under /static/)."
@@ -405,10 +411,10 @@ class Settings(BaseSettings):
     def _check_api_processes(self) -> Settings:
         if self.api_processes == 1:
             return self
-        if self.rate_limit is not None or self.char_quota is not None:
+        if (self.rate_limit is not None or self.char_quota is not None) and not self.redis_url:
             # Each process would count on its own: a client would get api_processes times
             # the limit it was given.
-            raise ValueError("rate_limit and char_quota need api_processes=1")
+            raise ValueError("rate_limit and char_quota need api_processes=1 or redis_url")
         if not hasattr(socket, "SO_REUSEPORT"):
             raise ValueError("api_processes > 1 needs SO_REUSEPORT (Linux, BSD, macOS)")
         if self.max_queue_size < self.api_processes:
@@ -536,6 +542,9 @@ class Settings(BaseSettings):
             max_document_chars=self.max_document_chars,
             think_tags=self.model_spec().chat_format == "hy-v3",
         )
+
+    def redis_config(self) -> RedisConfig:
+        return RedisConfig(url=self.redis_url, cache_ttl_s=self.cache_ttl_s)
 
     def documents_config(self) -> DocumentsConfig:
         return DocumentsConfig(

@@ -207,6 +207,18 @@ class Metrics:
             registry=r,
         )
         self._model_labels: tuple[str, ...] | None = None
+        self.redis_up = Gauge(
+            f"{PREFIX}_redis_up",
+            "1 while the shared state (HYMT_REDIS_URL) answers, 0 while the service uses local "
+            "limits and cache instead; absent without Redis.",
+            multiprocess_mode="livemin",
+            registry=r,
+        )
+        self.shared_cache_hits = Counter(
+            f"{PREFIX}_shared_cache_hits_total",
+            "Translations found in the shared (Redis) cache after a miss in this process's own.",
+            registry=r,
+        )
         self.ready = Gauge(
             f"{PREFIX}_ready",
             "1 when the model is loaded, warm and serving.",

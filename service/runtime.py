@@ -14,6 +14,7 @@ whatever is left is answered 503 at once. ``stop`` then stops the engine process
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,8 +31,9 @@ from service.policy.config import PolicyConfig
 from service.policy.dispatch import Dispatcher
 from service.policy.following import FollowingSupervisor, Supervision
 from service.policy.supervisor import EngineState, EngineSupervisor
+from service.shared import Redis, SharedCache
 from service.stalls import StallMonitor
-from service.translation.cache import ResultCache
+from service.translation.cache import ResultCache, SecondLevel
 from service.translation.languages import LanguageTable
 from service.translation.preparation import Preparer
 from service.translation.translator import PromptBuilder, TranslationConfig, Translator
@@ -56,8 +58,10 @@ class Runtime:
         follow: Peer | None = None,
         followers: Sequence[Peer] = (),
         before_engine_stop: Callable[[], Awaitable[None]] | None = None,
+        redis: Redis | None = None,
     ) -> None:
-        """``followers``: the sockets of follower API processes the engine serves as well;
+        """``redis``: the replicas' shared state (a cache behind this process's own);
+        ``followers``: the sockets of follower API processes the engine serves as well;
         ``follow``: this API process is one of them, reaching the leader's engine over these
         sockets (``service.policy.following``)."""
         self.policy = policy
@@ -73,8 +77,14 @@ class Runtime:
         self._tune_collector = tune_gc
         self._preparer: Preparer | None = None
         self._translator: Translator | None = None
+        self.redis = redis
+        shared: SecondLevel[GenerationResult] | None = (
+            SharedCache(redis, dataclasses.asdict, _result_of, "result")
+            if redis is not None and translation.cache_size > 0
+            else None
+        )
         self._cache: ResultCache[GenerationResult] = ResultCache(
-            translation.cache_size, translation.cache_ttl_s
+            translation.cache_size, translation.cache_ttl_s, second=shared
         )
         self.supervisor: Supervision
         if follow is None:
@@ -218,3 +228,11 @@ class Runtime:
         if self._preparer is not None:
             self._preparer.close()
         await self._stalls.stop()
+        if self.redis is not None:
+            await self.redis.close()
+
+
+def _result_of(value: object) -> GenerationResult:
+    """A ``GenerationResult`` back from the shared cache's JSON."""
+    assert isinstance(value, dict)
+    return GenerationResult(**value)

@@ -39,6 +39,11 @@ def test_several_api_processes_refuse_limits_each_would_count_alone() -> None:
         Settings(_env_file=None, api_processes=4, rate_limit="10/minute")
     with pytest.raises(ValidationError, match="rate_limit and char_quota"):
         Settings(_env_file=None, api_processes=2, char_quota="1000/hour")
+    # With Redis the processes count together.
+    shared = Settings(
+        _env_file=None, api_processes=2, char_quota="1000/hour", redis_url="redis://x:6379/0"
+    )
+    assert shared.redis_config().url == "redis://x:6379/0"
     policy = Settings(_env_file=None, api_processes=4, max_queue_size=512).policy_config()
     assert (policy.max_in_flight, policy.processes) == (512, 4)
 

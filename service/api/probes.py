@@ -36,6 +36,7 @@ async def health(runtime: RuntimeDep) -> HealthOut | JSONResponse:
         attention=info.attention if info else None,
         compiled_norms=info.compiled_norms if info else None,
         in_flight=runtime.in_flight,
+        shared_state=None if runtime.redis is None else ("up" if runtime.redis.up else "down"),
     )
 
 

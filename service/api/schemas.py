@@ -212,3 +212,8 @@ class HealthOut(BaseModel):
     attention: str | None = None
     compiled_norms: int | None = None
     in_flight: int = Field(0, description="Texts admitted and not yet answered.")
+    shared_state: str | None = Field(
+        None,
+        description="With HYMT_REDIS_URL: up, or down while limits and cache are local "
+        "(the service keeps translating).",
+    )
