@@ -56,9 +56,8 @@ def cluster(data_dir: Path, tmp_path: Path) -> Iterator[tuple[list[Process], Pro
         "HYMT_CHAR_QUOTA": "300/hour",
     }
     replicas = [start_service(data_dir, tmp_path / f"replica{n}.log", **env) for n in range(2)]
-    upstream = " max_fails=0;\n        server ".join(
-        r.url.removeprefix("http://") for r in replicas
-    )
+    addresses = [replica.url.removeprefix("http://") for replica in replicas]
+    upstream = " max_fails=3 fail_timeout=10s;\n        server ".join(addresses)
     nginx = start_nginx(upstream, tmp_path / "nginx")
     try:
         yield replicas, nginx, redis_port
