@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import yaml
 from compose_spec import PyCompose
 
 from service.metrics import Metrics
@@ -93,3 +94,30 @@ def test_grafana_provisioning_points_at_the_dashboard_folder() -> None:
     assert folder is not None
     assert f"./grafana/dashboards:{folder.group(1)}" in compose
     assert Path(DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yaml").is_file()
+
+
+def test_the_replicas_override_adds_a_replica_on_its_own_gpu_and_redis() -> None:
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    # docker compose's merge tags: the value itself, replacing what is inherited.
+    _Loader.add_constructor("!override", _Loader.construct_mapping)  # type: ignore[type-var]
+    text = (DEPLOY / "compose.replicas.yaml").read_text("utf-8")
+    override = yaml.load(text, Loader=_Loader)  # a safe loader with one tag more
+    services = override["services"]
+    assert set(services) == {"api", "api-1", "nginx", "redis"}
+    replica = services["api-1"]
+    assert replica["extends"] == {"file": "compose.yaml", "service": "api"}
+    assert "!override" in text.split("api-1:")[1].split("nginx:")[0]
+    devices = replica["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [
+        {"driver": "nvidia", "device_ids": ["${GPU_ID_1:-1}"], "capabilities": ["gpu"]}
+    ]
+    assert replica["networks"]["default"]["aliases"] == ["api"]  # nginx's `server api:8000`
+    for name in ("api", "api-1"):
+        assert services[name]["environment"]["HYMT_REDIS_URL"] == "redis://redis:6379/0"
+    assert set(services["nginx"]["depends_on"]) == {"api", "api-1"}
+    used = {name for name, _ in _VARIABLE.findall(text)}
+    assert used <= set(env_example())
+    # The base file it extends is unchanged and still valid.
+    assert "api" in interpolated_compose()["services"]  # type: ignore[operator]
