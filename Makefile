@@ -36,15 +36,15 @@ lint: dev
 typecheck: dev
 	$(BIN)/mypy
 
-# The deployment tests run the real nginx and Prometheus (Debian packages) on loopback, and the
-# Node clients (deepl-node, translate) with Node.js.
+# The deployment tests run the real nginx, Prometheus, Redis and a headless Chromium (Debian
+# packages) on loopback, and the Node clients (deepl-node, translate) with Node.js.
 system-deps:
 	@missing=""; \
 	command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$$missing nginx-light"; \
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	command -v node >/dev/null || missing="$$missing nodejs"; \
 	command -v npm >/dev/null || missing="$$missing npm"; \
-	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v chromium >/dev/null || missing="$$missing chromium fonts-liberation"; \
 	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	if [ -n "$$missing" ]; then \
