@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import csv
 import io
-import sqlite3
-import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from service.errors import InvalidInput, NotFound
+from service.sqlite import Database
 
 # DeepL's limit on a glossary's entries (10 MB); a term longer than this is not a term.
 MAX_ENTRIES_BYTES = 10 * 1024 * 1024
@@ -100,26 +97,7 @@ class GlossaryStore:
     """The glossaries of one service, in one SQLite file."""
 
     def __init__(self, path: Path) -> None:
-        self._path = path
-        self._lock = threading.Lock()
-        self._connection: sqlite3.Connection | None = None
-
-    def _connect(self) -> sqlite3.Connection:
-        if self._connection is None:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            connection = sqlite3.connect(self._path, check_same_thread=False, timeout=10)
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute("PRAGMA foreign_keys=ON")
-            connection.executescript(_SCHEMA)
-            self._connection = connection
-        return self._connection
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            connection = self._connect()
-            with connection:
-                yield connection
+        self._db = Database(path, _SCHEMA)
 
     def create(
         self,
@@ -134,7 +112,7 @@ class GlossaryStore:
         glossary = Glossary(
             str(uuid.uuid4()), name, source_lang, target_lang, time.time(), len(entries)
         )
-        with self._transaction() as db:
+        with self._db.transaction() as db:
             db.execute(
                 "INSERT INTO glossaries VALUES (?, ?, ?, ?, ?, ?)",
                 (glossary.id, owner, name, source_lang, target_lang, glossary.created),
@@ -146,7 +124,7 @@ class GlossaryStore:
         return glossary
 
     def owned(self, owner: str) -> list[Glossary]:
-        with self._transaction() as db:
+        with self._db.transaction() as db:
             rows = db.execute(
                 "SELECT g.id, g.name, g.source_lang, g.target_lang, g.created, "
                 "(SELECT COUNT(*) FROM entries e WHERE e.glossary = g.id) "
@@ -156,7 +134,7 @@ class GlossaryStore:
         return [Glossary(*row) for row in rows]
 
     def get(self, owner: str, glossary_id: str) -> Glossary:
-        with self._transaction() as db:
+        with self._db.transaction() as db:
             row = db.execute(
                 "SELECT g.id, g.name, g.source_lang, g.target_lang, g.created, "
                 "(SELECT COUNT(*) FROM entries e WHERE e.glossary = g.id) "
@@ -170,7 +148,7 @@ class GlossaryStore:
     def lookup(self, owner: str, glossary_id: str) -> tuple[Glossary, list[tuple[str, str]]]:
         """The glossary and its entries, in one transaction."""
         glossary = self.get(owner, glossary_id)
-        with self._transaction() as db:
+        with self._db.transaction() as db:
             rows = db.execute(
                 "SELECT source, target FROM entries WHERE glossary = ? ORDER BY position",
                 (glossary_id,),
@@ -178,7 +156,7 @@ class GlossaryStore:
         return glossary, [(source, target) for source, target in rows]
 
     def delete(self, owner: str, glossary_id: str) -> None:
-        with self._transaction() as db:
+        with self._db.transaction() as db:
             deleted = db.execute(
                 "DELETE FROM glossaries WHERE owner = ? AND id = ?", (owner, glossary_id)
             ).rowcount
@@ -186,7 +164,4 @@ class GlossaryStore:
             raise NotFound("Glossary not found")
 
     def close(self) -> None:
-        with self._lock:
-            if self._connection is not None:
-                self._connection.close()
-                self._connection = None
+        self._db.close()

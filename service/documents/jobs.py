@@ -17,17 +17,14 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import sqlite3
-import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from service.errors import NotFound, TooManyDocuments
+from service.sqlite import Database
 
 JobState = Literal["queued", "translating", "done", "error", "downloaded"]
 # A running job's heartbeat is refreshed this often; one older than HEARTBEAT_LOST_S is dead.
@@ -100,26 +97,7 @@ class JobStore:
     def __init__(self, folder: Path, limits: JobLimits | None = None) -> None:
         self._folder = folder
         self._limits = limits or JobLimits()
-        self._lock = threading.Lock()
-        self._connection: sqlite3.Connection | None = None
-
-    def _connect(self) -> sqlite3.Connection:
-        if self._connection is None:
-            self._folder.mkdir(parents=True, exist_ok=True)
-            connection = sqlite3.connect(
-                self._folder / "jobs.sqlite3", check_same_thread=False, timeout=10
-            )
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.executescript(_SCHEMA)
-            self._connection = connection
-        return self._connection
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            connection = self._connect()
-            with connection:
-                yield connection
+        self._db = Database(self._folder / "jobs.sqlite3", _SCHEMA)
 
     def _files(self, job_id: str) -> Path:
         return self._folder / job_id
@@ -165,7 +143,7 @@ class JobStore:
         folder = self._files(job.id)
         folder.mkdir(parents=True)
         self.source_path(job).write_bytes(data)
-        with self._transaction() as db:
+        with self._db.transaction() as db:
             (held,) = db.execute(
                 "SELECT COUNT(*) FROM jobs WHERE owner = ? AND state != 'downloaded'", (owner,)
             ).fetchone()
@@ -188,7 +166,7 @@ class JobStore:
         stopped is failed here, whoever reads it."""
         if owner is None and key is None:
             raise NotFound("Document not found")
-        with self._transaction() as db:
+        with self._db.transaction() as db:
             row = db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if (
             row is None
@@ -207,7 +185,7 @@ class JobStore:
 
     def start(self, job_id: str) -> None:
         now = time.time()
-        with self._transaction() as db:
+        with self._db.transaction() as db:
             db.execute(
                 "UPDATE jobs SET state = 'translating', started = ?, heartbeat = ? WHERE id = ?",
                 (now, now, job_id),
@@ -215,14 +193,14 @@ class JobStore:
 
     def beat(self, job_ids: list[str]) -> None:
         """The running jobs' heartbeat."""
-        with self._transaction() as db:
+        with self._db.transaction() as db:
             db.executemany(
                 "UPDATE jobs SET heartbeat = ? WHERE id = ? AND state IN ('queued', 'translating')",
                 [(time.time(), job_id) for job_id in job_ids],
             )
 
     def progress(self, job_id: str, done_characters: int) -> None:
-        with self._transaction() as db:
+        with self._db.transaction() as db:
             db.execute(
                 "UPDATE jobs SET done_characters = ?, heartbeat = ? WHERE id = ?",
                 (done_characters, time.time(), job_id),
@@ -236,14 +214,14 @@ class JobStore:
         with partial.open("rb") as written:
             os.fsync(written.fileno())
         partial.replace(final)
-        with self._transaction() as db:
+        with self._db.transaction() as db:
             db.execute(
                 "UPDATE jobs SET state = 'done', done_characters = characters WHERE id = ?",
                 (job.id,),
             )
 
     def fail(self, job_id: str, message: str) -> None:
-        with self._transaction() as db:
+        with self._db.transaction() as db:
             db.execute(
                 "UPDATE jobs SET state = 'error', error = ? WHERE id = ? "
                 "AND state IN ('queued', 'translating')",
@@ -253,7 +231,7 @@ class JobStore:
     def fail_unfinished(self, message: str) -> int:
         """Every queued or translating job failed: for a service starting, whose processes
         run none of them yet. The number failed."""
-        with self._transaction() as db:
+        with self._db.transaction() as db:
             return db.execute(
                 "UPDATE jobs SET state = 'error', error = ? "
                 "WHERE state IN ('queued', 'translating')",
@@ -269,7 +247,7 @@ class JobStore:
             raise NotFound("Document already downloaded: a result is served once")
         if job.state != "done":
             raise NotFound(f"Document not ready: its translation is {job.state}")
-        with self._transaction() as db:
+        with self._db.transaction() as db:
             taken = db.execute(
                 "UPDATE jobs SET state = 'downloaded' WHERE id = ? AND state = 'done'", (job.id,)
             ).rowcount
@@ -281,7 +259,7 @@ class JobStore:
 
     def purge(self) -> None:
         """Expired jobs removed with their files."""
-        with self._transaction() as db:
+        with self._db.transaction() as db:
             expired = [
                 row[0]
                 for row in db.execute("SELECT id FROM jobs WHERE expires < ?", (time.time(),))
@@ -291,7 +269,4 @@ class JobStore:
             shutil.rmtree(self._files(job_id), ignore_errors=True)
 
     def close(self) -> None:
-        with self._lock:
-            if self._connection is not None:
-                self._connection.close()
-                self._connection = None
+        self._db.close()

@@ -376,44 +376,11 @@ class Translator:
         context template and no other option is asked, each segment gets the one before it in
         its paragraph as context. Each segment is cached on its own. A failed segment fails
         the document."""
-        limit = self._settings.max_document_chars
-        if len(text) > limit:
-            raise TextTooLong(f"text: {len(text)} characters, at most {limit} for a document")
-        target, source = self._prompts.languages_of(target_lang, source_lang)
-        self._prompts.check(text[: self._settings.max_text_chars], "text")
-        document = await self._preparer.split(
-            text, min(_SEGMENT_CHARS, self._settings.max_text_chars)
-        )
-        segments = document.texts()
-        confidence = None
-        if source is None:
-            (detection,) = await self._preparer.detect([text[:_DETECT_CHARS]])
-            source, confidence = detection.language, detection.confidence
-        todo = [index for index, segment in enumerate(segments) if not verbatim(segment)]
-        chained = "context" in self.options and not options.asked()
+        split = await self._split(text, target_lang, source_lang)
+        document, segments, todo = split.document, split.segments, split.todo
+        target, source, confidence = split.target, split.source, split.confidence
         with self._admission.reserve(len(todo), deadline) as reservation:
-            if chained:
-                prepared = [
-                    item
-                    for items in await asyncio.gather(
-                        *(
-                            self._preparer.prepare(
-                                [segments[i]],
-                                target,
-                                source,
-                                [f"text (segment {i + 1})"],
-                                self._chained(document, segments, i),
-                            )
-                            for i in todo
-                        )
-                    )
-                    for item in items
-                ]
-            else:
-                fields = [f"text (segment {i + 1})" for i in todo]
-                prepared = await self._preparer.prepare(
-                    [segments[i] for i in todo], target, source, fields, options
-                )
+            prepared = await self._prepare_segments(split, options)
             outcomes = await asyncio.gather(
                 *(self._run(item, target, deadline, reservation) for item in prepared),
                 return_exceptions=True,
@@ -429,6 +396,47 @@ class Translator:
         whole = _combined(document.join(texts), done, source, target, confidence)
         (checked,) = await self._check_targets([whole])
         return checked
+
+    async def _split(self, text: str, target_lang: str, source_lang: str | None) -> _Split:
+        """A long text checked, cut into segments (in the worker pool) and its source language
+        detected once for the whole text."""
+        limit = self._settings.max_document_chars
+        if len(text) > limit:
+            raise TextTooLong(f"text: {len(text)} characters, at most {limit} for a document")
+        target, source = self._prompts.languages_of(target_lang, source_lang)
+        self._prompts.check(text[: self._settings.max_text_chars], "text")
+        document = await self._preparer.split(
+            text, min(_SEGMENT_CHARS, self._settings.max_text_chars)
+        )
+        segments = document.texts()
+        confidence = None
+        if source is None:
+            (detection,) = await self._preparer.detect([text[:_DETECT_CHARS]])
+            source, confidence = detection.language, detection.confidence
+        todo = [index for index, segment in enumerate(segments) if not verbatim(segment)]
+        return _Split(document, segments, todo, target, source, confidence)
+
+    async def _prepare_segments(self, split: _Split, options: TranslationOptions) -> list[Prepared]:
+        """The requests for the segments to translate: each with the segment before it in its
+        paragraph as context where the family has a context template and no option is asked,
+        else all with ``options`` in one call."""
+        fields = [f"text (segment {i + 1})" for i in split.todo]
+        if not ("context" in self.options and not options.asked()):
+            texts = [split.segments[i] for i in split.todo]
+            return await self._preparer.prepare(texts, split.target, split.source, fields, options)
+        batches = await asyncio.gather(
+            *(
+                self._preparer.prepare(
+                    [split.segments[i]],
+                    split.target,
+                    split.source,
+                    [field],
+                    self._chained(split.document, split.segments, i),
+                )
+                for i, field in zip(split.todo, fields, strict=True)
+            )
+        )
+        return [item for batch in batches for item in batch]
 
     @staticmethod
     def _chained(document: Document, segments: list[str], index: int) -> TranslationOptions:
@@ -834,21 +842,9 @@ class Translator:
         """A long text streamed: its segments are generated at once, as in ``document``, and
         the text goes out in document order, each segment's pieces as they are generated (the
         glue between segments as it is). Never cached; leaving early cancels every segment."""
-        limit = self._settings.max_document_chars
-        if len(text) > limit:
-            raise TextTooLong(f"text: {len(text)} characters, at most {limit} for a document")
-        target, source = self._prompts.languages_of(target_lang, source_lang)
-        self._prompts.check(text[: self._settings.max_text_chars], "text")
-        document = await self._preparer.split(
-            text, min(_SEGMENT_CHARS, self._settings.max_text_chars)
-        )
-        segments = document.texts()
-        confidence = None
-        if source is None:
-            (detection,) = await self._preparer.detect([text[:_DETECT_CHARS]])
-            source, confidence = detection.language, detection.confidence
-        todo = [index for index, segment in enumerate(segments) if not verbatim(segment)]
-        chained = "context" in self.options and not options.asked()
+        split = await self._split(text, target_lang, source_lang)
+        document, segments, todo = split.document, split.segments, split.todo
+        target, source, confidence = split.target, split.source, split.confidence
         streams: dict[int, asyncio.Queue[str | Scheduled | BaseException]] = {}
         tasks: list[asyncio.Task[None]] = []
 
@@ -862,22 +858,7 @@ class Translator:
                 out.put_nowait(error)
 
         with self._admission.reserve(len(todo), deadline) as reservation:
-            prepared_all = [
-                item
-                for items in await asyncio.gather(
-                    *(
-                        self._preparer.prepare(
-                            [segments[i]],
-                            target,
-                            source,
-                            [f"text (segment {i + 1})"],
-                            self._chained(document, segments, i) if chained else options,
-                        )
-                        for i in todo
-                    )
-                )
-                for item in items
-            ]
+            prepared_all = await self._prepare_segments(split, options)
             for index, prepared in zip(todo, prepared_all, strict=True):
                 streams[index] = asyncio.Queue()
                 tasks.append(asyncio.ensure_future(pump(prepared, streams[index])))
@@ -1068,6 +1049,19 @@ def _released(reservation: Reservation) -> Iterator[None]:
         reservation.release(1)
         raise
     reservation.release(1)
+
+
+@dataclass(frozen=True, slots=True)
+class _Split:
+    """A long text as segments, with its languages (``Translator._split``)."""
+
+    document: Document
+    segments: list[str]
+    # Indexes of the segments to translate (the others are not language).
+    todo: list[int]
+    target: Language
+    source: Language | None
+    confidence: float | None
 
 
 def _combined(

@@ -1,0 +1,42 @@
+"""One SQLite file shared by the API processes of a service: opened on first use with its
+schema, WAL journal (readers never wait for a writer across processes), one connection per
+process guarded by a lock, each ``transaction`` committed or rolled back whole."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class Database:
+    def __init__(self, path: Path, schema: str) -> None:
+        self._path = path
+        self._schema = schema
+        self._lock = threading.Lock()
+        self._connection: sqlite3.Connection | None = None
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._connection is None:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            connection = sqlite3.connect(self._path, check_same_thread=False, timeout=10)
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA foreign_keys=ON")
+            connection.executescript(self._schema)
+            self._connection = connection
+        return self._connection
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            connection = self._connect()
+            with connection:
+                yield connection
+
+    def close(self) -> None:
+        with self._lock:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
