@@ -23,7 +23,7 @@ from service.access import AccessConfig
 from service.documents.jobs import JobLimits
 from service.documents.runner import RunnerConfig
 from service.documents.service import DocumentsConfig
-from service.engine.config import BatchingConfig, ContinuousConfig, EngineConfig
+from service.engine.config import BatchingConfig, ContinuousConfig, EngineConfig, FastConfig
 from service.engine.types import Decoding
 from service.policy.config import PolicyConfig
 from service.shared import RedisConfig
@@ -31,10 +31,10 @@ from service.translation.families import ModelSpec, resolve_model
 from service.translation.translator import TranslationConfig
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
-Quantization = Literal["none", "nf4", "int8"]
+Quantization = Literal["none", "nf4", "int8", "fp8"]
 Device = Literal["auto", "cuda", "cpu"]
 LoadFormat = Literal["auto", "dummy"]
-EngineKind = Literal["auto", "static", "continuous"]
+EngineKind = Literal["auto", "static", "continuous", "fast"]
 
 
 def _default_data_dir() -> Path:
@@ -154,8 +154,10 @@ class Settings(BaseSettings):
     )
     quantization: Quantization = Field(
         "none",
-        description="bitsandbytes weight quantization: nf4 (4-bit, double quant, compute in "
-        "dtype) or int8 (LLM.int8). Saves memory; on a large GPU it does not add speed.",
+        description="Weight quantization: nf4 (bitsandbytes 4-bit, double quant, compute in "
+        "dtype) or int8 (LLM.int8) for the static and continuous engines, which save memory but "
+        "on a large GPU add no speed; fp8 (float8 e4m3 weights with one scale per output row, "
+        "torch._scaled_mm) for the fast engine, quantized at load.",
     )
     quantize_lm_head: bool = Field(
         False,
@@ -246,8 +248,9 @@ class Settings(BaseSettings):
     engine: EngineKind = Field(
         "auto",
         description="static = micro-batches through model.generate(); continuous = transformers' "
-        "continuous batching (requests join and leave the running batch at every step); "
-        "auto = continuous on CUDA, static on CPU.",
+        "continuous batching (requests join and leave the running batch at every step); fast = "
+        "the project's own engine (paged KV cache, decode steps as CUDA graphs, FlexAttention; "
+        "Hunyuan dense models); auto = continuous on CUDA, static on CPU.",
     )
     cb_attention: Literal["auto", "varlen", "sdpa"] = Field(
         "auto",
@@ -292,6 +295,50 @@ class Settings(BaseSettings):
         ge=1,
         description="Continuous batching: KV-cache pages of 256 tokens, an explicit memory "
         "budget (unset: sized from free memory, on CPU from free RAM).",
+    )
+
+    fast_page_size: int = Field(
+        128, ge=16, description="Fast engine: tokens per KV-cache page (a multiple of 16)."
+    )
+    fast_num_pages: int | None = Field(
+        None,
+        ge=2,
+        description="Fast engine: KV-cache pages, an explicit memory budget (unset: "
+        "fast_memory_fraction of the GPU memory free after loading; required on a CPU).",
+    )
+    fast_memory_fraction: float = Field(
+        0.85,
+        gt=0,
+        lt=1,
+        description="Fast engine: share of the GPU memory free after loading that the KV cache "
+        "takes (the rest holds graphs, activations and sampling buffers).",
+    )
+    fast_max_rows: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="Fast engine: most requests decoding at once (unset: 1,024 on CUDA, 64 "
+        "elsewhere); more wait inside the engine.",
+    )
+    fast_prefill_tokens: int | None = Field(
+        None,
+        ge=16,
+        description="Fast engine: most prompt tokens per prefill step; a longer prompt is "
+        "prefilled in chunks between decode steps (unset: 8,192 on CUDA, 512 elsewhere).",
+    )
+    fast_cuda_graph: Literal["auto", "on", "off"] = Field(
+        "auto", description="Fast engine: decode steps as CUDA graphs (auto = on CUDA)."
+    )
+    fast_compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Fast engine: torch.compile of the decode layer and its FlexAttention kernel "
+        "(auto = on CUDA); compiled kernels are cached under data_dir/compile-cache.",
+    )
+    fast_attention: Literal["auto", "flex", "gather"] = Field(
+        "auto",
+        description="Fast engine: decode attention. flex = FlexAttention over the paged cache; "
+        "gather = each row's pages copied out for SDPA (exact, slower); auto = flex on CUDA, "
+        "gather elsewhere.",
     )
 
     # --- access ------------------------------------------------------------------------------
@@ -507,8 +554,19 @@ class Settings(BaseSettings):
                 max_memory_percent=self.cb_max_memory_percent,
                 num_blocks=self.cb_num_blocks,
             ),
+            fast=FastConfig(
+                page_size=self.fast_page_size,
+                num_pages=self.fast_num_pages,
+                memory_fraction=self.fast_memory_fraction,
+                max_rows=self.fast_max_rows,
+                prefill_tokens=self.fast_prefill_tokens,
+                cuda_graph=self.fast_cuda_graph,
+                compile=self.fast_compile,
+                attention=self.fast_attention,
+            ),
             static_only=tuple(sorted(given & _STATIC_ONLY)),
             continuous_only=tuple(sorted(name for name in given if name.startswith("cb_"))),
+            fast_only=tuple(sorted(name for name in given if name.startswith("fast_"))),
             log_level=self.log_level,
         )
 

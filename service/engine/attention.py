@@ -105,13 +105,28 @@ def varlen_attention_forward(
     ):
         raise ValueError(f"{VARLEN_ATTENTION} serves packed (continuous batching) inputs only")
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [tokens, heads, dim]
-    if q.is_cuda:
-        out = _flash_varlen(
-            q, k, v, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, scaling
-        )
-    else:
-        out = _reference_varlen(q, k, v, cu_seq_lens_q, cu_seq_lens_k, scaling)
+    out = packed_causal_attention(
+        q, k, v, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, scaling
+    )
     return out.unsqueeze(0), None
+
+
+def packed_causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    scale: float | None,
+) -> torch.Tensor:
+    """Causal attention of packed sequences, ``[tokens, heads, dim]`` in and out; each sequence's
+    queries are the last positions of its keys. torch's flash kernel on CUDA in half precision,
+    SDPA one sequence at a time elsewhere (float32 on a GPU included)."""
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        return _flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale)
+    return _reference_varlen(q, k, v, cu_q, cu_k, scale)
 
 
 def _flash_varlen(

@@ -12,7 +12,7 @@ from typing import Literal
 
 from service.engine.types import MODEL_CARD_DECODING, Decoding
 
-EngineKind = Literal["auto", "static", "continuous"]
+EngineKind = Literal["auto", "static", "continuous", "fast"]
 Toggle = Literal["auto", "on", "off"]
 
 
@@ -41,6 +41,23 @@ class ContinuousConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class FastConfig:
+    """The fast engine: its paged cache, batch rows, prefill chunk, graphs and kernels."""
+
+    page_size: int = 128
+    # KV-cache pages; None sizes the cache from free GPU memory (required on a CPU).
+    num_pages: int | None = None
+    memory_fraction: float = 0.85
+    # Rows of the decode batch; None: 1,024 on CUDA, 64 elsewhere.
+    max_rows: int | None = None
+    # Most prompt tokens per prefill step; None: 8,192 on CUDA, 512 elsewhere.
+    prefill_tokens: int | None = None
+    cuda_graph: Toggle = "auto"
+    compile: Toggle = "auto"
+    attention: Literal["auto", "flex", "gather"] = "auto"
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     """What to load, how to drive it, and how often to report."""
 
@@ -55,7 +72,7 @@ class EngineConfig:
     add_generation_prompt: bool = False
     load_format: Literal["auto", "dummy"] = "auto"
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    quantization: Literal["none", "nf4", "int8"] = "none"
+    quantization: Literal["none", "nf4", "int8", "fp8"] = "none"
     quantize_lm_head: bool = False
     device: Literal["auto", "cuda", "cpu"] = "auto"
     compile_norms: Toggle = "auto"
@@ -65,15 +82,28 @@ class EngineConfig:
     max_new_tokens: int = 1024
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     continuous: ContinuousConfig = field(default_factory=ContinuousConfig)
+    fast: FastConfig = field(default_factory=FastConfig)
     # Settings given explicitly that only one engine kind reads: checked once the kind is known.
     static_only: tuple[str, ...] = ()
     continuous_only: tuple[str, ...] = ()
+    fast_only: tuple[str, ...] = ()
     log_level: str = "info"
     stats_interval_s: float = 0.1
 
     def check_kind(self, kind: str) -> None:
         """Refuse settings that the chosen engine would silently ignore."""
-        unused = self.continuous_only if kind == "static" else self.static_only
+        unused = {
+            "static": self.continuous_only + self.fast_only,
+            "continuous": self.static_only + self.fast_only,
+            "fast": self.static_only + self.continuous_only,
+        }[kind]
+        if self.quantization == "fp8" and kind != "fast":
+            raise ValueError("quantization=fp8 is the fast engine's (HYMT_ENGINE=fast)")
+        if self.quantization in ("nf4", "int8") and kind == "fast":
+            raise ValueError(
+                f"the fast engine does not run bitsandbytes {self.quantization}; "
+                "use quantization=fp8 or none"
+            )
         if unused:
             raise ValueError(
                 f"the {kind} engine does not use {', '.join(sorted(unused))}; "

@@ -24,12 +24,15 @@ def engine_kind(config: EngineConfig, device_type: str) -> str:
 def load_engine(config: EngineConfig) -> AnyEngine:
     """Load the model and wrap it in the engine that ``config.engine`` resolves to."""
     from service.engine.continuous import ContinuousBatchingEngine
+    from service.engine.fast.engine import FastEngine
     from service.engine.loading import load_model, resolve_device
     from service.engine.static import StaticBatchEngine
 
     kind = engine_kind(config, resolve_device(config.device).type)
     config.check_kind(kind)  # before minutes of loading, not after
     loaded = load_model(config)
+    if kind == "fast":
+        return FastEngine(loaded, config)
     if kind == "continuous":
         return ContinuousBatchingEngine(loaded, config)
     return StaticBatchEngine(loaded)

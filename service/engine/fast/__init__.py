@@ -1,0 +1,9 @@
+"""The project's own decode engine (``HYMT_ENGINE=fast``): the Hugging Face model's weights run by
+a step loop of our own over a paged KV cache, with the decode step replayed as CUDA graphs.
+
+``weights`` takes the weights out of the transformers model (fused, optionally FP8), ``cache``
+owns the paged KV cache and its pages, ``attention`` the prefill and paged decode kernels,
+``forward`` the transformer itself, ``sampler`` the choice of tokens on the device, ``batch`` the
+per-row state kept on the device, ``graphs`` the captured decode steps and ``engine`` the step
+loop behind the engine contract.
+"""

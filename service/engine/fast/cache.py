@@ -1,0 +1,153 @@
+"""The paged KV cache: fixed-size pages of keys and values for every layer, and who owns them.
+
+One tensor per layer and kind, ``[kv_heads, pages * page_size, head_dim]``: a token's slot is
+``page * page_size + offset``, the layout FlexAttention reads as one long key sequence. Page 0 is
+never given out: rows of a decode batch that hold no request write there.
+
+Pages are committed when a request is admitted (its prompt and its whole token budget, so a
+running request never waits for memory) but taken one at a time as its tokens need them, which
+is when the device learns the page's owner and its place in the owner's sequence (the decode
+mask reads both).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from service.engine.fast.weights import Geometry
+
+log = logging.getLogger(__name__)
+
+# The share of the memory left after the weights and the graphs that the cache may take.
+DEFAULT_MEMORY_FRACTION = 0.85
+
+
+def pages_for(tokens: int, page_size: int) -> int:
+    return -(-tokens // page_size)
+
+
+def page_bytes(geometry: Geometry, layers: int, page_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one page over all layers, keys and values."""
+    element = torch.empty(0, dtype=dtype).element_size()
+    return 2 * layers * page_size * geometry.kv_heads * geometry.head_dim * element
+
+
+def budget_pages(
+    geometry: Geometry,
+    layers: int,
+    page_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    memory_fraction: float,
+) -> int:
+    """Pages that fit in ``memory_fraction`` of the device's free memory (CUDA only: elsewhere
+    the budget must be given)."""
+    if device.type != "cuda":
+        raise ValueError("on a CPU the fast engine's KV cache needs an explicit page count")
+    free, _total = torch.cuda.mem_get_info(device)
+    return max(2, int(free * memory_fraction) // page_bytes(geometry, layers, page_size, dtype))
+
+
+@dataclass(frozen=True, slots=True)
+class CacheShape:
+    pages: int
+    page_size: int
+
+    @property
+    def slots(self) -> int:
+        return self.pages * self.page_size
+
+
+class PagedKVCache:
+    """The cache tensors, the ownership tables the decode mask reads, and the free pages."""
+
+    def __init__(
+        self,
+        geometry: Geometry,
+        layers: int,
+        shape: CacheShape,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        if shape.pages < 2:
+            raise ValueError("the KV cache needs at least two pages")
+        self.shape = shape
+        self.page_size = shape.page_size
+        dims = (geometry.kv_heads, shape.slots, geometry.head_dim)
+        self.keys = [torch.zeros(dims, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(dims, dtype=dtype, device=device) for _ in range(layers)]
+        # Decode-batch row owning each page (-1: free) and the page's index in that sequence.
+        self.owner = torch.full((shape.pages,), -1, dtype=torch.int32, device=device)
+        self.logical = torch.zeros(shape.pages, dtype=torch.int32, device=device)
+        self._free = list(range(shape.pages - 1, 0, -1))
+        self._committed = 0
+        log.info(
+            "kv cache allocated",
+            extra={
+                "pages": shape.pages,
+                "page_size": shape.page_size,
+                "bytes": 2 * layers * self.keys[0].nelement() * self.keys[0].element_size(),
+            },
+        )
+
+    @property
+    def usable_pages(self) -> int:
+        return self.shape.pages - 1
+
+    @property
+    def committed_pages(self) -> int:
+        return self._committed
+
+    def can_commit(self, pages: int) -> bool:
+        return self._committed + pages <= self.usable_pages
+
+    def commit(self, pages: int) -> None:
+        if not self.can_commit(pages):
+            raise RuntimeError("KV cache pages over-committed")
+        self._committed += pages
+
+    def take(self) -> int:
+        """One free page (within what was committed)."""
+        return self._free.pop()
+
+    def release(self, pages: list[int], committed: int) -> None:
+        self._free.extend(pages)
+        self._committed -= committed
+
+    def assign(self, pages: list[int], rows: list[int], logical: list[int]) -> None:
+        """Record on the device that ``pages[i]`` is page ``logical[i]`` of decode row
+        ``rows[i]`` (one batched write for all of them)."""
+        if not pages:
+            return
+        device = self.owner.device
+        index = torch.tensor(pages, dtype=torch.long).to(device, non_blocking=True)
+        owners = torch.tensor(rows, dtype=torch.int32).to(device, non_blocking=True)
+        places = torch.tensor(logical, dtype=torch.int32).to(device, non_blocking=True)
+        self.owner.index_copy_(0, index, owners)
+        self.logical.index_copy_(0, index, places)
+
+    def clear_owner(self, pages: list[int]) -> None:
+        if pages:
+            index = torch.tensor(pages, dtype=torch.long).to(self.owner.device, non_blocking=True)
+            self.owner.index_fill_(0, index, -1)
+
+    def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values at ``slots`` as ``[tokens, kv_heads, head_dim]``."""
+        keys = self.keys[layer].index_select(1, slots).transpose(0, 1)
+        values = self.values[layer].index_select(1, slots).transpose(0, 1)
+        return keys, values
+
+
+def write_kv(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slots: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+) -> None:
+    """Store ``[tokens, kv_heads, head_dim]`` keys and values of one layer at ``slots``."""
+    key_cache.index_copy_(1, slots, keys.transpose(0, 1))
+    value_cache.index_copy_(1, slots, values.transpose(0, 1))

@@ -1,0 +1,569 @@
+"""``FastEngine``: the step loop of the fast engine behind the continuous-engine contract.
+
+One thread owns the device. Each turn of its loop it takes what was submitted or cancelled, runs
+one prefill step (whole prompts, or a chunk of a long one, up to ``prefill_tokens`` tokens, so a
+long prompt never stalls the running decodes for more than a chunk) and one decode step for every
+running row (a captured CUDA graph per batch-size bucket on CUDA). After a decode step the host
+reads one token per row and does vectorised bookkeeping; per request it works only when the
+request joins, needs a page, streams, or finishes.
+
+KV-cache pages are committed at admission for the prompt and the whole token budget, so an
+admitted request always completes; a request waits in the engine while the cache or the rows are
+full. Results and streamed text go back to the event loop that submitted them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from service.engine.config import EngineConfig, FastConfig
+from service.engine.fast.attention import DecodeAttention, FlexDecode, GatherDecode
+from service.engine.fast.batch import DeviceRows, Joining
+from service.engine.fast.cache import (
+    CacheShape,
+    PagedKVCache,
+    budget_pages,
+    pages_for,
+)
+from service.engine.fast.compile_cache import use_compile_cache
+from service.engine.fast.forward import Transformer
+from service.engine.fast.graphs import DecodeGraphs, buckets_up_to
+from service.engine.fast.sampler import RowSampling, needs_full_sort, sample
+from service.engine.fast.weights import take_weights
+from service.engine.generation import LoadedEngine
+from service.engine.loading import LoadedModel
+from service.engine.types import Completion, Decoding, GenerationRequest, TextSink
+from service.errors import (
+    EngineUnavailable,
+    GenerationFailed,
+    InvalidInput,
+    OutOfMemory,
+    ServiceError,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False, slots=True)
+class _Sequence:
+    request_id: str
+    prompt: tuple[int, ...]
+    max_new: int
+    decoding: Decoding
+    on_done: Completion
+    on_text: TextSink | None
+    loop: asyncio.AbstractEventLoop
+    submitted: float
+    started: float = 0.0
+    pages: list[int] = field(default_factory=list)
+    committed: int = 0
+    prefilled: int = 0
+    cancelled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What the engine settled on at load: the figures /health and the logs report."""
+
+    rows: int
+    page_size: int
+    pages: int
+    prefill_tokens: int
+    attention: str
+    cuda_graphs: bool
+    compiled: bool
+    buckets: tuple[int, ...]
+
+
+def plan_for(config: FastConfig, device: torch.device) -> tuple[int, int, bool, bool, str]:
+    """Rows, prefill chunk, graphs, compile and the attention backend on ``device``."""
+    cuda = device.type == "cuda"
+    rows = config.max_rows or (1024 if cuda else 64)
+    prefill = config.prefill_tokens or (8192 if cuda else 512)
+    graphs = config.cuda_graph == "on" or (config.cuda_graph == "auto" and cuda)
+    if graphs and not cuda:
+        raise RuntimeError("fast_cuda_graph=on needs a CUDA device")
+    compiled = config.compile == "on" or (config.compile == "auto" and cuda)
+    attention = config.attention
+    if attention == "auto":
+        attention = "flex" if cuda else "gather"
+    if graphs and attention == "gather":
+        raise RuntimeError("CUDA graphs need the flex decode attention (fast_attention=flex)")
+    return rows, prefill, graphs, compiled, attention
+
+
+class FastEngine(LoadedEngine):
+    """Implements ``ContinuousEngine`` with the project's own paged, graph-captured decode."""
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        super().__init__(loaded)
+        fast = config.fast
+        device = loaded.device
+        rows, prefill, graphs, compiled, attention_kind = plan_for(fast, device)
+        if compiled:
+            use_compile_cache(config.data_dir)
+        self._weights = take_weights(loaded.model, config.quantization)
+        geometry = self._weights.geometry
+        layers = len(self._weights.layers)
+        page_size = fast.page_size
+        pages = fast.num_pages or budget_pages(
+            geometry, layers, page_size, loaded.dtype, device, fast.memory_fraction
+        )
+        self._cache = PagedKVCache(
+            geometry, layers, CacheShape(pages, page_size), loaded.dtype, device
+        )
+        max_pages = pages_for(geometry.max_positions, page_size)
+        self._rows = DeviceRows(rows, max_pages, geometry.vocab, device)
+        attention: DecodeAttention = (
+            FlexDecode(self._cache, self._rows, compiled)
+            if attention_kind == "flex"
+            else GatherDecode(self._cache, self._rows)
+        )
+        self._model = Transformer(self._weights, self._cache, self._rows, attention, compiled)
+        self._device = device
+        self._max_rows = rows
+        self._prefill_tokens = prefill
+        self._page = page_size
+        self._max_pages = max_pages
+        self._max_positions = geometry.max_positions
+        self._eos = np.array(sorted(self._eos_ids), dtype=np.int64)
+        # Host mirror of the rows: next write position, tokens generated, budget, streaming.
+        self._length = np.zeros(rows, dtype=np.int64)
+        self._count = np.zeros(rows, dtype=np.int64)
+        self._budget = np.zeros(rows, dtype=np.int64)
+        self._streams = np.zeros(rows, dtype=bool)
+        self._full_sort = np.zeros(rows, dtype=bool)
+        self._generated = np.zeros((rows, config.max_new_tokens + 1), dtype=np.int64)
+        self._at: list[_Sequence | None] = [None] * rows
+        self._n = 0
+        self._inbox: collections.deque[_Sequence] = collections.deque()
+        self._cancels: collections.deque[str] = collections.deque()
+        self._waiting: collections.deque[_Sequence] = collections.deque()
+        self._prefilling: collections.deque[_Sequence] = collections.deque()
+        self._by_id: dict[str, _Sequence] = {}
+        self._wake = threading.Event()
+        self._stopping = False
+        self._cancelled_rows = False
+        self._graphs: DecodeGraphs | None = None
+        buckets = buckets_up_to(rows)
+        if graphs:
+            started = time.perf_counter()
+            self._graphs = DecodeGraphs(self._decode_and_sample, buckets, device)
+            log.info(
+                "decode graphs captured",
+                extra={
+                    "graphs": self._graphs.count,
+                    "seconds": round(time.perf_counter() - started, 3),
+                },
+            )
+        elif compiled:
+            for bucket in reversed(buckets):
+                self._decode_and_sample(bucket, False)
+        self.plan = Plan(
+            rows=rows,
+            page_size=page_size,
+            pages=pages,
+            prefill_tokens=prefill,
+            attention=attention.name,
+            cuda_graphs=graphs,
+            compiled=compiled,
+            buckets=buckets,
+        )
+        self._buckets = buckets
+        label = "fp8" if config.quantization == "fp8" else self._info.quantization
+        self._info = dataclasses.replace(
+            self._info,
+            quantization=label,
+            weights_bytes=self._weights.nbytes(),
+            attention=attention.name,
+            compiled_norms=0,
+        )
+        log.info("fast engine ready", extra=dataclasses.asdict(self.plan))
+        self._thread = threading.Thread(target=self._loop, name="fast-engine", daemon=True)
+        self._thread.start()
+
+    # --- the contract, called on the event loop ------------------------------------------
+
+    def submit(
+        self,
+        request_id: str,
+        request: GenerationRequest,
+        on_done: Completion,
+        on_text: TextSink | None = None,
+    ) -> None:
+        if not self.is_alive():
+            raise EngineUnavailable("the generation thread is not running")
+        sequence = _Sequence(
+            request_id=request_id,
+            prompt=tuple(request.prompt_ids),
+            max_new=max(1, min(request.max_new_tokens, self._generated.shape[1] - 1)),
+            decoding=request.decoding,
+            on_done=on_done,
+            on_text=on_text,
+            loop=asyncio.get_running_loop(),
+            submitted=time.monotonic(),
+        )
+        self._inbox.append(sequence)
+        self._wake.set()
+
+    def cancel(self, request_id: str) -> None:
+        self._cancels.append(request_id)
+        self._wake.set()
+
+    def capacity(self) -> int | None:
+        return self._max_rows
+
+    def running(self) -> int | None:
+        return self._n + len(self._prefilling)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopping
+
+    def close(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    # --- the step loop, on the engine thread ----------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            self._intake()
+            if not (self._waiting or self._prefilling or self._n):
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                with torch.inference_mode():
+                    self._prefill_step()
+                    if self._n:
+                        self._decode_step()
+            except Exception as error:
+                log.exception("fast engine step failed")
+                self._fail_all(error)
+
+    def _intake(self) -> None:
+        while self._inbox:
+            sequence = self._inbox.popleft()
+            refusal = self._refusal(sequence)
+            if refusal is not None:
+                self._reply(sequence, refusal)
+                continue
+            self._by_id[sequence.request_id] = sequence
+            self._waiting.append(sequence)
+        cancelled: set[str] = set()
+        while self._cancels:
+            request_id = self._cancels.popleft()
+            sequence = self._by_id.get(request_id)
+            if sequence is not None:
+                sequence.cancelled = True
+                cancelled.add(request_id)
+                self._cancelled_rows = True
+        if cancelled:
+            # Waiting requests hold nothing: drop them now. Running ones leave at the next step.
+            kept = [s for s in self._waiting if s.request_id not in cancelled]
+            for sequence in self._waiting:
+                if sequence.request_id in cancelled:
+                    self._by_id.pop(sequence.request_id, None)
+            self._waiting = collections.deque(kept)
+
+    def _refusal(self, sequence: _Sequence) -> ServiceError | None:
+        if not sequence.prompt:
+            return InvalidInput("an empty prompt")
+        total = len(sequence.prompt) + sequence.max_new
+        if total > self._max_positions:
+            return InvalidInput(
+                f"prompt and output of {total} tokens exceed the model's "
+                f"{self._max_positions} positions"
+            )
+        if pages_for(total, self._page) > self._cache.usable_pages:
+            return OutOfMemory("the request needs more KV cache than this engine holds")
+        return None
+
+    def _prefill_step(self) -> None:
+        budget = self._prefill_tokens
+        chunk: list[tuple[_Sequence, int, int]] = []
+        while budget > 0:
+            if self._prefilling and (not chunk or chunk[-1][0] is not self._prefilling[0]):
+                sequence = self._prefilling[0]
+            elif self._waiting and self._admit(self._waiting[0]):
+                sequence = self._waiting.popleft()
+                self._prefilling.append(sequence)
+            else:
+                break
+            start = sequence.prefilled
+            count = min(budget, len(sequence.prompt) - start)
+            chunk.append((sequence, start, count))
+            budget -= count
+            if start + count < len(sequence.prompt):
+                break
+            self._prefilling.popleft()
+        if chunk:
+            self._run_prefill(chunk)
+
+    def _admit(self, sequence: _Sequence) -> bool:
+        if self._n + len(self._prefilling) >= self._max_rows:
+            return False
+        need = pages_for(len(sequence.prompt) + sequence.max_new, self._page)
+        if not self._cache.can_commit(need):
+            return False
+        self._cache.commit(need)
+        sequence.committed = need
+        sequence.started = time.monotonic()
+        return True
+
+    def _run_prefill(self, chunk: list[tuple[_Sequence, int, int]]) -> None:
+        page, device = self._page, self._device
+        tokens: list[int] = []
+        positions: list[np.ndarray] = []
+        slots: list[np.ndarray] = []
+        key_slots: list[np.ndarray] = []
+        cu_q, cu_k, last, finishing = [0], [0], [], []
+        prefix = False
+        for sequence, start, count in chunk:
+            end = start + count
+            while len(sequence.pages) < pages_for(end, page):
+                sequence.pages.append(self._cache.take())
+            table = np.asarray(sequence.pages, dtype=np.int64)
+            span = np.arange(start, end)
+            tokens.extend(sequence.prompt[start:end])
+            positions.append(span)
+            slots.append(table[span // page] * page + span % page)
+            every = np.arange(end)
+            key_slots.append(table[every // page] * page + every % page)
+            prefix = prefix or start > 0
+            cu_q.append(cu_q[-1] + count)
+            cu_k.append(cu_k[-1] + end)
+            sequence.prefilled = end
+            if end == len(sequence.prompt):
+                last.append(cu_q[-1] - 1)
+                finishing.append(sequence)
+
+        def on_device(values: list[int] | np.ndarray) -> torch.Tensor:
+            return torch.as_tensor(np.asarray(values, dtype=np.int64)).to(device)
+
+        logits = self._model.prefill(
+            on_device(tokens),
+            on_device(np.concatenate(positions)),
+            on_device(np.concatenate(slots)),
+            on_device(cu_q).to(torch.int32),
+            on_device(cu_k).to(torch.int32),
+            max(c for _, _, c in chunk),
+            max(s + c for _, s, c in chunk),
+            on_device(np.concatenate(key_slots)) if prefix else None,
+            on_device(last),
+        )
+        if finishing:
+            self._first_tokens(finishing, logits)
+
+    def _first_tokens(self, finishing: list[_Sequence], logits: torch.Tensor) -> None:
+        """Sample each finished prompt's first token and move it into the decode batch."""
+        vocab = self._weights.geometry.vocab
+        device = self._device
+        params = [_sampling_values(s.decoding) for s in finishing]
+        seen = torch.zeros(len(finishing), vocab, dtype=torch.bool, device=device)
+        for i, sequence in enumerate(finishing):
+            seen[i, torch.as_tensor(sequence.prompt, device=device)] = True
+        rows = RowSampling(
+            greedy=torch.tensor([p[0] for p in params], device=device),
+            temperature=torch.tensor([p[1] for p in params], device=device),
+            top_k=torch.tensor([p[2] for p in params], device=device),
+            top_p=torch.tensor([p[3] for p in params], device=device),
+            penalty=torch.tensor([p[4] for p in params], device=device),
+            seen=seen,
+        )
+        full = any(needs_full_sort(p[0], p[2]) for p in params)
+        firsts = sample(logits, rows, full).tolist()
+        joining: list[Joining] = []
+        owners: tuple[list[int], list[int], list[int]] = ([], [], [])
+        for sequence, token, values in zip(finishing, firsts, params, strict=True):
+            if sequence.cancelled:
+                self._release(sequence)
+                continue
+            if token in self._eos_ids or sequence.max_new == 1:
+                self._finish_now(sequence, [token])
+                continue
+            row = self._n
+            self._n += 1
+            self._at[row] = sequence
+            self._length[row] = len(sequence.prompt)
+            self._count[row] = 1
+            self._generated[row, 0] = token
+            self._budget[row] = sequence.max_new
+            self._streams[row] = sequence.on_text is not None
+            self._full_sort[row] = needs_full_sort(values[0], values[2])
+            greedy, temperature, top_k, top_p, penalty = values
+            joining.append(
+                Joining(
+                    row=row,
+                    token=token,
+                    position=len(sequence.prompt),
+                    pages=list(sequence.pages),
+                    greedy=greedy,
+                    temperature=temperature,
+                    top_k=top_k,
+                    top_p=top_p,
+                    penalty=penalty,
+                    seen=[*sequence.prompt, token],
+                )
+            )
+            owners[0].extend(sequence.pages)
+            owners[1].extend([row] * len(sequence.pages))
+            owners[2].extend(range(len(sequence.pages)))
+            if sequence.on_text is not None:
+                self._stream(sequence, [token])
+        self._rows.activate(joining)
+        self._cache.assign(*owners)
+
+    def _decode_step(self) -> None:
+        n, page = self._n, self._page
+        growing = np.nonzero(self._length[:n] % page == 0)[0]
+        if growing.size:
+            rows, columns, pages = [], [], []
+            for row in growing.tolist():
+                sequence = self._at[row]
+                assert sequence is not None
+                taken = self._cache.take()
+                columns.append(len(sequence.pages))
+                sequence.pages.append(taken)
+                rows.append(row)
+                pages.append(taken)
+            self._rows.set_pages(rows, columns, pages)
+            self._cache.assign(pages, rows, columns)
+        bucket = self._buckets[bisect.bisect_left(self._buckets, n)]
+        full = bool(self._full_sort[:n].any())
+        if self._graphs is not None:
+            self._graphs.replay(bucket, full)
+        else:
+            most = int(self._length[:n].max()) + 1
+            self._decode_and_sample(n, full, pages_for(most, page))
+        tokens = self._rows.sampled[:n].cpu().numpy()
+        rows_now = np.arange(n)
+        self._generated[rows_now, self._count[:n]] = tokens
+        self._count[:n] += 1
+        self._length[:n] += 1
+        done = np.isin(tokens, self._eos) | (self._count[:n] >= self._budget[:n])
+        for row in np.nonzero(self._streams[:n] & ~done)[0].tolist():
+            sequence = self._at[row]
+            assert sequence is not None
+            self._stream(sequence, self._generated[row, : self._count[row]].tolist())
+        finished = set(np.nonzero(done)[0].tolist())
+        if self._cancelled_rows:
+            # Rare: a scan of the rows only when a running request was cancelled.
+            self._cancelled_rows = False
+            finished.update(row for row in range(n) if _is_cancelled(self._at[row]))
+        if finished:
+            self._finish_rows(sorted(finished))
+
+    def _decode_and_sample(self, batch: int, full: bool, pages: int | None = None) -> None:
+        """One decode step of the first ``batch`` rows, ending with the sampled tokens fed back:
+        the work a graph captures (no host synchronisation)."""
+        rows = self._rows
+        logits = self._model.decode(batch, pages or self._max_pages)
+        tokens = sample(logits, rows.rows_of(batch), full)
+        rows.sampled[:batch] = tokens
+        rows.tokens[:batch] = tokens
+        rows.sampling.seen[:batch].scatter_(1, tokens[:, None], True)
+        rows.positions[:batch] += rows.live[:batch]
+
+    def _finish_rows(self, finished: list[int]) -> None:
+        n = self._n
+        outputs: list[tuple[_Sequence, list[int]]] = []
+        for row in finished:
+            sequence = self._at[row]
+            assert sequence is not None
+            outputs.append((sequence, self._generated[row, : self._count[row]].tolist()))
+        keep = n - len(finished)
+        gone = set(finished)
+        holes = [row for row in finished if row < keep]
+        movers = [row for row in range(keep, n) if row not in gone]
+        owners: tuple[list[int], list[int], list[int]] = ([], [], [])
+        for hole, mover in zip(holes, movers, strict=True):
+            sequence = self._at[mover]
+            assert sequence is not None
+            self._at[hole] = sequence
+            for array in (self._length, self._count, self._budget, self._streams, self._full_sort):
+                array[hole] = array[mover]
+            self._generated[hole] = self._generated[mover]
+            owners[0].extend(sequence.pages)
+            owners[1].extend([hole] * len(sequence.pages))
+            owners[2].extend(range(len(sequence.pages)))
+        for row in range(keep, n):
+            self._at[row] = None
+            self._streams[row] = False
+            self._full_sort[row] = False
+        self._rows.compact(holes, movers, keep, n)
+        self._n = keep
+        for sequence, generated in outputs:
+            if sequence.cancelled:
+                self._release(sequence)
+            else:
+                self._finish_now(sequence, generated)
+        self._cache.assign(*owners)
+
+    def _finish_now(self, sequence: _Sequence, generated: list[int]) -> None:
+        (result,) = self._detokenizer.results([len(sequence.prompt)], [generated])
+        self._release(sequence)
+        self._reply(sequence, result)
+
+    def _release(self, sequence: _Sequence) -> None:
+        self._cache.clear_owner(sequence.pages)
+        self._cache.release(sequence.pages, sequence.committed)
+        sequence.pages = []
+        sequence.committed = 0
+        self._by_id.pop(sequence.request_id, None)
+
+    def _reply(self, sequence: _Sequence, outcome: object) -> None:
+        now = time.monotonic()
+        started = sequence.started or now
+        queued, ran = max(0.0, started - sequence.submitted), max(0.0, now - started)
+        sequence.loop.call_soon_threadsafe(sequence.on_done, outcome, queued, ran)
+
+    def _stream(self, sequence: _Sequence, generated: list[int]) -> None:
+        assert sequence.on_text is not None
+        text = self._detokenizer.prefix(generated)
+        sequence.loop.call_soon_threadsafe(sequence.on_text, text)
+
+    def _fail_all(self, error: Exception) -> None:
+        failure: ServiceError = (
+            OutOfMemory("out of memory while generating")
+            if isinstance(error, torch.OutOfMemoryError)
+            else GenerationFailed("the model failed to generate")
+        )
+        everyone = [s for s in self._at[: self._n] if s is not None]
+        everyone += list(self._prefilling) + list(self._waiting)
+        self._rows.compact([], [], 0, self._n)
+        self._n = 0
+        self._prefilling.clear()
+        self._waiting.clear()
+        for sequence in everyone:
+            self._release(sequence)
+            if not sequence.cancelled:
+                self._reply(sequence, failure)
+
+
+def _sampling_values(decoding: Decoding) -> tuple[bool, float, int, float, float]:
+    """(greedy, temperature, top_k, top_p, repetition penalty) of one request."""
+    if decoding.greedy:
+        return True, 1.0, 1, 1.0, float(decoding.repetition_penalty)
+    return (
+        False,
+        float(decoding.temperature),
+        int(decoding.top_k),
+        float(decoding.top_p),
+        float(decoding.repetition_penalty),
+    )
+
+
+def _is_cancelled(sequence: _Sequence | None) -> bool:
+    return sequence is not None and sequence.cancelled

@@ -1,0 +1,160 @@
+"""The transformer itself, written out over the fused weights and the paged cache.
+
+The arithmetic is transformers' Hunyuan dense model operation for operation (RMSNorm in float32
+and back, RoPE before the query and key norms, SiLU-gated MLP, residuals in the model's dtype),
+so in float32 it computes what ``generate()`` computes. Two entry points:
+
+- ``prefill``: packed prompts (or chunks of them) of any lengths, keys and values written to
+  their pages, causal attention per sequence with torch's varlen flash kernel; returns the
+  logits of the positions asked for (the last of each finished prompt).
+- ``decode``: one token for each of the first ``batch`` rows of ``DeviceRows``, everything read
+  from and written to device buffers, so it can be captured in a CUDA graph. The per-layer work
+  can be compiled (``compile_layers``): one compiled function serves every layer, since the
+  layers differ only in the tensors passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from service.engine.attention import packed_causal_attention
+from service.engine.fast.attention import DecodeAttention
+from service.engine.fast.batch import DeviceRows
+from service.engine.fast.cache import PagedKVCache, write_kv
+from service.engine.fast.weights import Geometry, LayerWeights, ModelWeights, linear
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + eps)
+    return weight * h.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def attention_inputs(
+    x: torch.Tensor,
+    layer: LayerWeights,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    g: Geometry,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries ``[tokens, heads, dim]``, keys and values ``[tokens, kv_heads, dim]``."""
+    tokens = x.shape[0]
+    h = rms_norm(x, layer.input_norm, g.eps)
+    qkv = linear(h, layer.qkv.weight, layer.qkv.scale)
+    q_width, kv_width = g.heads * g.head_dim, g.kv_heads * g.head_dim
+    q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
+    q = q.reshape(tokens, g.heads, g.head_dim)
+    k = k.reshape(tokens, g.kv_heads, g.head_dim)
+    v = v.reshape(tokens, g.kv_heads, g.head_dim)
+    c, s = cos[:, None, :], sin[:, None, :]
+    q = q * c + _rotate_half(q) * s
+    k = k * c + _rotate_half(k) * s
+    if layer.query_norm is not None and layer.key_norm is not None:
+        q = rms_norm(q, layer.query_norm, g.eps)
+        k = rms_norm(k, layer.key_norm, g.eps)
+    return q, k, v
+
+
+def attention_output(
+    x: torch.Tensor, attended: torch.Tensor, layer: LayerWeights, g: Geometry
+) -> torch.Tensor:
+    """The residual stream after the output projection and the MLP."""
+    x = x + linear(attended.reshape(x.shape[0], -1), layer.o.weight, layer.o.scale)
+    h = rms_norm(x, layer.post_norm, g.eps)
+    gate, up = linear(h, layer.gate_up.weight, layer.gate_up.scale).chunk(2, dim=-1)
+    return x + linear(torch.nn.functional.silu(gate) * up, layer.down.weight, layer.down.scale)
+
+
+class Transformer:
+    def __init__(
+        self,
+        weights: ModelWeights,
+        cache: PagedKVCache,
+        rows: DeviceRows,
+        attention: DecodeAttention,
+        compile_layers: bool,
+    ) -> None:
+        self.weights = weights
+        self.cache = cache
+        self.rows = rows
+        self.attention = attention
+        self._layer: Callable[..., torch.Tensor] = self._decode_layer
+        if compile_layers:
+            self._layer = torch.compile(self._decode_layer, fullgraph=True, dynamic=False)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weights
+        x = rms_norm(x, w.norm, w.geometry.eps)
+        out = linear(x, w.lm_head.weight, w.lm_head.scale)
+        return out[:, : w.geometry.vocab].float()
+
+    def prefill(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        cu_q: torch.Tensor,
+        cu_k: torch.Tensor,
+        max_q: int,
+        max_k: int,
+        key_slots: torch.Tensor | None,
+        last: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits ``[len(last), vocab]`` (float32) at token indices ``last``.
+
+        ``key_slots``: the cache slots of every sequence's keys, prefix and chunk, packed as
+        ``cu_k`` says; None when no sequence has a prefix (the chunk's own keys are used).
+        """
+        w, g = self.weights, self.weights.geometry
+        x = torch.nn.functional.embedding(tokens, w.embed)
+        cos, sin = w.cos[positions], w.sin[positions]
+        for index, layer in enumerate(w.layers):
+            q, k, v = attention_inputs(x, layer, cos, sin, g)
+            write_kv(self.cache.keys[index], self.cache.values[index], slots, k, v)
+            if key_slots is not None:
+                k, v = self.cache.gather(index, key_slots)
+            attended = packed_causal_attention(q, k, v, cu_q, cu_k, max_q, max_k, g.scale)
+            x = attention_output(x, attended, layer, g)
+        return self.logits(x.index_select(0, last))
+
+    def decode(self, batch: int, pages: int) -> torch.Tensor:
+        """Logits ``[batch, vocab]`` for the tokens in the first ``batch`` rows; no host sync."""
+        w, rows, page = self.weights, self.rows, self.cache.page_size
+        tokens, positions = rows.tokens[:batch], rows.positions[:batch]
+        rows.lengths[:batch] = ((positions + 1) * rows.live[:batch]).to(torch.int32)
+        table = rows.block_table[:batch]
+        current = table.gather(1, (positions // page)[:, None]).squeeze(1).long()
+        slots = current * page + positions % page
+        meta = self.attention.prepare(batch, pages)
+        x = torch.nn.functional.embedding(tokens, w.embed)
+        cos, sin = w.cos[positions], w.sin[positions]
+        cache = self.cache
+        for index, layer in enumerate(w.layers):
+            x = self._layer(x, layer, cache.keys[index], cache.values[index], slots, cos, sin, meta)
+        return self.logits(x)
+
+    def _decode_layer(
+        self,
+        x: torch.Tensor,
+        layer: LayerWeights,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        slots: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: object,
+    ) -> torch.Tensor:
+        g = self.weights.geometry
+        q, k, v = attention_inputs(x, layer, cos, sin, g)
+        write_kv(keys, values, slots, k, v)
+        attended = self.attention(q, keys, values, meta, g.scale)
+        return attention_output(x, attended, layer, g)

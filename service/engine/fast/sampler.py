@@ -1,0 +1,72 @@
+"""Choosing each row's next token on the device: repetition penalty, temperature, top-k, top-p.
+
+Everything is tensor work with no host synchronisation, so a decode step that ends in sampling
+can be captured in a CUDA graph. The order and semantics are transformers': the repetition
+penalty first (over the prompt and the tokens generated so far, each token once), then
+temperature, top-k, and top-p over what top-k kept (a token stays while the probability ranked
+above it is under ``top_p``; the first always stays). A greedy row takes the ``argmax`` of the
+penalized logits, as ``generate()`` does.
+
+The draw is the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``), which picks token ``i``
+with probability ``p_i`` without a host-side multinomial. Sorting the whole vocabulary for every
+row costs more than the rest of a small step, so where every sampled row's top-k is at most
+``TOP_K_CAP`` only the top ``TOP_K_CAP`` logits are sorted (``topk``); rows without a top-k (or a
+larger one) use the full sort.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+TOP_K_CAP = 64
+
+
+@dataclass(frozen=True, slots=True)
+class RowSampling:
+    """Per-row parameters, one entry per batch row."""
+
+    greedy: torch.Tensor  # bool
+    temperature: torch.Tensor  # float32
+    top_k: torch.Tensor  # int64, 0 = no cut-off
+    top_p: torch.Tensor  # float32
+    penalty: torch.Tensor  # float32, 1 = none
+    seen: torch.Tensor  # bool [rows, vocab]: tokens of the prompt and the output so far
+
+
+def penalize(logits: torch.Tensor, penalty: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+    """transformers' repetition penalty: seen tokens' logits divided (positive) or multiplied
+    (negative) by the row's penalty."""
+    factor = penalty[:, None]
+    penalized = torch.where(logits < 0, logits * factor, logits / factor)
+    return torch.where(seen, penalized, logits)
+
+
+def sample(logits: torch.Tensor, rows: RowSampling, full_sort: bool) -> torch.Tensor:
+    """The next token of every row of float32 ``logits`` ``[rows, vocab]``."""
+    logits = penalize(logits, rows.penalty, rows.seen)
+    greedy = logits.argmax(dim=-1)
+    scaled = logits / rows.temperature[:, None]
+    if full_sort:
+        ordered, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
+    else:
+        ordered, order = torch.topk(scaled, min(TOP_K_CAP, scaled.shape[-1]), dim=-1)
+    width = ordered.shape[-1]
+    ranks = torch.arange(width, device=logits.device)
+    limit = torch.where(rows.top_k > 0, rows.top_k, width)
+    ordered = ordered.masked_fill(ranks >= limit[:, None], -torch.inf)
+    probs = ordered.softmax(dim=-1)
+    above = probs.cumsum(dim=-1) - probs
+    cut = above >= rows.top_p[:, None]
+    cut[:, 0] = False
+    probs = probs.masked_fill(cut, 0.0)
+    race = probs / torch.empty_like(probs).exponential_()
+    choice = race.argmax(dim=-1, keepdim=True)
+    drawn = order.gather(-1, choice).squeeze(-1)
+    return torch.where(rows.greedy, greedy, drawn)
+
+
+def needs_full_sort(greedy: bool, top_k: int) -> bool:
+    """Whether a row's parameters need the whole vocabulary sorted."""
+    return not greedy and not 0 < top_k <= TOP_K_CAP

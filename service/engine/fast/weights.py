@@ -1,0 +1,217 @@
+"""The weights the fast engine runs: taken out of a loaded transformers model, fused, and
+optionally stored as FP8.
+
+Each layer's query, key and value projections become one matrix, and so do the gate and up
+projections: one GEMM instead of three (two) per layer, with the same output columns. The
+transformers modules are emptied layer by layer as their weights are moved, so loading never holds
+two copies of the model.
+
+FP8 (``quantization="fp8"``) stores each projection as ``float8_e4m3fn`` with one float32 scale
+per output row (row-wise, as Tencent's FP8 checkpoints are); activations are quantized per token
+when the projection runs and multiplied with ``torch._scaled_mm``. Embeddings, norms and the output
+layer stay in the model's dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from service.engine.output_layer import PaddedOutputLayer
+
+SUPPORTED_MODEL_TYPES = ("hunyuan_v1_dense",)
+FP8 = torch.float8_e4m3fn
+_FP8_MAX = float(torch.finfo(FP8).max)
+
+
+@dataclass(frozen=True, slots=True)
+class Linear:
+    """A bias-free projection ``x @ weight.T``; ``scale`` set means ``weight`` is FP8 with one
+    float32 scale per output row (``[out, 1]``)."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor | None = None
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[0])
+
+    def nbytes(self) -> int:
+        extra = 0 if self.scale is None else self.scale.nelement() * self.scale.element_size()
+        return self.weight.nelement() * self.weight.element_size() + extra
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T`` for a plain or an FP8 weight (written as a function so torch.compile sees
+    plain tensors)."""
+    if scale is None:
+        return torch.nn.functional.linear(x, weight)
+    return fp8_linear(x, weight, scale)
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Row-wise FP8 GEMM: each token's activations get their own scale."""
+    rows = x.shape[0]
+    # _scaled_mm wants the row count a multiple of 16; decode buckets usually are.
+    padded = (-rows) % 16
+    if padded:
+        x = torch.nn.functional.pad(x, (0, 0, 0, padded))
+    x_scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / _FP8_MAX
+    x_fp8 = (x.float() / x_scale).clamp(-_FP8_MAX, _FP8_MAX).to(FP8)
+    out = torch._scaled_mm(x_fp8, weight.t(), scale_a=x_scale, scale_b=scale.t(), out_dtype=x.dtype)
+    return out[:rows] if padded else out
+
+
+def quantize_fp8(weight: torch.Tensor) -> Linear:
+    """A row-wise FP8 copy of ``weight`` (``[out, in]``)."""
+    scale = weight.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / _FP8_MAX
+    quantized = (weight.float() / scale).clamp(-_FP8_MAX, _FP8_MAX).to(FP8)
+    return Linear(quantized.contiguous(), scale.contiguous())
+
+
+@dataclass(frozen=True, slots=True)
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: Linear
+    query_norm: torch.Tensor | None
+    key_norm: torch.Tensor | None
+    o: Linear
+    post_norm: torch.Tensor
+    gate_up: Linear
+    down: Linear
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """The shapes the forward pass needs."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    vocab: int
+    max_positions: int
+
+    @property
+    def scale(self) -> float:
+        return float(self.head_dim**-0.5)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelWeights:
+    geometry: Geometry
+    embed: torch.Tensor
+    layers: tuple[LayerWeights, ...]
+    norm: torch.Tensor
+    # The output layer, rows possibly padded past the vocabulary (see output_layer.py).
+    lm_head: Linear
+    # RoPE tables for every position, in the model's dtype: [max_positions, head_dim].
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def nbytes(self) -> int:
+        tensors = [self.embed, self.norm, self.cos, self.sin]
+        total = sum(t.nelement() * t.element_size() for t in tensors)
+        if self.lm_head.weight.data_ptr() != self.embed.data_ptr():
+            total += self.lm_head.nbytes()
+        for layer in self.layers:
+            norms = [layer.input_norm, layer.post_norm, layer.query_norm, layer.key_norm]
+            total += sum(t.nelement() * t.element_size() for t in norms if t is not None)
+            total += sum(p.nbytes() for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        return total
+
+
+def unsupported_reason(model: PreTrainedModel) -> str | None:
+    """Why the fast engine cannot run ``model``, or None."""
+    model_type = str(getattr(model.config, "model_type", ""))
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return (
+            f"the fast engine runs {', '.join(SUPPORTED_MODEL_TYPES)} models, not {model_type!r} "
+            "(use HYMT_ENGINE=continuous)"
+        )
+    if getattr(model.config, "attention_bias", False):
+        return "the fast engine runs bias-free attention projections only"
+    if getattr(model, "hf_quantizer", None) is not None:
+        return "the fast engine quantizes itself (HYMT_QUANTIZATION=fp8), not through bitsandbytes"
+    return None
+
+
+def take_weights(model: PreTrainedModel, quantization: str) -> ModelWeights:
+    """Move ``model``'s weights into a ``ModelWeights``, emptying its layers on the way."""
+    reason = unsupported_reason(model)
+    if reason is not None:
+        raise RuntimeError(reason)
+    config = model.config
+    inner = model.model  # type: ignore[attr-defined]
+    geometry = Geometry(
+        hidden=int(config.hidden_size),
+        heads=int(config.num_attention_heads),
+        kv_heads=int(config.num_key_value_heads),
+        head_dim=int(
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        ),
+        intermediate=int(config.intermediate_size),
+        eps=float(config.rms_norm_eps),
+        vocab=int(config.vocab_size),
+        max_positions=int(config.max_position_embeddings),
+    )
+    embed = inner.embed_tokens.weight.data
+    cos, sin = _rope_tables(inner, geometry, embed)
+
+    def project(*modules: nn.Module) -> Linear:
+        weight = torch.cat([module.weight.data for module in modules])  # type: ignore[union-attr]
+        for module in modules:
+            module.weight = nn.Parameter(weight.new_empty(0), requires_grad=False)
+        return quantize_fp8(weight) if quantization == "fp8" else Linear(weight.contiguous())
+
+    layers = []
+    for layer in inner.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        query_norm = getattr(attention, "query_layernorm", None)
+        key_norm = getattr(attention, "key_layernorm", None)
+        layers.append(
+            LayerWeights(
+                input_norm=layer.input_layernorm.weight.data,
+                qkv=project(attention.q_proj, attention.k_proj, attention.v_proj),
+                query_norm=None if query_norm is None else query_norm.weight.data,
+                key_norm=None if key_norm is None else key_norm.weight.data,
+                o=project(attention.o_proj),
+                post_norm=layer.post_attention_layernorm.weight.data,
+                gate_up=project(mlp.gate_proj, mlp.up_proj),
+                down=project(mlp.down_proj),
+            )
+        )
+    return ModelWeights(
+        geometry=geometry,
+        embed=embed,
+        layers=tuple(layers),
+        norm=inner.norm.weight.data,
+        lm_head=Linear(_output_weight(model)),
+        cos=cos,
+        sin=sin,
+    )
+
+
+def _output_weight(model: PreTrainedModel) -> torch.Tensor:
+    layer = model.get_output_embeddings()
+    if isinstance(layer, PaddedOutputLayer):
+        layer = layer.inner
+    if not isinstance(layer, nn.Linear) or layer.bias is not None:
+        raise RuntimeError("the fast engine needs a bias-free linear output layer")
+    return layer.weight.data
+
+
+def _rope_tables(
+    inner: nn.Module, geometry: Geometry, like: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every position, computed by the model's own rotary module so they are
+    the ones transformers uses."""
+    positions = torch.arange(geometry.max_positions, device=like.device)[None]
+    probe = like.new_zeros(1, 1, geometry.head_dim)
+    cos, sin = inner.rotary_emb(probe, position_ids=positions)  # type: ignore[operator]
+    return cos[0].contiguous(), sin[0].contiguous()
