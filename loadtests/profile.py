@@ -1,4 +1,4 @@
-"""Where the time goes: the continuous-batching engine measured without HTTP, and profiled.
+"""Where the time goes: the continuous or fast engine measured without HTTP, and profiled.
 
 Loads the model as the service does (``HYMT_*`` settings), builds the service's own engine and the
 exact requests the load generator's texts become, and measures, in one process:
@@ -32,13 +32,16 @@ from loadtests.loadgen import emit
 from loadtests.timeline import summarize
 from service.config import Settings
 from service.engine.continuous import ContinuousBatchingEngine
+from service.engine.fast.engine import FastEngine
 from service.engine.loading import load_model
-from service.engine.types import GenerationRequest, GenerationResult
+from service.engine.types import ContinuousEngine, GenerationRequest, GenerationResult
 from service.errors import ServiceError
 
 
 @dataclass
 class ProfileReport:
+    engine: str
+    engine_build_s: float
     attention: str
     compiled_norms: int
     lone_requests: int
@@ -66,7 +69,7 @@ def _resolver(
 
 
 async def _generate(
-    engine: ContinuousBatchingEngine, requests: list[GenerationRequest], prefix: str
+    engine: ContinuousEngine, requests: list[GenerationRequest], prefix: str
 ) -> int:
     """Submit ``requests`` at once; the output tokens of all of them."""
     loop = asyncio.get_running_loop()
@@ -84,10 +87,18 @@ async def _generate(
 
 
 async def run(settings: Settings, requests: int, lone: int, seed: int) -> ProfileReport:
-    loaded = load_model(settings.engine_config())
-    engine = ContinuousBatchingEngine(loaded, settings.engine_config())
-    cuda = loaded.device.type == "cuda"
+    config = settings.engine_config()
+    loaded = load_model(config)
+    # Prepared before the fast engine takes the weights out of the model.
     prepared = service_requests(settings, loaded, requests + lone + 2, seed)
+    built = time.perf_counter()
+    engine: ContinuousEngine = (
+        FastEngine(loaded, config)
+        if settings.engine == "fast"
+        else ContinuousBatchingEngine(loaded, config)
+    )
+    build_s = time.perf_counter() - built
+    cuda = loaded.device.type == "cuda"
     try:
         await _generate(engine, prepared[:1], "warm")
 
@@ -118,6 +129,8 @@ async def run(settings: Settings, requests: int, lone: int, seed: int) -> Profil
     finally:
         engine.close()
     return ProfileReport(
+        engine="fast" if isinstance(engine, FastEngine) else "continuous",
+        engine_build_s=round(build_s, 2),
         attention=engine.info.attention,
         compiled_norms=engine.info.compiled_norms,
         lone_requests=lone,
@@ -137,7 +150,7 @@ async def run(settings: Settings, requests: int, lone: int, seed: int) -> Profil
 
 
 async def _sample(
-    engine: ContinuousBatchingEngine, started: float, samples: list[tuple[float, int]]
+    engine: ContinuousEngine, started: float, samples: list[tuple[float, int]]
 ) -> None:
     while True:
         samples.append((time.perf_counter() - started, engine.running() or 0))

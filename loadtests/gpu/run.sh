@@ -12,6 +12,9 @@
 # the process split's own cost, to an engine that answers at once), overload (queue bound 512: a
 # flood of 4,096 requests at once (QUEUE sets the bound) with /health polled, then goodput at RATE requests/s, default
 # 85 (twice the 41 requests/s the cb variant sustains), under a DEADLINE, default 5 s).
+# fast (the fast engine through HTTP, plus the naive baseline), fast-fp8 (its FP8 weights),
+# fast-profile / fast-profile-fp8 (loadtests.profile on the fast engine), fidelity-float32 /
+# fidelity-bfloat16 (loadtests.fidelity: TEXTS texts alone and in a CROWD, against generate()).
 # stream (loadtests.streaming: time to first token and to the full text of a 2,000-word document
 # through POST /translate/stream). Each writes VARIANT.json and VARIANT.log. SERVICE_ENV="NAME=VALUE ..." adds settings to every
 # service the bench variants start.
@@ -32,6 +35,23 @@ for variant in "$@"; do
     echo "exit $?"; cat "$work/$variant.json" 2>/dev/null || tail -c 3000 "$work/$variant.out"
     cp "$work/$variant.json" "$out/" 2>/dev/null; continue
   fi
+  if [ "${variant#fidelity-}" != "$variant" ]; then  # loadtests.fidelity: fast engine vs generate()
+    dtype=${variant#fidelity-}
+    HYMT_DTYPE=$dtype HYMT_LOAD_FORMAT=dummy HYMT_DATA_DIR="$work/data" timeout "${VARIANT_TIMEOUT:-280}" \
+      python3 -m loadtests.fidelity --texts "${TEXTS:-64}" --crowd "${CROWD:-1000}" --report "$work/$variant.json" \
+      > "$work/$variant.out" 2>&1
+    echo "exit $?"; cat "$work/$variant.json" 2>/dev/null || tail -c 3000 "$work/$variant.out"
+    cp "$work/$variant.json" "$out/" 2>/dev/null; continue
+  fi
+  if [ "${variant#fast-profile}" != "$variant" ]; then  # the fast engine alone (bf16, or -fp8)
+    quant=none; [ "$variant" = fast-profile-fp8 ] && quant=fp8
+    HYMT_ENGINE=fast HYMT_QUANTIZATION=$quant HYMT_LOAD_FORMAT=dummy HYMT_DATA_DIR="$work/data" timeout "${VARIANT_TIMEOUT:-280}" \
+      python3 -m loadtests.profile --requests "$requests" --lone "${LONE:-6}" --report "$work/$variant.json" \
+      > "$work/$variant.out" 2>&1
+    echo "exit $?"; cat "$work/$variant.json" 2>/dev/null || tail -c 3000 "$work/$variant.out"
+    grep -E '"(fast engine ready|decode graphs captured|kv cache allocated)"' "$work/$variant.out" | cut -c1-600
+    cp "$work/$variant.json" "$out/" 2>/dev/null; continue
+  fi
   if [ "$variant" = stream ]; then  # loadtests.streaming: a 2,000-word document streamed
     timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.streaming --label stream \
       "${common[@]}" --env HYMT_ENGINE=continuous > "$work/stream.out" 2>&1
@@ -48,6 +68,8 @@ for variant in "$@"; do
                       --flood-requests 4096 --flood-processes "${FLOOD_PROCESSES:-4}" --goodput-rate "${RATE:-85}"
                       --goodput-deadline "${DEADLINE:-5}" --goodput-duration 20) ;;
     cb)         args=(--env HYMT_ENGINE=continuous --baseline-requests "${BASELINE:-12}") ;;
+    fast)       args=(--env HYMT_ENGINE=fast --baseline-requests "${BASELINE:-12}") ;;
+    fast-fp8)   args=(--env HYMT_ENGINE=fast --env HYMT_QUANTIZATION=fp8 --baseline-requests 0) ;;
     cb-eager)   args=(--env HYMT_ENGINE=continuous --env HYMT_COMPILE_NORMS=off --baseline-requests 0) ;;
     cb-sdpa)    args=(--env HYMT_ENGINE=continuous --env HYMT_CB_ATTENTION=sdpa --baseline-requests 0) ;;
     cb-kv*)     args=(--env HYMT_ENGINE=continuous --env HYMT_CB_KV_PADDING="${variant#cb-kv}" --baseline-requests 0) ;;

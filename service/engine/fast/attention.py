@@ -54,7 +54,7 @@ class FlexDecode:
         self._blocks = torch.zeros(rows.rows, 1, 1, dtype=torch.int32, device=rows.device)
         self._masks: dict[int, BlockMask] = {}
         self._attend = (
-            torch.compile(flex_attention, fullgraph=True, dynamic=False)
+            torch.compile(flex_attention, fullgraph=True, dynamic=None)
             if compiled
             else flex_attention
         )

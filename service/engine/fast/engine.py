@@ -234,6 +234,32 @@ class FastEngine(LoadedEngine):
         self._wake.set()
         self._thread.join(timeout=30)
 
+    def teacher_forced_logits(self, ids: tuple[int, ...]) -> torch.Tensor:
+        """Float32 logits ``[len(ids), vocab]`` of every position of ``ids`` through the prefill
+        path, for fidelity checks; call only while the engine is idle (it uses the cache)."""
+        pages = pages_for(len(ids), self._page)
+        taken = [self._cache.take() for _ in range(pages)]
+        try:
+            table = np.asarray(taken, dtype=np.int64)
+            span = np.arange(len(ids))
+            device = self._device
+            with torch.inference_mode():
+                return self._model.prefill(
+                    torch.tensor(ids, device=device),
+                    torch.as_tensor(span).to(device),
+                    torch.as_tensor(table[span // self._page] * self._page + span % self._page).to(
+                        device
+                    ),
+                    torch.tensor([0, len(ids)], dtype=torch.int32, device=device),
+                    torch.tensor([0, len(ids)], dtype=torch.int32, device=device),
+                    len(ids),
+                    len(ids),
+                    None,
+                    torch.as_tensor(span).to(device),
+                )
+        finally:
+            self._cache.release(taken, 0)
+
     # --- the step loop, on the engine thread ----------------------------------------------
 
     def _loop(self) -> None:

@@ -89,7 +89,9 @@ class Transformer:
         self.attention = attention
         self._layer: Callable[..., torch.Tensor] = self._decode_layer
         if compile_layers:
-            self._layer = torch.compile(self._decode_layer, fullgraph=True, dynamic=False)
+            # dynamic=None: the first bucket compiles static, the next one marks the batch size
+            # dynamic, so every other bucket reuses that graph (no compile per bucket).
+            self._layer = torch.compile(self._decode_layer, fullgraph=True, dynamic=None)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weights

@@ -1,0 +1,183 @@
+"""Fidelity of the fast engine against transformers' ``generate()``: greedy tokens and logits.
+
+For the load generator's first ``--texts`` texts, built into prompts as the service builds them:
+
+- ``reference``: transformers' ``generate()``, greedy, one text at a time;
+- ``alone``: the fast engine, each text on its own;
+- ``crowd``: the fast engine, the same texts submitted at once with ``--crowd`` other requests
+  (greedy too, other texts), so each runs inside a large batch;
+- ``logits``: teacher-forced over prompt + reference output, transformers' forward against the
+  fast engine's prefill path at every generated position: the largest and mean absolute
+  difference, and the share of positions where both pick the same token.
+
+Two copies of the model are loaded (the ``dummy`` load is seeded, so both are the same weights).
+
+    HYMT_LOAD_FORMAT=dummy HYMT_DTYPE=float32 python -m loadtests.fidelity --report f32.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from loadtests.baseline import service_requests
+from loadtests.loadgen import emit
+from service.config import Settings
+from service.engine.fast.engine import FastEngine, _Sequence
+from service.engine.generation import eos_ids, generation_config, pad_token_id
+from service.engine.loading import load_model
+from service.engine.types import Decoding, GenerationRequest, GenerationResult
+from service.errors import ServiceError
+
+GREEDY = Decoding(greedy=True, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
+
+
+@dataclass
+class FidelityReport:
+    dtype: str
+    texts: int
+    crowd: int
+    max_new_tokens: int
+    reference_tokens: int
+    identical_alone: int
+    identical_crowd: int
+    first_difference_alone: list[int]
+    first_difference_crowd: list[int]
+    logits_positions: int
+    logits_max_abs_diff: float
+    logits_mean_abs_diff: float
+    logits_argmax_agreement: float
+    reference_s: float
+    alone_s: float
+    crowd_s: float
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    """Index of the first differing token, -1 when identical."""
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return -1 if len(a) == len(b) else min(len(a), len(b))
+
+
+class RecordingEngine(FastEngine):
+    """The fast engine, keeping each finished request's generated token ids."""
+
+    def __init__(self, *args: object) -> None:
+        self.tokens: dict[str, list[int]] = {}
+        super().__init__(*args)  # type: ignore[arg-type]
+
+    def _finish_now(self, sequence: _Sequence, generated: list[int]) -> None:
+        self.tokens[sequence.request_id] = list(generated)
+        super()._finish_now(sequence, generated)
+
+
+async def _run_fast(
+    engine: RecordingEngine, requests: list[GenerationRequest], prefix: str
+) -> list[list[int]]:
+    loop = asyncio.get_running_loop()
+    futures: list[asyncio.Future[GenerationResult | ServiceError]] = []
+    for index, request in enumerate(requests):
+        future: asyncio.Future[GenerationResult | ServiceError] = loop.create_future()
+
+        def done(result: GenerationResult | ServiceError, _q: float, _r: float, f=future) -> None:  # type: ignore[no-untyped-def]
+            f.set_result(result)
+
+        engine.submit(f"{prefix}-{index}", request, done)
+        futures.append(future)
+    for result in await asyncio.gather(*futures):
+        if isinstance(result, ServiceError):
+            raise result
+    return [engine.tokens.pop(f"{prefix}-{index}") for index in range(len(requests))]
+
+
+async def run(settings: Settings, texts: int, crowd: int, max_new: int) -> FidelityReport:
+    config = dataclasses.replace(settings.engine_config(), engine="fast")
+    reference = load_model(config)
+    prepared = [
+        dataclasses.replace(r, max_new_tokens=max_new, decoding=GREEDY)
+        for r in service_requests(settings, reference, texts + crowd, seed=0)
+    ]
+    chosen, others = prepared[:texts], prepared[texts:]
+    eos = tuple(sorted(eos_ids(reference.model)))
+    pad = pad_token_id(reference.tokenizer, frozenset(eos))
+    started = time.perf_counter()
+    expected: list[list[int]] = []
+    model = reference.model
+    with torch.inference_mode():
+        for request in chosen:
+            ids = torch.tensor([request.prompt_ids], device=reference.device)
+            out = model.generate(  # type: ignore[operator]
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                generation_config=generation_config(GREEDY, max_new, pad, eos),
+            )
+            expected.append(out[0, ids.shape[1] :].tolist())
+    reference_s = time.perf_counter() - started
+
+    engine = RecordingEngine(load_model(config), config)
+    try:
+        started = time.perf_counter()
+        alone = [(await _run_fast(engine, [r], f"alone{i}"))[0] for i, r in enumerate(chosen)]
+        alone_s = time.perf_counter() - started
+        started = time.perf_counter()
+        mixed = await _run_fast(engine, [*chosen, *others], "crowd")
+        crowd_s = time.perf_counter() - started
+
+        max_diff, sum_diff, positions, agree = 0.0, 0.0, 0, 0
+        with torch.inference_mode():
+            for request, tokens in zip(chosen, expected, strict=True):
+                ids = (*request.prompt_ids, *tokens)
+                start = len(request.prompt_ids) - 1
+                theirs = model(torch.tensor([ids], device=reference.device)).logits[0].float()
+                ours = engine.teacher_forced_logits(ids)
+                theirs, ours = theirs[start:-1], ours[start:-1]
+                diff = (theirs - ours).abs()
+                max_diff = max(max_diff, float(diff.max()))
+                sum_diff += float(diff.mean()) * diff.shape[0]
+                positions += diff.shape[0]
+                agree += int((theirs.argmax(-1) == ours.argmax(-1)).sum())
+    finally:
+        engine.close()
+    firsts_alone = [_first_difference(a, b) for a, b in zip(expected, alone, strict=True)]
+    firsts_crowd = [_first_difference(a, b) for a, b in zip(expected, mixed, strict=False)]
+    return FidelityReport(
+        dtype=str(reference.dtype).removeprefix("torch."),
+        texts=texts,
+        crowd=crowd,
+        max_new_tokens=max_new,
+        reference_tokens=sum(len(t) for t in expected),
+        identical_alone=firsts_alone.count(-1),
+        identical_crowd=firsts_crowd.count(-1),
+        first_difference_alone=[i for i in firsts_alone if i >= 0],
+        first_difference_crowd=[i for i in firsts_crowd if i >= 0],
+        logits_positions=positions,
+        logits_max_abs_diff=max_diff,
+        logits_mean_abs_diff=sum_diff / max(positions, 1),
+        logits_argmax_agreement=round(agree / max(positions, 1), 6),
+        reference_s=round(reference_s, 2),
+        alone_s=round(alone_s, 2),
+        crowd_s=round(crowd_s, 2),
+    )
+
+
+def main(argv: list[str] | None = None) -> FidelityReport:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.fidelity", description=__doc__)
+    parser.add_argument("--texts", type=int, default=64)
+    parser.add_argument("--crowd", type=int, default=1000)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--report", type=Path)
+    args = parser.parse_args(argv)
+    report = asyncio.run(run(Settings(engine="fast"), args.texts, args.crowd, args.max_new_tokens))
+    emit(report, args.report)
+    return report
+
+
+if __name__ == "__main__":
+    main()
