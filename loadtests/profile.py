@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
 from torch._C._autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
@@ -56,6 +57,8 @@ class ProfileReport:
     throughput_duration_s: float
     throughput_output_tokens_per_s: float
     top_kernels_ms: dict[str, float] = field(default_factory=dict)
+    engine_plan: dict[str, object] = field(default_factory=dict)
+    max_memory_allocated_bytes: int = 0
     throughput_timeline: dict[str, float] = field(default_factory=dict)
 
 
@@ -145,6 +148,8 @@ async def run(settings: Settings, requests: int, lone: int, seed: int) -> Profil
         throughput_duration_s=round(batch_wall, 3),
         throughput_output_tokens_per_s=round(batch_tokens / batch_wall, 1),
         top_kernels_ms=top,
+        engine_plan=asdict(engine.plan) if isinstance(engine, FastEngine) else {},
+        max_memory_allocated_bytes=torch.cuda.max_memory_allocated() if cuda else 0,
         throughput_timeline=asdict(summarize(samples, batch_wall)),
     )
 

@@ -133,7 +133,12 @@ class EngineHost:
     async def _start(self, worker: EngineWorker) -> bool:
         try:
             self._engine = engine = await worker.start()
-            kind = "continuous" if isinstance(engine, ContinuousEngine) else "static"
+            # The fast engine names itself; the other continuous engines are transformers'.
+            kind = (
+                str(getattr(engine, "kind", "continuous"))
+                if isinstance(engine, ContinuousEngine)
+                else "static"
+            )
             scheduler: GenerationScheduler
             if isinstance(engine, ContinuousEngine):
                 scheduler = ContinuousScheduler(engine)

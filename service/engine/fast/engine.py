@@ -105,6 +105,8 @@ def plan_for(config: FastConfig, device: torch.device) -> tuple[int, int, bool, 
 class FastEngine(LoadedEngine):
     """Implements ``ContinuousEngine`` with the project's own paged, graph-captured decode."""
 
+    kind = "fast"
+
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
         super().__init__(loaded)
         fast = config.fast
@@ -319,10 +321,11 @@ class FastEngine(LoadedEngine):
     def _prefill_step(self) -> None:
         budget = self._prefill_tokens
         chunk: list[tuple[_Sequence, int, int]] = []
+        completing = 0  # prompts of this chunk that take a row when it ends
         while budget > 0:
             if self._prefilling and (not chunk or chunk[-1][0] is not self._prefilling[0]):
                 sequence = self._prefilling[0]
-            elif self._waiting and self._admit(self._waiting[0]):
+            elif self._waiting and self._admit(self._waiting[0], completing):
                 sequence = self._waiting.popleft()
                 self._prefilling.append(sequence)
             else:
@@ -334,11 +337,12 @@ class FastEngine(LoadedEngine):
             if start + count < len(sequence.prompt):
                 break
             self._prefilling.popleft()
+            completing += 1
         if chunk:
             self._run_prefill(chunk)
 
-    def _admit(self, sequence: _Sequence) -> bool:
-        if self._n + len(self._prefilling) >= self._max_rows:
+    def _admit(self, sequence: _Sequence, completing: int) -> bool:
+        if self._n + len(self._prefilling) + completing >= self._max_rows:
             return False
         need = pages_for(len(sequence.prompt) + sequence.max_new, self._page)
         if not self._cache.can_commit(need):
@@ -566,8 +570,11 @@ class FastEngine(LoadedEngine):
             if isinstance(error, torch.OutOfMemoryError)
             else GenerationFailed("the model failed to generate")
         )
-        everyone = [s for s in self._at[: self._n] if s is not None]
-        everyone += list(self._prefilling) + list(self._waiting)
+        # Every request the engine holds, wherever the step failed (rows, prefill, queue).
+        everyone = list(self._by_id.values())
+        self._at = [None] * self._max_rows
+        self._streams[:] = False
+        self._full_sort[:] = False
         self._rows.compact([], [], 0, self._n)
         self._n = 0
         self._prefilling.clear()
