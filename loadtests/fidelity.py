@@ -133,11 +133,11 @@ async def run(settings: Settings, texts: int, crowd: int, max_new: int) -> Fidel
         max_diff, sum_diff, positions, agree = 0.0, 0.0, 0, 0
         with torch.inference_mode():
             for request, tokens in zip(chosen, expected, strict=True):
-                ids = (*request.prompt_ids, *tokens)
+                forced = (*request.prompt_ids, *tokens)
                 start = len(request.prompt_ids) - 1
-                theirs = model(torch.tensor([ids], device=reference.device)).logits[0].float()
-                ours = engine.teacher_forced_logits(ids)
-                theirs, ours = theirs[start:-1], ours[start:-1]
+                forward = model(torch.tensor([forced], device=reference.device))
+                theirs = forward.logits[0].float()[start:-1]
+                ours = engine.teacher_forced_logits(forced)[start:-1]
                 diff = (theirs - ours).abs()
                 max_diff = max(max_diff, float(diff.max()))
                 sum_diff += float(diff.mean()) * diff.shape[0]

@@ -40,6 +40,8 @@ def make_settings(data_dir: Path) -> MakeSettings:
         values: dict[str, Any] = {"data_dir": data_dir, "greedy": True}
         if overrides.get("engine") == "continuous":
             values |= {"cb_num_blocks": 32, "cb_max_batch_tokens": 512}
+        elif overrides.get("engine") == "fast":
+            values |= {"fast_num_pages": 128, "fast_page_size": 16}
         else:
             values["max_wait_ms"] = 2.0
         values.update(overrides)

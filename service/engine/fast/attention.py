@@ -13,7 +13,9 @@ grows with the longest row of the batch. It serves CPUs and checks the other.
 
 from __future__ import annotations
 
-from typing import Protocol
+import warnings
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -56,7 +58,7 @@ class FlexDecode:
         self._attend = (
             torch.compile(flex_attention, fullgraph=True, dynamic=None)
             if compiled
-            else flex_attention
+            else _eager_flex_attention
         )
 
     def _mask(self, batch: int) -> BlockMask:
@@ -109,6 +111,22 @@ class FlexDecode:
         return out[:, :, 0, :]
 
 
+def _eager_flex_attention(*args: Any, **kwargs: Any) -> Any:
+    """FlexAttention uncompiled: torch's reference implementation, which warns on every first
+    call that it is unfused; here that is the point (CPU tests, the reference)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
+        return flex_attention(*args, **kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class _Gathered:
+    slots: torch.Tensor
+    keep: torch.Tensor
+    batch: int
+    width: int
+
+
 class GatherDecode:
     name = "paged-gather"
 
@@ -123,7 +141,7 @@ class GatherDecode:
         slots = (table[:, :, None] * page + offsets).view(-1)
         width = pages * page
         keep = torch.arange(width, device=table.device) < self._rows.lengths[:batch, None]
-        return slots, keep[:, None, None, :], batch, width
+        return _Gathered(slots, keep[:, None, None, :], batch, width)
 
     def __call__(
         self,
@@ -133,7 +151,8 @@ class GatherDecode:
         meta: object,
         scale: float,
     ) -> torch.Tensor:
-        slots, keep, batch, width = meta  # type: ignore[misc]
+        assert isinstance(meta, _Gathered)
+        slots, keep, batch, width = meta.slots, meta.keep, meta.batch, meta.width
         shape = (-1, batch, width, query.shape[-1])
         picked_keys = keys.index_select(1, slots).view(shape).transpose(0, 1)
         picked_values = values.index_select(1, slots).view(shape).transpose(0, 1)

@@ -42,7 +42,13 @@ from service.engine.fast.sampler import RowSampling, needs_full_sort, sample
 from service.engine.fast.weights import take_weights
 from service.engine.generation import LoadedEngine
 from service.engine.loading import LoadedModel
-from service.engine.types import Completion, Decoding, GenerationRequest, TextSink
+from service.engine.types import (
+    Completion,
+    Decoding,
+    GenerationRequest,
+    GenerationResult,
+    TextSink,
+)
 from service.errors import (
     EngineUnavailable,
     GenerationFailed,
@@ -292,9 +298,9 @@ class FastEngine(LoadedEngine):
         cancelled: set[str] = set()
         while self._cancels:
             request_id = self._cancels.popleft()
-            sequence = self._by_id.get(request_id)
-            if sequence is not None:
-                sequence.cancelled = True
+            held = self._by_id.get(request_id)
+            if held is not None:
+                held.cancelled = True
                 cancelled.add(request_id)
                 self._cancelled_rows = True
         if cancelled:
@@ -553,7 +559,7 @@ class FastEngine(LoadedEngine):
         sequence.committed = 0
         self._by_id.pop(sequence.request_id, None)
 
-    def _reply(self, sequence: _Sequence, outcome: object) -> None:
+    def _reply(self, sequence: _Sequence, outcome: GenerationResult | ServiceError) -> None:
         now = time.monotonic()
         started = sequence.started or now
         queued, ran = max(0.0, started - sequence.submitted), max(0.0, now - started)

@@ -15,6 +15,7 @@ layer stay in the model's dtype.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -147,7 +148,8 @@ def take_weights(model: PreTrainedModel, quantization: str) -> ModelWeights:
     if reason is not None:
         raise RuntimeError(reason)
     config = model.config
-    inner = model.model  # type: ignore[attr-defined]
+    # transformers' submodules are typed as Tensor | Module: read them untyped.
+    inner: Any = model.model
     geometry = Geometry(
         hidden=int(config.hidden_size),
         heads=int(config.num_attention_heads),
@@ -164,7 +166,7 @@ def take_weights(model: PreTrainedModel, quantization: str) -> ModelWeights:
     cos, sin = _rope_tables(inner, geometry, embed)
 
     def project(*modules: nn.Module) -> Linear:
-        weight = torch.cat([module.weight.data for module in modules])  # type: ignore[union-attr]
+        weight = torch.cat([_weight_of(module) for module in modules])
         for module in modules:
             module.weight = nn.Parameter(weight.new_empty(0), requires_grad=False)
         return quantize_fp8(weight) if quantization == "fp8" else Linear(weight.contiguous())
@@ -195,6 +197,12 @@ def take_weights(model: PreTrainedModel, quantization: str) -> ModelWeights:
         cos=cos,
         sin=sin,
     )
+
+
+def _weight_of(module: nn.Module) -> torch.Tensor:
+    weight = module.weight
+    assert isinstance(weight, torch.Tensor)
+    return weight.data
 
 
 def _output_weight(model: PreTrainedModel) -> torch.Tensor:

@@ -1,0 +1,305 @@
+"""The fast engine on the demo model, on a CPU, in float32: what runs without a GPU.
+
+Greedy output must equal transformers' ``generate()`` token for token, for each text alone and
+inside a crowd larger than the decode batch (so requests wait, join and leave while others run),
+with prompts longer than one prefill chunk, with both decode attentions. CUDA graphs, compiled
+kernels and the flash prefill kernel run on the GPU only (docs/benchmarks.md has those figures).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import RepetitionPenaltyLogitsProcessor
+
+from service.config import Settings
+from service.engine.config import EngineConfig, FastConfig
+from service.engine.fast.engine import FastEngine
+from service.engine.fast.sampler import RowSampling, sample
+from service.engine.fast.weights import fp8_linear, quantize_fp8
+from service.engine.generation import eos_ids, generation_config, pad_token_id
+from service.engine.loading import LoadedModel, load_model
+from service.engine.types import Decoding, GenerationRequest, GenerationResult
+from service.errors import ServiceError
+from tests.conftest import ServiceClient, StartApp
+
+GREEDY = Decoding(greedy=True, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
+MAX_NEW = 12
+TEXTS = [
+    "hello there",
+    "a somewhat longer sentence to translate into a few more words than the others",
+    "今天天气很好，我们去公园散步吧。",
+    "x y z",
+    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+    "fifteen sixteen seventeen eighteen nineteen twenty twenty-one twenty-two",
+    "مرحبا بالعالم",
+]
+
+
+def _config(data_dir: Path, **fast: object) -> EngineConfig:
+    # An explicit cache budget (page count) and a decode batch smaller than the crowd.
+    values: dict[str, object] = {
+        "page_size": 16,
+        "num_pages": 160,
+        "max_rows": 4,
+        "prefill_tokens": 24,
+    }
+    values.update(fast)
+    return EngineConfig(
+        data_dir=data_dir,
+        engine="fast",
+        device="cpu",
+        dtype="float32",
+        max_new_tokens=MAX_NEW,
+        fast=FastConfig(**values),  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(data_dir: Path) -> LoadedModel:
+    return load_model(_config(data_dir))
+
+
+@pytest.fixture(scope="module")
+def prompts(reference: LoadedModel) -> list[tuple[int, ...]]:
+    return [tuple(reference.tokenizer.encode(text)) for text in TEXTS]
+
+
+@pytest.fixture(scope="module")
+def expected(reference: LoadedModel, prompts: list[tuple[int, ...]]) -> list[list[int]]:
+    """transformers' greedy tokens for each prompt, generated alone."""
+    eos = tuple(sorted(eos_ids(reference.model)))
+    pad = pad_token_id(reference.tokenizer, frozenset(eos))
+    outputs = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            out = reference.model.generate(  # type: ignore[operator]
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                generation_config=generation_config(GREEDY, MAX_NEW, pad, eos),
+            )
+            outputs.append(out[0, len(prompt) :].tolist())
+    return outputs
+
+
+class Recording(FastEngine):
+    """The fast engine, keeping each finished request's token ids."""
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        self.tokens: dict[str, list[int]] = {}
+        super().__init__(loaded, config)
+
+    def _finish_now(self, sequence, generated):  # type: ignore[no-untyped-def]
+        self.tokens[sequence.request_id] = list(generated)
+        super()._finish_now(sequence, generated)
+
+
+@pytest.fixture(params=["gather", "flex"])
+def engine(request: pytest.FixtureRequest, data_dir: Path) -> Iterator[Recording]:
+    config = _config(data_dir, attention=request.param)
+    built = Recording(load_model(config), config)
+    yield built
+    built.close()
+
+
+async def _generate(
+    engine: FastEngine, requests: list[GenerationRequest], prefix: str = "r"
+) -> list[GenerationResult | ServiceError]:
+    loop = asyncio.get_running_loop()
+    futures = []
+    for index, request in enumerate(requests):
+        future: asyncio.Future[GenerationResult | ServiceError] = loop.create_future()
+
+        def done(outcome: GenerationResult | ServiceError, _q: float, _r: float, f=future) -> None:  # type: ignore[no-untyped-def]
+            f.set_result(outcome)
+
+        engine.submit(f"{prefix}{index}", request, done)
+        futures.append(future)
+    return list(await asyncio.wait_for(asyncio.gather(*futures), 120))
+
+
+def _strip_eos(tokens: list[int], eos: frozenset[int]) -> list[int]:
+    """The tokens up to and with the first EOS (what both engines generate)."""
+    for index, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: index + 1]
+    return tokens
+
+
+async def test_greedy_equals_generate_alone_and_in_a_crowd(
+    engine: Recording,
+    reference: LoadedModel,
+    prompts: list[tuple[int, ...]],
+    expected: list[list[int]],
+) -> None:
+    eos = eos_ids(reference.model)
+    wanted = [_strip_eos(tokens, eos) for tokens in expected]
+    requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
+    # The 5th prompt is longer than a prefill chunk (24 tokens): it is prefilled in pieces.
+    assert max(len(p) for p in prompts) > 24
+    for index, request in enumerate(requests):
+        await _generate(engine, [request], prefix=f"alone{index}-")
+    alone = [engine.tokens[f"alone{index}-0"] for index in range(len(requests))]
+    assert alone == wanted
+    # A crowd of 4x the texts, in 4 decode rows: they queue, join and leave mid-flight.
+    crowd = requests * 4
+    results = await _generate(engine, crowd, prefix="crowd")
+    assert all(isinstance(r, GenerationResult) for r in results)
+    together = [engine.tokens[f"crowd{index}"] for index in range(len(crowd))]
+    assert together == wanted * 4
+    # Every page went back once everything finished.
+    assert engine._cache.committed_pages == 0
+
+
+async def test_results_text_budget_and_streaming(
+    data_dir: Path, prompts: list[tuple[int, ...]]
+) -> None:
+    config = _config(data_dir)
+    engine = FastEngine(load_model(config), config)
+    try:
+        loop = asyncio.get_running_loop()
+        pieces: list[str] = []
+        future: asyncio.Future[GenerationResult | ServiceError] = loop.create_future()
+        engine.submit(
+            "s",
+            GenerationRequest(prompts[1], 5, GREEDY),
+            lambda outcome, _q, _r: future.set_result(outcome),
+            pieces.append,
+        )
+        result = await asyncio.wait_for(future, 60)
+        assert isinstance(result, GenerationResult)
+        assert result.completion_tokens <= 5
+        assert result.prompt_tokens == len(prompts[1])
+        assert pieces
+        assert all(result.text.startswith(piece) for piece in pieces)
+        # Too long for the model's positions: refused, not crashed.
+        (refused,) = await _generate(
+            engine, [GenerationRequest((1,) * 40000, 5, GREEDY)], prefix="long"
+        )
+        assert isinstance(refused, ServiceError)
+        assert engine.is_alive()
+    finally:
+        engine.close()
+    assert not engine.is_alive()
+
+
+async def test_cancelled_requests_leave_and_free_their_pages(
+    data_dir: Path, prompts: list[tuple[int, ...]]
+) -> None:
+    config = _config(data_dir, max_rows=2)
+    engine = FastEngine(load_model(config), config)
+    try:
+        called: list[str] = []
+        for index in range(6):
+            engine.submit(
+                f"c{index}",
+                GenerationRequest(prompts[index % len(prompts)], MAX_NEW, GREEDY),
+                lambda *_args, i=index: called.append(f"c{i}"),
+            )
+        for index in range(6):
+            engine.cancel(f"c{index}")
+        # One more request afterwards still runs: the engine is not stuck on the cancelled.
+        (result,) = await _generate(engine, [GenerationRequest(prompts[0], 4, GREEDY)], "after")
+        assert isinstance(result, GenerationResult)
+        await asyncio.sleep(0.2)
+        assert engine._cache.committed_pages == 0
+        assert engine.running() == 0
+        # A cancelled request may have finished before its cancel arrived; none errs.
+        assert set(called) <= {f"c{i}" for i in range(6)}
+    finally:
+        engine.close()
+
+
+def test_sampling_semantics() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(6, 300)
+    rows = 6
+
+    def params(**values: object) -> RowSampling:
+        defaults: dict[str, object] = {
+            "greedy": torch.zeros(rows, dtype=torch.bool),
+            "temperature": torch.ones(rows),
+            "top_k": torch.zeros(rows, dtype=torch.long),
+            "top_p": torch.ones(rows),
+            "penalty": torch.ones(rows),
+            "seen": torch.zeros(rows, 300, dtype=torch.bool),
+        }
+        defaults.update(values)
+        return RowSampling(**defaults)  # type: ignore[arg-type]
+
+    greedy = logits.argmax(-1)
+    # top-k 1 and a tiny top-p both reduce sampling to argmax, in both sorting paths.
+    for full in (False, True):
+        one = params(top_k=torch.ones(rows, dtype=torch.long))
+        assert torch.equal(sample(logits, one, full), greedy)
+        assert torch.equal(sample(logits, params(top_p=torch.full((rows,), 1e-6)), full), greedy)
+    # Sampled tokens stay inside each row's top-k.
+    top5 = logits.topk(5).indices
+    for _ in range(20):
+        drawn = sample(logits, params(top_k=torch.full((rows,), 5)), False)
+        assert all(drawn[r] in top5[r] for r in range(rows))
+    # The repetition penalty is transformers' own, greedy rows included.
+    seen_ids = torch.randint(0, 300, (rows, 7))
+    seen = torch.zeros(rows, 300, dtype=torch.bool).scatter(1, seen_ids, True)
+    theirs = RepetitionPenaltyLogitsProcessor(1.3)(seen_ids, logits.clone())
+    chosen = sample(
+        logits,
+        params(
+            greedy=torch.ones(rows, dtype=torch.bool), penalty=torch.full((rows,), 1.3), seen=seen
+        ),
+        False,
+    )
+    assert torch.equal(chosen, theirs.argmax(-1))
+
+
+def test_fp8_projection_is_close_to_the_float_one() -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(64, 32)
+    x = torch.randn(5, 32)
+    quantized = quantize_fp8(weight)
+    assert quantized.weight.dtype == torch.float8_e4m3fn
+    assert quantized.scale is not None
+    assert quantized.scale.shape == (64, 1)
+    dequantized = quantized.weight.float() * quantized.scale
+    assert (dequantized - weight).abs().max() <= 0.07 * weight.abs().max()
+    out = fp8_linear(x, quantized.weight, quantized.scale)
+    assert out.shape == (5, 64)
+    relative = (out - x @ weight.T).norm() / (x @ weight.T).norm()
+    assert relative < 0.08
+
+
+async def test_fast_engine_serves_through_http(start_app: StartApp) -> None:
+    client: ServiceClient = await start_app(engine="fast", max_new_tokens=8, cache_size=0)
+    health = (await client.http.get("/health")).json()
+    assert health["engine"] == "fast"
+    assert health["attention"] == "paged-gather"
+    single, batch = await asyncio.gather(
+        client.http.post("/translate", json={"text": "hello there", "target_lang": "de"}),
+        client.http.post(
+            "/batch_translate", json={"texts": ["short", "今天天气很好"], "target_lang": "fr"}
+        ),
+    )
+    assert single.status_code == 200, single.text
+    assert 0 < single.json()["usage"]["output_tokens"] <= 8
+    assert batch.status_code == 200, batch.text
+    assert len(batch.json()["translations"]) == 2
+
+
+def test_settings_keep_engine_options_to_their_engine(data_dir: Path) -> None:
+    with pytest.raises(ValueError, match="fp8"):
+        Settings(data_dir=data_dir, engine="continuous", quantization="fp8")
+    with pytest.raises(ValueError, match="fast_num_pages"):
+        Settings(data_dir=data_dir, engine="static", fast_num_pages=10)
+    with pytest.raises(ValueError, match="bitsandbytes"):
+        Settings(data_dir=data_dir, engine="fast", quantization="nf4")
+    fast = Settings(data_dir=data_dir, engine="fast", quantization="fp8", fast_num_pages=10)
+    config = fast.engine_config()
+    assert config.fast.num_pages == 10
+    assert config.quantization == "fp8"
+    assert dataclasses.replace(config, engine="fast").fast.page_size == 128
