@@ -15,10 +15,16 @@ __all__ = ["EngineLoader", "engine_kind", "load_engine"]
 
 
 def engine_kind(config: EngineConfig, device_type: str) -> str:
-    """``auto`` is continuous batching on CUDA and static micro-batches elsewhere."""
+    """``auto`` is the fast engine on CUDA, static micro-batches elsewhere. On CUDA it is
+    transformers' continuous batching where the fast engine cannot run the model: the mixture of
+    experts (Hy-MT2-30B-A3B's turn format) and bitsandbytes weights."""
     if config.engine != "auto":
         return config.engine
-    return "continuous" if device_type == "cuda" else "static"
+    if device_type != "cuda":
+        return "static"
+    if config.chat_format == "hy-v3" or config.quantization in ("nf4", "int8"):
+        return "continuous"
+    return "fast"
 
 
 def load_engine(config: EngineConfig) -> AnyEngine:

@@ -13,10 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub import snapshot_download
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     BitsAndBytesConfig,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -25,6 +28,7 @@ from service.engine.compilation import compile_norms, wants_compiled_norms
 from service.engine.config import EngineConfig
 from service.engine.demo import demo_name, ensure_demo_model
 from service.engine.dummy import dummy_config, materialized_checkpoint, random_model
+from service.engine.factory import engine_kind
 from service.engine.output_layer import prepare_output_layer
 from service.engine.quantization import quantization_config, quantization_label
 from service.engine.types import EngineInfo
@@ -47,6 +51,9 @@ class LoadedModel:
     compiled_norms: int = 0
     # Whether prompts end with the chat template's generation prompt (the family's way).
     add_generation_prompt: bool = False
+    # A compressed-tensors FP8 checkpoint's folder: the model's projections were loaded cast
+    # from FP8 without their scales, and only the fast engine (which reads them from here) runs.
+    fp8_checkpoint: Path | None = None
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -86,6 +93,7 @@ def load_model(settings: EngineConfig) -> LoadedModel:
         )
 
     model: PreTrainedModel
+    fp8_checkpoint: Path | None = None
     if settings.load_format == "dummy":
         config, name = dummy_config(
             settings.model_id, _special_ids(tokenizer), settings.shipped_config
@@ -103,8 +111,19 @@ def load_model(settings: EngineConfig) -> LoadedModel:
             source, name, revision = tokenizer_source, demo_name(settings.shipped_config), None
         else:
             source, name = settings.model_id, settings.model_id
+        config = AutoConfig.from_pretrained(source, revision=revision)
+        if _is_compressed_fp8(config):
+            # Its projections are read by the fast engine itself (fast/checkpoint.py).
+            if engine_kind(settings, device.type) != "fast":
+                raise RuntimeError(
+                    f"{name} is an FP8 (compressed-tensors) checkpoint: serve it with "
+                    "HYMT_ENGINE=fast"
+                )
+            del config.quantization_config
+            label = "fp8"
+            fp8_checkpoint = _local_folder(source, revision)
         _log_loading(name, device, dtype, label)
-        model = _from_pretrained(source, revision, dtype, quantization, device)
+        model = _from_pretrained(source, revision, dtype, quantization, device, config)
     model.eval()
     # The output layer stays in the model's dtype unless quantize_lm_head asks otherwise.
     head = settings.quantization if settings.quantize_lm_head else "none"
@@ -130,6 +149,24 @@ def load_model(settings: EngineConfig) -> LoadedModel:
         load_seconds=seconds,
         compiled_norms=norms,
         add_generation_prompt=settings.add_generation_prompt,
+        fp8_checkpoint=fp8_checkpoint,
+    )
+
+
+def _is_compressed_fp8(config: PretrainedConfig) -> bool:
+    section = getattr(config, "quantization_config", None)
+    method = section.get("quant_method") if isinstance(section, dict) else None
+    return method == "compressed-tensors"
+
+
+def _local_folder(source: str | Path, revision: str | None) -> Path:
+    """The checkpoint's folder on this machine (the Hub's cache for a model id)."""
+    if Path(source).is_dir():
+        return Path(source)
+    return Path(
+        snapshot_download(
+            str(source), revision=revision, allow_patterns=["*.json", "*.safetensors"]
+        )
     )
 
 
@@ -139,10 +176,13 @@ def _from_pretrained(
     dtype: torch.dtype,
     quantization: BitsAndBytesConfig | None,
     device: torch.device,
+    config: PretrainedConfig | None = None,
 ) -> PreTrainedModel:
+    extra = {} if config is None else {"config": config}
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
         source,
         revision=revision,
+        **extra,
         dtype=dtype,
         quantization_config=quantization,
         device_map={"": str(device)},

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import RepetitionPenaltyLogitsProcessor
 
 from service.config import Settings
 from service.engine.config import EngineConfig, FastConfig
+from service.engine.demo import ensure_demo_model
+from service.engine.factory import engine_kind
+from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.engine import FastEngine
 from service.engine.fast.sampler import RowSampling, sample
 from service.engine.fast.weights import fp8_linear, quantize_fp8
@@ -303,3 +309,84 @@ def test_settings_keep_engine_options_to_their_engine(data_dir: Path) -> None:
     assert config.fast.num_pages == 10
     assert config.quantization == "fp8"
     assert dataclasses.replace(config, engine="fast").fast.page_size == 128
+
+
+def _compressed_fp8_checkpoint(source: Path, target: Path) -> Path:
+    """The demo model rewritten as Tencent's FP8 builds are: compressed-tensors, each decoder
+    projection in float8 with one scale per output row, the rest as it was."""
+    shutil.copytree(source, target)
+    for path in target.glob("*.safetensors"):
+        tensors = load_file(str(path))
+        for name in [n for n in tensors if n.startswith("model.layers.") and "_proj." in n]:
+            quantized = quantize_fp8(tensors[name])
+            tensors[name] = quantized.weight
+            assert quantized.scale is not None
+            tensors[name.removesuffix(".weight") + ".weight_scale"] = quantized.scale
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    config = json.loads((target / "config.json").read_text("utf-8"))
+    fp8 = {"num_bits": 8, "type": "float", "symmetric": True}
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {**fp8, "strategy": "channel", "dynamic": False},
+                "input_activations": {**fp8, "strategy": "token", "dynamic": True},
+            }
+        },
+        "ignore": ["lm_head"],
+    }
+    (target / "config.json").write_text(json.dumps(config), "utf-8")
+    return target
+
+
+async def test_compressed_tensors_fp8_checkpoint_runs_as_fp8_quantized_at_load(
+    data_dir: Path, tmp_path: Path, prompts: list[tuple[int, ...]]
+) -> None:
+    folder = _compressed_fp8_checkpoint(ensure_demo_model(data_dir), tmp_path / "fp8")
+    # Only the fast engine can run it: the others would see the FP8 values without their scales.
+    with pytest.raises(RuntimeError, match="HYMT_ENGINE=fast"):
+        load_model(dataclasses.replace(_config(data_dir), model_id=str(folder), engine="static"))
+    outputs = []
+    for config in (
+        dataclasses.replace(_config(data_dir), model_id=str(folder)),
+        dataclasses.replace(_config(data_dir), quantization="fp8"),
+    ):
+        engine = Recording(load_model(config), config)
+        try:
+            assert engine.info.quantization == "fp8"
+            assert engine._weights.layers[0].qkv.weight.dtype == torch.float8_e4m3fn
+            requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
+            await _generate(engine, requests, prefix="fp8-")
+            outputs.append([engine.tokens[f"fp8-{i}"] for i in range(len(requests))])
+        finally:
+            engine.close()
+    # The same FP8 weights and scales, read from the checkpoint or quantized at load.
+    assert outputs[0] == outputs[1]
+
+
+def test_one_scale_per_matrix_applies_to_every_row(tmp_path: Path) -> None:
+    weight = torch.randn(8, 16)
+    scale = weight.abs().max().reshape(1) / 448
+    save_file(
+        {"p.weight": (weight / scale).to(torch.float8_e4m3fn), "p.weight_scale": scale},
+        str(tmp_path / "model.safetensors"),
+    )
+    (tmp_path / "config.json").write_text(
+        json.dumps({"quantization_config": {"quant_method": "compressed-tensors"}}), "utf-8"
+    )
+    projection = Fp8Checkpoint.open(tmp_path).projection(["p"], torch.device("cpu"))
+    assert projection.scale is not None
+    assert projection.scale.shape == (8, 1)
+    restored = projection.weight.float() * projection.scale
+    assert (restored - weight).abs().max() <= 0.07 * weight.abs().max()
+
+
+def test_auto_is_the_fast_engine_on_cuda_where_it_runs_the_model() -> None:
+    dense = EngineConfig()
+    assert engine_kind(dense, "cuda") == "fast"
+    assert engine_kind(dense, "cpu") == "static"
+    assert engine_kind(EngineConfig(chat_format="hy-v3"), "cuda") == "continuous"
+    assert engine_kind(EngineConfig(quantization="nf4"), "cuda") == "continuous"
+    assert engine_kind(EngineConfig(engine="continuous"), "cuda") == "continuous"

@@ -35,6 +35,7 @@ from service.engine.fast.cache import (
     budget_pages,
     pages_for,
 )
+from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.compile_cache import use_compile_cache
 from service.engine.fast.forward import Transformer
 from service.engine.fast.graphs import DecodeGraphs, buckets_up_to
@@ -120,7 +121,8 @@ class FastEngine(LoadedEngine):
         rows, prefill, graphs, compiled, attention_kind = plan_for(fast, device)
         if compiled:
             use_compile_cache(config.data_dir)
-        self._weights = take_weights(loaded.model, config.quantization)
+        fp8 = None if loaded.fp8_checkpoint is None else Fp8Checkpoint.open(loaded.fp8_checkpoint)
+        self._weights = take_weights(loaded.model, config.quantization, fp8)
         geometry = self._weights.geometry
         layers = len(self._weights.layers)
         page_size = fast.page_size
@@ -188,7 +190,9 @@ class FastEngine(LoadedEngine):
             buckets=buckets,
         )
         self._buckets = buckets
-        label = "fp8" if config.quantization == "fp8" else self._info.quantization
+        label = (
+            "fp8" if fp8 is not None or config.quantization == "fp8" else self._info.quantization
+        )
         self._info = dataclasses.replace(
             self._info,
             quantization=label,

@@ -15,7 +15,7 @@ layer stay in the model's dtype.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -127,6 +127,14 @@ class ModelWeights:
         return total
 
 
+class Fp8Source(Protocol):
+    """Where FP8 projections come from (``checkpoint.Fp8Checkpoint``)."""
+
+    def has(self, module_name: str) -> bool: ...
+
+    def projection(self, module_names: list[str], device: torch.device) -> Linear: ...
+
+
 def unsupported_reason(model: PreTrainedModel) -> str | None:
     """Why the fast engine cannot run ``model``, or None."""
     model_type = str(getattr(model.config, "model_type", ""))
@@ -142,8 +150,11 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     return None
 
 
-def take_weights(model: PreTrainedModel, quantization: str) -> ModelWeights:
-    """Move ``model``'s weights into a ``ModelWeights``, emptying its layers on the way."""
+def take_weights(
+    model: PreTrainedModel, quantization: str, fp8: Fp8Source | None = None
+) -> ModelWeights:
+    """Move ``model``'s weights into a ``ModelWeights``, emptying its layers on the way; the
+    projections come from ``fp8`` (an FP8 checkpoint) where it has them."""
     reason = unsupported_reason(model)
     if reason is not None:
         raise RuntimeError(reason)
@@ -165,27 +176,31 @@ def take_weights(model: PreTrainedModel, quantization: str) -> ModelWeights:
     embed = inner.embed_tokens.weight.data
     cos, sin = _rope_tables(inner, geometry, embed)
 
-    def project(*modules: nn.Module) -> Linear:
+    def project(layer: nn.Module, index: int, prefix: str, *names: str) -> Linear:
+        modules = [getattr(getattr(layer, prefix), name) for name in names]
+        full_names = [f"model.layers.{index}.{prefix}.{name}" for name in names]
         weight = torch.cat([_weight_of(module) for module in modules])
         for module in modules:
             module.weight = nn.Parameter(weight.new_empty(0), requires_grad=False)
+        if fp8 is not None and fp8.has(full_names[0]):
+            return fp8.projection(full_names, weight.device)
         return quantize_fp8(weight) if quantization == "fp8" else Linear(weight.contiguous())
 
     layers = []
-    for layer in inner.layers:
-        attention, mlp = layer.self_attn, layer.mlp
+    for index, layer in enumerate(inner.layers):
+        attention = layer.self_attn
         query_norm = getattr(attention, "query_layernorm", None)
         key_norm = getattr(attention, "key_layernorm", None)
         layers.append(
             LayerWeights(
                 input_norm=layer.input_layernorm.weight.data,
-                qkv=project(attention.q_proj, attention.k_proj, attention.v_proj),
+                qkv=project(layer, index, "self_attn", "q_proj", "k_proj", "v_proj"),
                 query_norm=None if query_norm is None else query_norm.weight.data,
                 key_norm=None if key_norm is None else key_norm.weight.data,
-                o=project(attention.o_proj),
+                o=project(layer, index, "self_attn", "o_proj"),
                 post_norm=layer.post_attention_layernorm.weight.data,
-                gate_up=project(mlp.gate_proj, mlp.up_proj),
-                down=project(mlp.down_proj),
+                gate_up=project(layer, index, "mlp", "gate_proj", "up_proj"),
+                down=project(layer, index, "mlp", "down_proj"),
             )
         )
     return ModelWeights(
