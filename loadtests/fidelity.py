@@ -29,9 +29,10 @@ import torch
 from loadtests.baseline import service_requests
 from loadtests.loadgen import emit
 from service.config import Settings
+from service.engine.config import EngineConfig
 from service.engine.fast.engine import FastEngine, _Sequence
 from service.engine.generation import eos_ids, generation_config, pad_token_id
-from service.engine.loading import load_model
+from service.engine.loading import LoadedModel, load_model
 from service.engine.types import Decoding, GenerationRequest, GenerationResult
 from service.errors import ServiceError
 
@@ -69,9 +70,9 @@ def _first_difference(a: list[int], b: list[int]) -> int:
 class RecordingEngine(FastEngine):
     """The fast engine, keeping each finished request's generated token ids."""
 
-    def __init__(self, *args: object) -> None:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
         self.tokens: dict[str, list[int]] = {}
-        super().__init__(*args)  # type: ignore[arg-type]
+        super().__init__(loaded, config)
 
     def _finish_now(self, sequence: _Sequence, generated: list[int]) -> None:
         self.tokens[sequence.request_id] = list(generated)

@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import RepetitionPenaltyLogitsProcessor
 
+from loadtests.fidelity import RecordingEngine
 from service.config import Settings
 from service.engine.config import EngineConfig, FastConfig
 from service.engine.demo import ensure_demo_model
@@ -94,22 +95,10 @@ def expected(reference: LoadedModel, prompts: list[tuple[int, ...]]) -> list[lis
     return outputs
 
 
-class Recording(FastEngine):
-    """The fast engine, keeping each finished request's token ids."""
-
-    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
-        self.tokens: dict[str, list[int]] = {}
-        super().__init__(loaded, config)
-
-    def _finish_now(self, sequence, generated):  # type: ignore[no-untyped-def]
-        self.tokens[sequence.request_id] = list(generated)
-        super()._finish_now(sequence, generated)
-
-
 @pytest.fixture(params=["gather", "flex"])
-def engine(request: pytest.FixtureRequest, data_dir: Path) -> Iterator[Recording]:
+def engine(request: pytest.FixtureRequest, data_dir: Path) -> Iterator[RecordingEngine]:
     config = _config(data_dir, attention=request.param)
-    built = Recording(load_model(config), config)
+    built = RecordingEngine(load_model(config), config)
     yield built
     built.close()
 
@@ -139,7 +128,7 @@ def _strip_eos(tokens: list[int], eos: frozenset[int]) -> list[int]:
 
 
 async def test_greedy_equals_generate_alone_and_in_a_crowd(
-    engine: Recording,
+    engine: RecordingEngine,
     reference: LoadedModel,
     prompts: list[tuple[int, ...]],
     expected: list[list[int]],
@@ -353,7 +342,7 @@ async def test_compressed_tensors_fp8_checkpoint_runs_as_fp8_quantized_at_load(
         dataclasses.replace(_config(data_dir), model_id=str(folder)),
         dataclasses.replace(_config(data_dir), quantization="fp8"),
     ):
-        engine = Recording(load_model(config), config)
+        engine = RecordingEngine(load_model(config), config)
         try:
             assert engine.info.quantization == "fp8"
             assert engine._weights.layers[0].qkv.weight.dtype == torch.float8_e4m3fn
