@@ -250,8 +250,9 @@ class Settings(BaseSettings):
         description="static = micro-batches through model.generate(); continuous = transformers' "
         "continuous batching (requests join and leave the running batch at every step); fast = "
         "the project's own engine (paged KV cache, decode steps as CUDA graphs, FlexAttention; "
-        "Hunyuan dense models); auto = fast on CUDA (continuous for Hy-MT2-30B-A3B and for nf4 or "
-        "int8 weights, which the fast engine does not run), static on CPU.",
+        "every model of the family); auto = fast on CUDA (continuous for Hy-MT2-30B-A3B, not yet "
+        "measured on the fast engine, and for nf4 or int8 weights, which it does not run), static "
+        "on CPU.",
     )
     cb_attention: Literal["auto", "varlen", "sdpa"] = Field(
         "auto",
@@ -334,6 +335,12 @@ class Settings(BaseSettings):
         "auto",
         description="Fast engine: torch.compile of the decode layer and its FlexAttention kernel "
         "(auto = on CUDA); compiled kernels are cached under data_dir/compile-cache.",
+    )
+    fast_compile_scope: Literal["layer", "step"] = Field(
+        "layer",
+        description="Fast engine: what one compiled unit covers. layer = one decode layer, "
+        "reused by all (quick to compile); step = the whole stack of layers (inductor may also "
+        "fuse across layers; compiles for longer).",
     )
     fast_attention: Literal["auto", "flex", "gather"] = Field(
         "auto",
@@ -563,6 +570,7 @@ class Settings(BaseSettings):
                 prefill_tokens=self.fast_prefill_tokens,
                 cuda_graph=self.fast_cuda_graph,
                 compile=self.fast_compile,
+                compile_scope=self.fast_compile_scope,
                 attention=self.fast_attention,
             ),
             static_only=tuple(sorted(given & _STATIC_ONLY)),

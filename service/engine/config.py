@@ -54,6 +54,8 @@ class FastConfig:
     prefill_tokens: int | None = None
     cuda_graph: Toggle = "auto"
     compile: Toggle = "auto"
+    # What one compiled unit covers: a decode layer (reused by all) or the whole stack of them.
+    compile_scope: Literal["layer", "step"] = "layer"
     attention: Literal["auto", "flex", "gather"] = "auto"
 
 

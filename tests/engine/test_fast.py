@@ -48,7 +48,7 @@ TEXTS = [
 ]
 
 
-def _config(data_dir: Path, **fast: object) -> EngineConfig:
+def _config(data_dir: Path, chat_format: str = "hunyuan-7b", **fast: object) -> EngineConfig:
     # An explicit cache budget (page count) and a decode batch smaller than the crowd.
     values: dict[str, object] = {
         "page_size": 16,
@@ -57,8 +57,11 @@ def _config(data_dir: Path, **fast: object) -> EngineConfig:
         "prefill_tokens": 24,
     }
     values.update(fast)
+    shipped = {"hunyuan-7b": "hunyuan-mt-7b", "hy-v3": "hy-mt2-30b-a3b"}[chat_format]
     return EngineConfig(
         data_dir=data_dir,
+        chat_format=chat_format,  # type: ignore[arg-type]
+        shipped_config=shipped,
         engine="fast",
         device="cpu",
         dtype="float32",
@@ -150,6 +153,38 @@ async def test_greedy_equals_generate_alone_and_in_a_crowd(
     assert together == wanted * 4
     # Every page went back once everything finished.
     assert engine._cache.committed_pages == 0
+
+
+async def test_mixture_of_experts_equals_generate(
+    data_dir: Path, prompts: list[tuple[int, ...]]
+) -> None:
+    # Hy-MT2-30B-A3B's architecture (the demo's: a dense first layer, then routed experts with a
+    # shared one, query/key norms before RoPE): greedy tokens as generate()'s, alone and crowded.
+    config = _config(data_dir, "hy-v3")
+    reference = load_model(config)
+    eos = eos_ids(reference.model)
+    pad = pad_token_id(reference.tokenizer, eos)
+    wanted = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            out = reference.model.generate(  # type: ignore[operator]
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                generation_config=generation_config(GREEDY, MAX_NEW, pad, tuple(sorted(eos))),
+            )
+            wanted.append(_strip_eos(out[0, len(prompt) :].tolist(), eos))
+    engine = RecordingEngine(load_model(config), config)
+    try:
+        assert engine._weights.layers[1].moe is not None
+        requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
+        for index, request in enumerate(requests):
+            await _generate(engine, [request], prefix=f"alone{index}-")
+        assert [engine.tokens[f"alone{i}-0"] for i in range(len(requests))] == wanted
+        await _generate(engine, requests * 2, prefix="crowd")
+        assert [engine.tokens[f"crowd{i}"] for i in range(2 * len(requests))] == wanted * 2
+    finally:
+        engine.close()
 
 
 async def test_results_text_budget_and_streaming(

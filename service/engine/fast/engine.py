@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch._inductor.config
 
 from service.engine.config import EngineConfig, FastConfig
 from service.engine.fast.attention import DecodeAttention, FlexDecode, GatherDecode
@@ -121,6 +122,10 @@ class FastEngine(LoadedEngine):
         rows, prefill, graphs, compiled, attention_kind = plan_for(fast, device)
         if compiled:
             use_compile_cache(config.data_dir)
+            # Compiled kernels round to the model's dtype where the eager code does (inductor
+            # otherwise keeps float32 between fused operations): closer to transformers in bf16.
+            if hasattr(torch._inductor.config, "emulate_precision_casts"):
+                torch._inductor.config.emulate_precision_casts = True
         fp8 = None if loaded.fp8_checkpoint is None else Fp8Checkpoint.open(loaded.fp8_checkpoint)
         self._weights = take_weights(loaded.model, config.quantization, fp8)
         geometry = self._weights.geometry
@@ -139,7 +144,8 @@ class FastEngine(LoadedEngine):
             if attention_kind == "flex"
             else GatherDecode(self._cache, self._rows)
         )
-        self._model = Transformer(self._weights, self._cache, self._rows, attention, compiled)
+        scope = fast.compile_scope if compiled else None
+        self._model = Transformer(self._weights, self._cache, self._rows, attention, scope)
         self._device = device
         self._max_rows = rows
         self._prefill_tokens = prefill

@@ -1,16 +1,19 @@
 """The transformer itself, written out over the fused weights and the paged cache.
 
-The arithmetic is transformers' Hunyuan dense model operation for operation (RMSNorm in float32
-and back, RoPE before the query and key norms, SiLU-gated MLP, residuals in the model's dtype),
-so in float32 it computes what ``generate()`` computes. Two entry points:
+The arithmetic is transformers' Hunyuan models operation for operation (RMSNorm in float32 and
+back, RoPE and the query and key norms in each model's order, SiLU-gated MLP or the mixture of
+experts, residuals in the model's dtype), so in float32 it computes what ``generate()`` computes.
+Two entry points:
 
 - ``prefill``: packed prompts (or chunks of them) of any lengths, keys and values written to
   their pages, causal attention per sequence with torch's varlen flash kernel; returns the
   logits of the positions asked for (the last of each finished prompt).
 - ``decode``: one token for each of the first ``batch`` rows of ``DeviceRows``, everything read
-  from and written to device buffers, so it can be captured in a CUDA graph. The per-layer work
-  can be compiled (``compile_layers``): one compiled function serves every layer, since the
-  layers differ only in the tensors passed in.
+  from and written to device buffers, so it can be captured in a CUDA graph. Compiled
+  (``compile_scope``), either per layer (``layer``: one compiled function serves every layer,
+  since the layers differ only in the tensors passed in; quick to compile) or as the whole stack
+  of layers (``step``: inductor may also fuse across layer boundaries, such as a layer's last
+  residual add with the next one's norm; slower to compile).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from service.engine.attention import packed_causal_attention
 from service.engine.fast.attention import DecodeAttention
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import PagedKVCache, write_kv
+from service.engine.fast.moe import moe_block
 from service.engine.fast.weights import Geometry, LayerWeights, ModelWeights, linear
 
 
@@ -55,13 +59,23 @@ def attention_inputs(
     q = q.reshape(tokens, g.heads, g.head_dim)
     k = k.reshape(tokens, g.kv_heads, g.head_dim)
     v = v.reshape(tokens, g.kv_heads, g.head_dim)
+    normed = layer.query_norm is not None and layer.key_norm is not None
+    if normed and g.norm_before_rope:
+        q, k = _qk_norm(q, k, layer, g)
     c, s = cos[:, None, :], sin[:, None, :]
     q = q * c + _rotate_half(q) * s
     k = k * c + _rotate_half(k) * s
-    if layer.query_norm is not None and layer.key_norm is not None:
-        q = rms_norm(q, layer.query_norm, g.eps)
-        k = rms_norm(k, layer.key_norm, g.eps)
+    if normed and not g.norm_before_rope:
+        q, k = _qk_norm(q, k, layer, g)
     return q, k, v
+
+
+def _qk_norm(
+    q: torch.Tensor, k: torch.Tensor, layer: LayerWeights, g: Geometry
+) -> tuple[torch.Tensor, torch.Tensor]:
+    assert layer.query_norm is not None
+    assert layer.key_norm is not None
+    return rms_norm(q, layer.query_norm, g.eps), rms_norm(k, layer.key_norm, g.eps)
 
 
 def attention_output(
@@ -70,6 +84,10 @@ def attention_output(
     """The residual stream after the output projection and the MLP."""
     x = x + linear(attended.reshape(x.shape[0], -1), layer.o.weight, layer.o.scale)
     h = rms_norm(x, layer.post_norm, g.eps)
+    if layer.moe is not None:
+        return x + moe_block(h, layer.moe)
+    assert layer.gate_up is not None
+    assert layer.down is not None
     gate, up = linear(h, layer.gate_up.weight, layer.gate_up.scale).chunk(2, dim=-1)
     return x + linear(torch.nn.functional.silu(gate) * up, layer.down.weight, layer.down.scale)
 
@@ -81,14 +99,17 @@ class Transformer:
         cache: PagedKVCache,
         rows: DeviceRows,
         attention: DecodeAttention,
-        compile_layers: bool,
+        compile_scope: str | None,
     ) -> None:
         self.weights = weights
         self.cache = cache
         self.rows = rows
         self.attention = attention
         self._layer: Callable[..., torch.Tensor] = self._decode_layer
-        if compile_layers:
+        self._stack: Callable[..., torch.Tensor] = self._decode_stack
+        if compile_scope == "step":
+            self._stack = torch.compile(self._decode_stack, fullgraph=True, dynamic=None)
+        elif compile_scope == "layer":
             # dynamic=None: the first bucket compiles static, the next one marks the batch size
             # dynamic, so every other bucket reuses that graph (no compile per bucket).
             self._layer = torch.compile(self._decode_layer, fullgraph=True, dynamic=None)
@@ -130,19 +151,24 @@ class Transformer:
 
     def decode(self, batch: int, pages: int) -> torch.Tensor:
         """Logits ``[batch, vocab]`` for the tokens in the first ``batch`` rows; no host sync."""
-        w, rows, page = self.weights, self.rows, self.cache.page_size
+        rows, page = self.rows, self.cache.page_size
         tokens, positions = rows.tokens[:batch], rows.positions[:batch]
         rows.lengths[:batch] = ((positions + 1) * rows.live[:batch]).to(torch.int32)
         table = rows.block_table[:batch]
         current = table.gather(1, (positions // page)[:, None]).squeeze(1).long()
         slots = current * page + positions % page
         meta = self.attention.prepare(batch, pages)
+        return self.logits(self._stack(tokens, positions, slots, meta))
+
+    def _decode_stack(
+        self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, meta: object
+    ) -> torch.Tensor:
+        w, cache = self.weights, self.cache
         x = torch.nn.functional.embedding(tokens, w.embed)
         cos, sin = w.cos[positions], w.sin[positions]
-        cache = self.cache
         for index, layer in enumerate(w.layers):
             x = self._layer(x, layer, cache.keys[index], cache.values[index], slots, cos, sin, meta)
-        return self.logits(x)
+        return x
 
     def _decode_layer(
         self,

@@ -6,6 +6,9 @@ projections: one GEMM instead of three (two) per layer, with the same output col
 transformers modules are emptied layer by layer as their weights are moved, so loading never holds
 two copies of the model.
 
+Hy-MT2-30B-A3B's mixture-of-experts blocks keep their experts as the 3-D tensors transformers
+holds (``MoeWeights``; ``moe.py`` runs them).
+
 FP8 (``quantization="fp8"``) stores each projection as ``float8_e4m3fn`` with one float32 scale
 per output row (row-wise, as Tencent's FP8 checkpoints are); activations are quantized per token
 when the projection runs and multiplied with ``torch._scaled_mm``. Embeddings, norms and the output
@@ -14,6 +17,7 @@ layer stay in the model's dtype.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,7 +27,7 @@ from transformers import PreTrainedModel
 
 from service.engine.output_layer import PaddedOutputLayer
 
-SUPPORTED_MODEL_TYPES = ("hunyuan_v1_dense",)
+SUPPORTED_MODEL_TYPES = ("hunyuan_v1_dense", "hy_v3")
 FP8 = torch.float8_e4m3fn
 _FP8_MAX = float(torch.finfo(FP8).max)
 
@@ -74,6 +78,24 @@ def quantize_fp8(weight: torch.Tensor) -> Linear:
 
 
 @dataclass(frozen=True, slots=True)
+class MoeWeights:
+    router: torch.Tensor  # float32 [experts, hidden]
+    correction: torch.Tensor  # float32 [experts]: added to the scores only to choose
+    gate_up: torch.Tensor  # [experts, 2 * intermediate, hidden]
+    down: torch.Tensor  # [experts, hidden, intermediate]
+    shared_gate_up: Linear
+    shared_down: Linear
+    top_k: int
+    scaling: float
+    fp32_combine: bool
+
+    def nbytes(self) -> int:
+        tensors = (self.router, self.correction, self.gate_up, self.down)
+        dense = sum(t.nelement() * t.element_size() for t in tensors)
+        return dense + self.shared_gate_up.nbytes() + self.shared_down.nbytes()
+
+
+@dataclass(frozen=True, slots=True)
 class LayerWeights:
     input_norm: torch.Tensor
     qkv: Linear
@@ -81,8 +103,10 @@ class LayerWeights:
     key_norm: torch.Tensor | None
     o: Linear
     post_norm: torch.Tensor
-    gate_up: Linear
-    down: Linear
+    # A dense MLP (gate/up fused, down), or a mixture of experts.
+    gate_up: Linear | None
+    down: Linear | None
+    moe: MoeWeights | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +121,8 @@ class Geometry:
     eps: float
     vocab: int
     max_positions: int
+    # Hunyuan dense normalises queries and keys after RoPE, Hy-MT2-30B-A3B before.
+    norm_before_rope: bool = False
 
     @property
     def scale(self) -> float:
@@ -123,7 +149,9 @@ class ModelWeights:
         for layer in self.layers:
             norms = [layer.input_norm, layer.post_norm, layer.query_norm, layer.key_norm]
             total += sum(t.nelement() * t.element_size() for t in norms if t is not None)
-            total += sum(p.nbytes() for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
+            projections = (layer.qkv, layer.o, layer.gate_up, layer.down)
+            total += sum(p.nbytes() for p in projections if p is not None)
+            total += 0 if layer.moe is None else layer.moe.nbytes()
         return total
 
 
@@ -172,12 +200,14 @@ def take_weights(
         eps=float(config.rms_norm_eps),
         vocab=int(config.vocab_size),
         max_positions=int(config.max_position_embeddings),
+        norm_before_rope=config.model_type == "hy_v3",
     )
     embed = inner.embed_tokens.weight.data
     cos, sin = _rope_tables(inner, geometry, embed)
 
     def project(layer: nn.Module, index: int, prefix: str, *names: str) -> Linear:
-        modules = [getattr(getattr(layer, prefix), name) for name in names]
+        owner = functools.reduce(getattr, prefix.split("."), layer)
+        modules = [getattr(owner, name) for name in names]
         full_names = [f"model.layers.{index}.{prefix}.{name}" for name in names]
         weight = torch.cat([_weight_of(module) for module in modules])
         for module in modules:
@@ -189,8 +219,11 @@ def take_weights(
     layers = []
     for index, layer in enumerate(inner.layers):
         attention = layer.self_attn
-        query_norm = getattr(attention, "query_layernorm", None)
-        key_norm = getattr(attention, "key_layernorm", None)
+        query_norm = getattr(attention, "query_layernorm", None) or getattr(
+            attention, "q_norm", None
+        )
+        key_norm = getattr(attention, "key_layernorm", None) or getattr(attention, "k_norm", None)
+        moe = _experts(layer, index, project, config) if hasattr(layer.mlp, "experts") else None
         layers.append(
             LayerWeights(
                 input_norm=layer.input_layernorm.weight.data,
@@ -199,8 +232,9 @@ def take_weights(
                 key_norm=None if key_norm is None else key_norm.weight.data,
                 o=project(layer, index, "self_attn", "o_proj"),
                 post_norm=layer.post_attention_layernorm.weight.data,
-                gate_up=project(layer, index, "mlp", "gate_proj", "up_proj"),
-                down=project(layer, index, "mlp", "down_proj"),
+                gate_up=None if moe else project(layer, index, "mlp", "gate_proj", "up_proj"),
+                down=None if moe else project(layer, index, "mlp", "down_proj"),
+                moe=moe,
             )
         )
     return ModelWeights(
@@ -212,6 +246,24 @@ def take_weights(
         cos=cos,
         sin=sin,
     )
+
+
+def _experts(layer: Any, index: int, project: Any, config: Any) -> MoeWeights:
+    """A mixture-of-experts block's weights; the experts stay in the model's dtype (FP8 covers
+    the dense projections and the shared expert)."""
+    block = layer.mlp
+    weights = MoeWeights(
+        router=block.gate.weight.data.float(),
+        correction=block.e_score_correction_bias.data.float(),
+        gate_up=block.experts.gate_up_proj.data,
+        down=block.experts.down_proj.data,
+        shared_gate_up=project(layer, index, "mlp.shared_experts", "gate_proj", "up_proj"),
+        shared_down=project(layer, index, "mlp.shared_experts", "down_proj"),
+        top_k=int(block.top_k),
+        scaling=float(block.gate.router_scaling_factor),
+        fp32_combine=bool(getattr(config, "enable_moe_fp32_combine", False)),
+    )
+    return weights
 
 
 def _weight_of(module: nn.Module) -> torch.Tensor:
