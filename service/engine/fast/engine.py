@@ -80,6 +80,15 @@ class _Sequence:
 
 
 @dataclass(frozen=True, slots=True)
+class _Launched:
+    """A decode step on its way: its row count and where its tokens arrive on the host."""
+
+    rows: int
+    tokens: torch.Tensor
+    ready: torch.cuda.Event | None
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """What the engine settled on at load: the figures /health and the logs report."""
 
@@ -170,6 +179,13 @@ class FastEngine(LoadedEngine):
         self._wake = threading.Event()
         self._stopping = False
         self._cancelled_rows = False
+        self._inflight: _Launched | None = None
+        # Two host buffers: a step's tokens arrive in one while the next step fills the other.
+        pinned = device.type == "cuda"
+        self._host_tokens = [
+            torch.zeros(rows, dtype=torch.long, pin_memory=pinned) for _ in range(2)
+        ]
+        self._flip = 0
         self._graphs: DecodeGraphs | None = None
         buckets = buckets_up_to(rows)
         if graphs:
@@ -283,14 +299,14 @@ class FastEngine(LoadedEngine):
     def _loop(self) -> None:
         while not self._stopping:
             self._intake()
-            if not (self._waiting or self._prefilling or self._n):
+            if not (self._waiting or self._prefilling or self._n or self._inflight):
                 self._wake.wait()
                 self._wake.clear()
                 continue
             try:
                 with torch.inference_mode():
                     self._prefill_step()
-                    if self._n:
+                    if self._n or self._inflight:
                         self._decode_step()
             except Exception as error:
                 log.exception("fast engine step failed")
@@ -472,6 +488,28 @@ class FastEngine(LoadedEngine):
         self._cache.assign(*owners)
 
     def _decode_step(self) -> None:
+        """Launch the next decode step, then read the previous one while the GPU runs it.
+
+        A step's tokens are read one turn later, so the host's bookkeeping overlaps the next
+        step instead of leaving the GPU idle. The next step is launched before the host knows
+        which rows the previous one finished: when some did, their tokens of the next step are
+        dropped (it was read at once, and nothing else is launched before the rows are packed).
+        One speculative token stays inside a request's committed pages (its budget's last
+        position is never written by the step that produces the last token).
+        """
+        launched = self._launch() if self._n else None
+        previous, self._inflight = self._inflight, launched
+        if previous is None:
+            return
+        finished = self._collect(previous, ())
+        if finished:
+            if launched is not None:
+                finished |= self._collect(launched, sorted(finished))
+                self._inflight = None
+            self._finish_rows(sorted(finished))
+
+    def _launch(self) -> _Launched:
+        """Give the rows the pages their next position needs and start one decode step."""
         n, page = self._n, self._page
         growing = np.nonzero(self._length[:n] % page == 0)[0]
         if growing.size:
@@ -493,13 +531,30 @@ class FastEngine(LoadedEngine):
         else:
             most = int(self._length[:n].max()) + 1
             self._decode_and_sample(n, full, pages_for(most, page))
-        tokens = self._rows.sampled[:n].cpu().numpy()
-        rows_now = np.arange(n)
-        self._generated[rows_now, self._count[:n]] = tokens
-        self._count[:n] += 1
+        buffer = self._host_tokens[self._flip]
+        self._flip ^= 1
+        buffer[:n].copy_(self._rows.sampled[:n], non_blocking=True)
+        ready = None
+        if self._device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
         self._length[:n] += 1
-        done = np.isin(tokens, self._eos) | (self._count[:n] >= self._budget[:n])
-        for row in np.nonzero(self._streams[:n] & ~done)[0].tolist():
+        return _Launched(rows=n, tokens=buffer, ready=ready)
+
+    def _collect(self, step: _Launched, skip: list[int] | tuple[()]) -> set[int]:
+        """Take a launched step's tokens into its rows (``skip``: rows already finished);
+        returns the rows it finished."""
+        if step.ready is not None:
+            step.ready.synchronize()
+        n = step.rows
+        tokens = step.tokens[:n].numpy()
+        live = np.ones(n, dtype=bool)
+        live[list(skip)] = False
+        rows_now = np.nonzero(live)[0]
+        self._generated[rows_now, self._count[rows_now]] = tokens[rows_now]
+        self._count[rows_now] += 1
+        done = (np.isin(tokens, self._eos) | (self._count[:n] >= self._budget[:n])) & live
+        for row in np.nonzero(self._streams[:n] & live & ~done)[0].tolist():
             sequence = self._at[row]
             assert sequence is not None
             self._stream(sequence, self._generated[row, : self._count[row]].tolist())
@@ -508,8 +563,7 @@ class FastEngine(LoadedEngine):
             # Rare: a scan of the rows only when a running request was cancelled.
             self._cancelled_rows = False
             finished.update(row for row in range(n) if _is_cancelled(self._at[row]))
-        if finished:
-            self._finish_rows(sorted(finished))
+        return finished
 
     def _decode_and_sample(self, batch: int, full: bool, pages: int | None = None) -> None:
         """One decode step of the first ``batch`` rows, ending with the sampled tokens fed back:
@@ -588,6 +642,7 @@ class FastEngine(LoadedEngine):
         )
         # Every request the engine holds, wherever the step failed (rows, prefill, queue).
         everyone = list(self._by_id.values())
+        self._inflight = None
         self._at = [None] * self._max_rows
         self._streams[:] = False
         self._full_sort[:] = False
