@@ -40,6 +40,7 @@ from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.compile_cache import use_compile_cache
 from service.engine.fast.forward import Transformer
 from service.engine.fast.graphs import DecodeGraphs, buckets_up_to
+from service.engine.fast.prefill import Piece, pack
 from service.engine.fast.sampler import RowSampling, needs_full_sort, sample
 from service.engine.fast.weights import take_weights
 from service.engine.generation import LoadedEngine
@@ -271,26 +272,12 @@ class FastEngine(LoadedEngine):
     def teacher_forced_logits(self, ids: tuple[int, ...]) -> torch.Tensor:
         """Float32 logits ``[len(ids), vocab]`` of every position of ``ids`` through the prefill
         path, for fidelity checks; call only while the engine is idle (it uses the cache)."""
-        pages = pages_for(len(ids), self._page)
-        taken = [self._cache.take() for _ in range(pages)]
+        taken = [self._cache.take() for _ in range(pages_for(len(ids), self._page))]
         try:
-            table = np.asarray(taken, dtype=np.int64)
-            span = np.arange(len(ids))
-            device = self._device
+            packed = pack([Piece(ids, taken, 0, len(ids))], self._page, self._device)
+            every = torch.arange(len(ids), device=self._device)
             with torch.inference_mode():
-                return self._model.prefill(
-                    torch.tensor(ids, device=device),
-                    torch.as_tensor(span).to(device),
-                    torch.as_tensor(table[span // self._page] * self._page + span % self._page).to(
-                        device
-                    ),
-                    torch.tensor([0, len(ids)], dtype=torch.int32, device=device),
-                    torch.tensor([0, len(ids)], dtype=torch.int32, device=device),
-                    len(ids),
-                    len(ids),
-                    None,
-                    torch.as_tensor(span).to(device),
-                )
+                return self._model.prefill(dataclasses.replace(packed, last=every))
         finally:
             self._cache.release(taken, 0)
 
@@ -385,46 +372,18 @@ class FastEngine(LoadedEngine):
         return True
 
     def _run_prefill(self, chunk: list[tuple[_Sequence, int, int]]) -> None:
-        page, device = self._page, self._device
-        tokens: list[int] = []
-        positions: list[np.ndarray] = []
-        slots: list[np.ndarray] = []
-        key_slots: list[np.ndarray] = []
-        cu_q, cu_k, last, finishing = [0], [0], [], []
-        prefix = False
+        pieces = []
         for sequence, start, count in chunk:
-            end = start + count
-            while len(sequence.pages) < pages_for(end, page):
+            while len(sequence.pages) < pages_for(start + count, self._page):
                 sequence.pages.append(self._cache.take())
-            table = np.asarray(sequence.pages, dtype=np.int64)
-            span = np.arange(start, end)
-            tokens.extend(sequence.prompt[start:end])
-            positions.append(span)
-            slots.append(table[span // page] * page + span % page)
-            every = np.arange(end)
-            key_slots.append(table[every // page] * page + every % page)
-            prefix = prefix or start > 0
-            cu_q.append(cu_q[-1] + count)
-            cu_k.append(cu_k[-1] + end)
-            sequence.prefilled = end
-            if end == len(sequence.prompt):
-                last.append(cu_q[-1] - 1)
-                finishing.append(sequence)
-
-        def on_device(values: list[int] | np.ndarray) -> torch.Tensor:
-            return torch.as_tensor(np.asarray(values, dtype=np.int64)).to(device)
-
-        logits = self._model.prefill(
-            on_device(tokens),
-            on_device(np.concatenate(positions)),
-            on_device(np.concatenate(slots)),
-            on_device(cu_q).to(torch.int32),
-            on_device(cu_k).to(torch.int32),
-            max(c for _, _, c in chunk),
-            max(s + c for _, s, c in chunk),
-            on_device(np.concatenate(key_slots)) if prefix else None,
-            on_device(last),
-        )
+            sequence.prefilled = start + count
+            pieces.append(Piece(sequence.prompt, sequence.pages, start, count))
+        logits = self._model.prefill(pack(pieces, self._page, self._device))
+        finishing = [
+            sequence
+            for (sequence, _, _), piece in zip(chunk, pieces, strict=True)
+            if piece.completes
+        ]
         if finishing:
             self._first_tokens(finishing, logits)
 

@@ -27,6 +27,7 @@ from service.engine.fast.attention import DecodeAttention
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import PagedKVCache, write_kv
 from service.engine.fast.moe import moe_block
+from service.engine.fast.prefill import PackedPrefill
 from service.engine.fast.weights import Geometry, LayerWeights, ModelWeights, linear
 
 
@@ -120,34 +121,19 @@ class Transformer:
         out = linear(x, w.lm_head.weight, w.lm_head.scale)
         return out[:, : w.geometry.vocab].float()
 
-    def prefill(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        slots: torch.Tensor,
-        cu_q: torch.Tensor,
-        cu_k: torch.Tensor,
-        max_q: int,
-        max_k: int,
-        key_slots: torch.Tensor | None,
-        last: torch.Tensor,
-    ) -> torch.Tensor:
-        """Logits ``[len(last), vocab]`` (float32) at token indices ``last``.
-
-        ``key_slots``: the cache slots of every sequence's keys, prefix and chunk, packed as
-        ``cu_k`` says; None when no sequence has a prefix (the chunk's own keys are used).
-        """
-        w, g = self.weights, self.weights.geometry
-        x = torch.nn.functional.embedding(tokens, w.embed)
-        cos, sin = w.cos[positions], w.sin[positions]
+    def prefill(self, packed: PackedPrefill) -> torch.Tensor:
+        """Float32 logits ``[len(packed.last), vocab]`` at the token indices ``packed.last``."""
+        w, g, p = self.weights, self.weights.geometry, packed
+        x = torch.nn.functional.embedding(p.tokens, w.embed)
+        cos, sin = w.cos[p.positions], w.sin[p.positions]
         for index, layer in enumerate(w.layers):
             q, k, v = attention_inputs(x, layer, cos, sin, g)
-            write_kv(self.cache.keys[index], self.cache.values[index], slots, k, v)
-            if key_slots is not None:
-                k, v = self.cache.gather(index, key_slots)
-            attended = packed_causal_attention(q, k, v, cu_q, cu_k, max_q, max_k, g.scale)
+            write_kv(self.cache.keys[index], self.cache.values[index], p.slots, k, v)
+            if p.key_slots is not None:
+                k, v = self.cache.gather(index, p.key_slots)
+            attended = packed_causal_attention(q, k, v, p.cu_q, p.cu_k, p.max_q, p.max_k, g.scale)
             x = attention_output(x, attended, layer, g)
-        return self.logits(x.index_select(0, last))
+        return self.logits(x.index_select(0, p.last))
 
     def decode(self, batch: int, pages: int) -> torch.Tensor:
         """Logits ``[batch, vocab]`` for the tokens in the first ``batch`` rows; no host sync."""

@@ -1,0 +1,87 @@
+"""One prefill step's inputs: pieces of prompts packed for the varlen kernel.
+
+A piece is a run of one prompt's tokens (the whole prompt, or a chunk of a long one) whose pages
+are already taken. Packing lays the pieces end to end, with each token's cache slot read off its
+sequence's page table and the cumulative lengths the varlen kernel takes; a piece that does not
+start at the prompt's beginning also attends to the keys already cached before it, so then the
+slots of every sequence's keys are packed too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    prompt: Sequence[int]
+    pages: Sequence[int]  # the sequence's pages, covering at least start + count tokens
+    start: int
+    count: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.count
+
+    @property
+    def completes(self) -> bool:
+        return self.end == len(self.prompt)
+
+
+@dataclass(frozen=True, slots=True)
+class PackedPrefill:
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor  # where each token's keys and values are written
+    cu_q: torch.Tensor  # int32 cumulative query lengths
+    cu_k: torch.Tensor  # int32 cumulative key lengths (prefix included)
+    max_q: int
+    max_k: int
+    key_slots: torch.Tensor | None  # every sequence's key slots; None: no piece has a prefix
+    last: torch.Tensor  # token indices whose logits are wanted: the last of each completed prompt
+
+
+def slots_of(pages: Sequence[int], positions: np.ndarray, page_size: int) -> np.ndarray:
+    """Cache slots of ``positions`` in a sequence holding ``pages``."""
+    table = np.asarray(pages, dtype=np.int64)
+    slots: np.ndarray = table[positions // page_size] * page_size + positions % page_size
+    return slots
+
+
+def pack(pieces: Sequence[Piece], page_size: int, device: torch.device) -> PackedPrefill:
+    tokens: list[int] = []
+    positions, slots, key_slots = [], [], []
+    cu_q, cu_k, last = [0], [0], []
+    for piece in pieces:
+        span = np.arange(piece.start, piece.end)
+        tokens.extend(piece.prompt[piece.start : piece.end])
+        positions.append(span)
+        slots.append(slots_of(piece.pages, span, page_size))
+        key_slots.append(slots_of(piece.pages, np.arange(piece.end), page_size))
+        cu_q.append(cu_q[-1] + piece.count)
+        cu_k.append(cu_k[-1] + piece.end)
+        if piece.completes:
+            last.append(cu_q[-1] - 1)
+
+    def on_device(values: list[int] | np.ndarray, dtype: torch.dtype = torch.long) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(values, dtype=np.int64)).to(device, dtype)
+
+    return PackedPrefill(
+        tokens=on_device(tokens),
+        positions=on_device(np.concatenate(positions)),
+        slots=on_device(np.concatenate(slots)),
+        cu_q=on_device(cu_q, torch.int32),
+        cu_k=on_device(cu_k, torch.int32),
+        max_q=max(piece.count for piece in pieces),
+        max_k=max(piece.end for piece in pieces),
+        key_slots=(
+            on_device(np.concatenate(key_slots))
+            if any(piece.start > 0 for piece in pieces)
+            else None
+        ),
+        last=on_device(last),
+    )
