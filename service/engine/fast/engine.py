@@ -29,7 +29,7 @@ import torch._inductor.config
 
 from service.engine.config import EngineConfig, FastConfig
 from service.engine.fast.attention import DecodeAttention, FlexDecode, GatherDecode
-from service.engine.fast.batch import DeviceRows, Joining
+from service.engine.fast.batch import DeviceRows, HostRows, Joining
 from service.engine.fast.cache import (
     CacheShape,
     PagedKVCache,
@@ -163,14 +163,7 @@ class FastEngine(LoadedEngine):
         self._max_pages = max_pages
         self._max_positions = geometry.max_positions
         self._eos = np.array(sorted(self._eos_ids), dtype=np.int64)
-        # Host mirror of the rows: next write position, tokens generated, budget, streaming.
-        self._length = np.zeros(rows, dtype=np.int64)
-        self._count = np.zeros(rows, dtype=np.int64)
-        self._budget = np.zeros(rows, dtype=np.int64)
-        self._streams = np.zeros(rows, dtype=bool)
-        self._full_sort = np.zeros(rows, dtype=bool)
-        self._generated = np.zeros((rows, config.max_new_tokens + 1), dtype=np.int64)
-        self._at: list[_Sequence | None] = [None] * rows
+        self._host: HostRows[_Sequence] = HostRows(rows, config.max_new_tokens)
         self._n = 0
         self._inbox: collections.deque[_Sequence] = collections.deque()
         self._cancels: collections.deque[str] = collections.deque()
@@ -241,7 +234,7 @@ class FastEngine(LoadedEngine):
         sequence = _Sequence(
             request_id=request_id,
             prompt=tuple(request.prompt_ids),
-            max_new=max(1, min(request.max_new_tokens, self._generated.shape[1] - 1)),
+            max_new=max(1, min(request.max_new_tokens, self._host.generated.shape[1] - 1)),
             decoding=request.decoding,
             on_done=on_done,
             on_text=on_text,
@@ -416,13 +409,15 @@ class FastEngine(LoadedEngine):
                 continue
             row = self._n
             self._n += 1
-            self._at[row] = sequence
-            self._length[row] = len(sequence.prompt)
-            self._count[row] = 1
-            self._generated[row, 0] = token
-            self._budget[row] = sequence.max_new
-            self._streams[row] = sequence.on_text is not None
-            self._full_sort[row] = needs_full_sort(values[0], values[2])
+            self._host.join(
+                row,
+                sequence,
+                position=len(sequence.prompt),
+                first_token=token,
+                budget=sequence.max_new,
+                streams=sequence.on_text is not None,
+                full_sort=needs_full_sort(values[0], values[2]),
+            )
             greedy, temperature, top_k, top_p, penalty = values
             joining.append(
                 Joining(
@@ -469,13 +464,12 @@ class FastEngine(LoadedEngine):
 
     def _launch(self) -> _Launched:
         """Give the rows the pages their next position needs and start one decode step."""
-        n, page = self._n, self._page
-        growing = np.nonzero(self._length[:n] % page == 0)[0]
+        n, page, host = self._n, self._page, self._host
+        growing = np.nonzero(host.length[:n] % page == 0)[0]
         if growing.size:
             rows, columns, pages = [], [], []
             for row in growing.tolist():
-                sequence = self._at[row]
-                assert sequence is not None
+                sequence = host.held(row)
                 taken = self._cache.take()
                 columns.append(len(sequence.pages))
                 sequence.pages.append(taken)
@@ -484,11 +478,11 @@ class FastEngine(LoadedEngine):
             self._rows.set_pages(rows, columns, pages)
             self._cache.assign(pages, rows, columns)
         bucket = self._buckets[bisect.bisect_left(self._buckets, n)]
-        full = bool(self._full_sort[:n].any())
+        full = bool(host.full_sort[:n].any())
         if self._graphs is not None:
             self._graphs.replay(bucket, full)
         else:
-            most = int(self._length[:n].max()) + 1
+            most = int(host.length[:n].max()) + 1
             self._decode_and_sample(n, full, pages_for(most, page))
         buffer = self._host_tokens[self._flip]
         self._flip ^= 1
@@ -497,7 +491,7 @@ class FastEngine(LoadedEngine):
         if self._device.type == "cuda":
             ready = torch.cuda.Event()
             ready.record()
-        self._length[:n] += 1
+        host.length[:n] += 1
         return _Launched(rows=n, tokens=buffer, ready=ready)
 
     def _collect(self, step: _Launched, skip: list[int] | tuple[()]) -> set[int]:
@@ -505,23 +499,21 @@ class FastEngine(LoadedEngine):
         returns the rows it finished."""
         if step.ready is not None:
             step.ready.synchronize()
-        n = step.rows
+        n, host = step.rows, self._host
         tokens = step.tokens[:n].numpy()
         live = np.ones(n, dtype=bool)
         live[list(skip)] = False
         rows_now = np.nonzero(live)[0]
-        self._generated[rows_now, self._count[rows_now]] = tokens[rows_now]
-        self._count[rows_now] += 1
-        done = (np.isin(tokens, self._eos) | (self._count[:n] >= self._budget[:n])) & live
-        for row in np.nonzero(self._streams[:n] & live & ~done)[0].tolist():
-            sequence = self._at[row]
-            assert sequence is not None
-            self._stream(sequence, self._generated[row, : self._count[row]].tolist())
+        host.generated[rows_now, host.count[rows_now]] = tokens[rows_now]
+        host.count[rows_now] += 1
+        done = (np.isin(tokens, self._eos) | (host.count[:n] >= host.budget[:n])) & live
+        for row in np.nonzero(host.streams[:n] & live & ~done)[0].tolist():
+            self._stream(host.held(row), host.tokens(row))
         finished = set(np.nonzero(done)[0].tolist())
         if self._cancelled_rows:
             # Rare: a scan of the rows only when a running request was cancelled.
             self._cancelled_rows = False
-            finished.update(row for row in range(n) if _is_cancelled(self._at[row]))
+            finished.update(row for row in range(n) if _is_cancelled(host.owner[row]))
         return finished
 
     def _decode_and_sample(self, batch: int, full: bool, pages: int | None = None) -> None:
@@ -536,33 +528,22 @@ class FastEngine(LoadedEngine):
         rows.positions[:batch] += rows.live[:batch]
 
     def _finish_rows(self, finished: list[int]) -> None:
-        n = self._n
-        outputs: list[tuple[_Sequence, list[int]]] = []
-        for row in finished:
-            sequence = self._at[row]
-            assert sequence is not None
-            outputs.append((sequence, self._generated[row, : self._count[row]].tolist()))
+        n, host = self._n, self._host
+        outputs = [(host.held(row), host.tokens(row)) for row in finished]
         keep = n - len(finished)
         gone = set(finished)
         holes = [row for row in finished if row < keep]
         movers = [row for row in range(keep, n) if row not in gone]
-        owners: tuple[list[int], list[int], list[int]] = ([], [], [])
-        for hole, mover in zip(holes, movers, strict=True):
-            sequence = self._at[mover]
-            assert sequence is not None
-            self._at[hole] = sequence
-            for array in (self._length, self._count, self._budget, self._streams, self._full_sort):
-                array[hole] = array[mover]
-            self._generated[hole] = self._generated[mover]
-            owners[0].extend(sequence.pages)
-            owners[1].extend([hole] * len(sequence.pages))
-            owners[2].extend(range(len(sequence.pages)))
-        for row in range(keep, n):
-            self._at[row] = None
-            self._streams[row] = False
-            self._full_sort[row] = False
+        host.move(holes, movers)
+        host.clear(keep, n)
         self._rows.compact(holes, movers, keep, n)
         self._n = keep
+        owners: tuple[list[int], list[int], list[int]] = ([], [], [])
+        for hole in holes:
+            pages = host.held(hole).pages
+            owners[0].extend(pages)
+            owners[1].extend([hole] * len(pages))
+            owners[2].extend(range(len(pages)))
         for sequence, generated in outputs:
             if sequence.cancelled:
                 self._release(sequence)
@@ -602,9 +583,7 @@ class FastEngine(LoadedEngine):
         # Every request the engine holds, wherever the step failed (rows, prefill, queue).
         everyone = list(self._by_id.values())
         self._inflight = None
-        self._at = [None] * self._max_rows
-        self._streams[:] = False
-        self._full_sort[:] = False
+        self._host.clear(0, self._max_rows)
         self._rows.compact([], [], 0, self._n)
         self._n = 0
         self._prefilling.clear()
