@@ -33,7 +33,7 @@ def fuzz(
 
     @given(case=operation.as_strategy(generation_mode=mode))
     @settings(
-        max_examples=200,
+        max_examples=80,
         deadline=None,
         suppress_health_check=list(HealthCheck),
         derandomize=True,

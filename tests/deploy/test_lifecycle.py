@@ -26,7 +26,8 @@ async def test_sigterm_finishes_accepted_requests_then_exits_0(
     service = start_service(
         data_dir,
         tmp_path / "service.log",
-        HYMT_MAX_NEW_TOKENS="192",
+        # 24 texts in batches of 4, 96 tokens each: seconds of work still queued at the signal.
+        HYMT_MAX_NEW_TOKENS="96",
         HYMT_OUTPUT_TOKENS_RATIO="16",
         HYMT_MAX_BATCH_SIZE="4",
         HYMT_DRAIN_TIMEOUT_S="60",

@@ -112,7 +112,7 @@ async def test_sigterm_drains_every_process_and_stops_the_engine_last(
         data_dir,
         tmp_path / "service.log",
         HYMT_API_PROCESSES="2",
-        HYMT_MAX_NEW_TOKENS="192",
+        HYMT_MAX_NEW_TOKENS="96",
         HYMT_OUTPUT_TOKENS_RATIO="16",
         HYMT_MAX_BATCH_SIZE="2",
         HYMT_DRAIN_TIMEOUT_S="60",
