@@ -116,7 +116,7 @@ def plan_for(config: FastConfig, device: torch.device) -> tuple[int, int, bool, 
     if attention == "auto":
         attention = "flex" if cuda else "gather"
     if graphs and attention == "gather":
-        raise RuntimeError("CUDA graphs need the flex decode attention (fast_attention=flex)")
+        raise RuntimeError("the fast engine captures graphs with the flex decode attention only")
     return rows, prefill, graphs, compiled, attention
 
 
