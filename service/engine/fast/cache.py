@@ -83,6 +83,7 @@ class PagedKVCache:
         self.owner = torch.full((shape.pages,), -1, dtype=torch.int32, device=device)
         self.logical = torch.zeros(shape.pages, dtype=torch.int32, device=device)
         self._free = list(range(shape.pages - 1, 0, -1))
+        self.page_bytes = page_bytes(geometry, layers, shape.page_size, dtype)
         self._committed = 0
         log.info(
             "kv cache allocated",

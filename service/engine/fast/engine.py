@@ -251,6 +251,17 @@ class FastEngine(LoadedEngine):
     def capacity(self) -> int | None:
         return self._max_rows
 
+    def memory_bytes(self) -> dict[str, int]:
+        """The device's memory by kind, and the KV cache's pool and its committed part (read
+        from the engine thread's counters without a lock: a gauge may lag a step)."""
+        memory = super().memory_bytes()
+        if memory:
+            cache = self._cache
+            page = cache.page_bytes
+            memory["kv_cache"] = cache.usable_pages * page
+            memory["kv_cache_committed"] = cache.committed_pages * page
+        return memory
+
     def running(self) -> int | None:
         return self._n + len(self._prefilling)
 
