@@ -14,6 +14,7 @@ whatever is left is answered 503 at once. ``stop`` then stops the engine process
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -75,7 +76,10 @@ class Runtime:
         self._before_engine_stop = before_engine_stop
         # Only where this process is the service (not, say, a test process hosting many apps).
         self._tune_collector = tune_gc
+        # Started with the runtime (while the engine loads); configured once the engine says
+        # which tokenizer it runs.
         self._preparer: Preparer | None = None
+        self._preparer_started: asyncio.Task[None] | None = None
         self._translator: Translator | None = None
         self.redis = redis
         shared: SecondLevel[GenerationResult] | None = (
@@ -136,7 +140,8 @@ class Runtime:
     @property
     def preparer(self) -> Preparer | None:
         """The text-preparation workers, once the engine has reported its tokenizer."""
-        return self._preparer
+        preparer = self._preparer
+        return preparer if preparer is not None and preparer.fingerprint is not None else None
 
     @property
     def max_text_chars(self) -> int:
@@ -157,6 +162,11 @@ class Runtime:
     def start(self) -> None:
         self._stalls.start()
         self.supervisor.start()
+        # The workers' interpreters, imports and detector load while the engine loads.
+        self._preparer = Preparer(self._translation, self._workers)
+        self._preparer_started = asyncio.get_running_loop().create_task(
+            self._preparer.start(), name="preparation-start"
+        )
 
     async def wait_started(self) -> None:
         """Wait until the engine is ready or has failed (for tests and the CLI)."""
@@ -167,13 +177,12 @@ class Runtime:
         self.engine_info, self.engine_kind = ready.info, ready.kind
         self.admission.set_capacity(ready.capacity)
         fingerprint = ready.info.fingerprint
-        if self._preparer is None or self._preparer.fingerprint != fingerprint:
-            if self._preparer is not None:
-                self._preparer.close()
-            self._preparer = Preparer(
-                self._translation, ready.tokenizer, fingerprint, self._workers
-            )
-            await self._preparer.start()
+        preparer, started = self._preparer, self._preparer_started
+        assert preparer is not None, "the runtime was not started"
+        assert started is not None
+        await started
+        if preparer.fingerprint != fingerprint:
+            await preparer.configure(ready.tokenizer, fingerprint)
         # On the event loop only for what is cheap (languages, lengths); texts are prepared by
         # the preparer's worker processes.
         # Building the tokenizer from its serialized form is CPU work: off the probes' loop.
@@ -191,7 +200,7 @@ class Runtime:
             admission=self.admission,
             cache=self._cache,
             metrics=self.metrics,
-            preparer=self._preparer,
+            preparer=preparer,
         )
         if self._translation.warmup:
             warm_started = time.monotonic()
@@ -225,7 +234,10 @@ class Runtime:
         if self._before_engine_stop is not None:
             await self._before_engine_stop()
         await self.supervisor.stop()
-        if self._preparer is not None:
+        if self._preparer is not None and self._preparer_started is not None:
+            # Let a start still under way finish (seconds), so no worker outlives the close.
+            with contextlib.suppress(Exception):
+                await self._preparer_started
             self._preparer.close()
         await self._stalls.stop()
         if self.redis is not None:

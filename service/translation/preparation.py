@@ -3,8 +3,10 @@
 These are the only per-text CPU costs before generation (detection alone is milliseconds per
 text), and they hold the GIL: run in threads of the API process they starve the event loop that
 answers ``/health`` and refusals. ``Preparer`` runs them in worker processes (multiprocessing
-spawn), each with its own ``PromptBuilder`` built once from what the engine reported (tokenizer,
-model fingerprint).
+spawn), each with its own ``PromptBuilder`` built from what the engine reported (tokenizer,
+model fingerprint). The workers are started with the API process, while the engine loads: the
+interpreter, the imports and the language detector (seconds) are ready by then, and
+``configure`` only hands them the tokenizer (milliseconds).
 
 The workers are reached over ZeroMQ, as the engine is: one ``ipc://`` PUSH socket per worker
 (the API process picks the worker with the fewest jobs outstanding) and one PULL socket for
@@ -52,19 +54,14 @@ from service.translation.translator import Prepared, PromptBuilder, TranslationC
 log = logging.getLogger(__name__)
 
 _READY = "ready"
+_CONFIGURE = "configure"
 _START_TIMEOUT_S = 120.0
 _RESTART_DELAY_S = 1.0
 
 
-def _serve(
-    config: TranslationConfig,
-    spec: TokenizerSpec,
-    fingerprint: str,
-    jobs_address: str,
-    results_address: str,
-    index: int,
-) -> None:
-    """Entry point of a preparation worker: answer jobs until the API process is gone."""
+def _serve(config: TranslationConfig, jobs_address: str, results_address: str, index: int) -> None:
+    """Entry point of a preparation worker: answer jobs until the API process is gone. The first
+    job is ``configure``, which gives it the engine's tokenizer."""
     # Ctrl-C reaches the whole process group; the API process decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Preparation is throughput work; the API processes' event loops (refusals, probes) are
@@ -72,13 +69,8 @@ def _serve(
     # run the event loops first.
     os.nice(config.prepare_niceness)
     languages = LanguageTable()
-    builder = PromptBuilder(
-        config,
-        ChatPromptEncoder(spec),
-        fingerprint,
-        languages=languages,
-        detector=LanguageDetector(languages),
-    )
+    detector = LanguageDetector(languages)
+    builder: PromptBuilder | None = None
     parent = os.getppid()
     context = zmq.Context()
     jobs = context.socket(zmq.PULL)
@@ -94,7 +86,18 @@ def _serve(
             if not jobs.poll(1000):
                 continue
             job_id, kind, args = pickle.loads(jobs.recv())
-            results.send(pickle.dumps((job_id, *_answer(builder, kind, args)), protocol=5))
+            if kind == _CONFIGURE:
+                spec, fingerprint = args
+                encoder = ChatPromptEncoder(spec)
+                builder = PromptBuilder(
+                    config, encoder, fingerprint, languages=languages, detector=detector
+                )
+                answer: tuple[str, object] = ("ok", None)
+            elif builder is None:
+                answer = ("crash", "the worker has no tokenizer yet")
+            else:
+                answer = _answer(builder, kind, args)
+            results.send(pickle.dumps((job_id, *answer), protocol=5))
     finally:
         jobs.close(linger=0)
         results.close(linger=0)
@@ -136,6 +139,8 @@ class _Worker:
         self.socket = socket
         self.address = address
         self.process: multiprocessing.process.BaseProcess | None = None
+        # Its process has started and said so; and it has the tokenizer (takes jobs).
+        self.up = False
         self.ready = False
         # Resolved by the worker's ready message while it is being started.
         self.started: asyncio.Future[None] | None = None
@@ -145,11 +150,11 @@ class _Worker:
 class Preparer:
     """Prepares texts in worker processes (implements the translator's ``TextPreparer``)."""
 
-    def __init__(
-        self, config: TranslationConfig, spec: TokenizerSpec, fingerprint: str, workers: int
-    ) -> None:
-        self.fingerprint = fingerprint
-        self._args = (config, spec, fingerprint)
+    def __init__(self, config: TranslationConfig, workers: int) -> None:
+        # The tokenizer and model fingerprint the workers prepare for; None until configured.
+        self.fingerprint: str | None = None
+        self._tokenizer: tuple[TokenizerSpec, str] | None = None
+        self._config = config
         self._folder = tempfile.mkdtemp(prefix="hymt-prepare-")
         self._sync_context = zmq.Context()
         self._context = zmq.asyncio.Context()
@@ -174,7 +179,7 @@ class Preparer:
         return [w.process.pid if w.process is not None else None for w in self._workers]
 
     async def start(self) -> None:
-        """Start every worker now (each loads the detector and tokenizer), not under load."""
+        """Start every worker now (each loads the detector), not under load."""
         self._results.bind(self._results_address)
         for worker in self._workers:
             worker.socket.connect(worker.address)
@@ -183,6 +188,18 @@ class Preparer:
             asyncio.gather(*(self._spawn(worker) for worker in self._workers)),
             _START_TIMEOUT_S,
         )
+
+    async def configure(self, spec: TokenizerSpec, fingerprint: str) -> None:
+        """Give every worker the engine's tokenizer (again after a model change); workers take
+        jobs from then on. A worker started later is configured as it starts."""
+        self._tokenizer = (spec, fingerprint)
+        self.fingerprint = fingerprint
+        await asyncio.gather(*(self._configure(w) for w in self._workers if w.up))
+
+    async def _configure(self, worker: _Worker) -> None:
+        assert self._tokenizer is not None
+        await self._send(worker, _CONFIGURE, self._tokenizer)
+        worker.ready = True
 
     async def prepare(
         self,
@@ -243,7 +260,9 @@ class Preparer:
         ready = [worker for worker in self._workers if worker.ready]
         if not ready or self._closed:
             raise EngineUnavailable("no text-preparation worker is running; retry shortly")
-        worker = min(ready, key=lambda w: len(w.outstanding))
+        return await self._send(min(ready, key=lambda w: len(w.outstanding)), kind, args)
+
+    async def _send(self, worker: _Worker, kind: str, args: tuple[Any, ...]) -> Any:
         job_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[job_id] = future
@@ -263,7 +282,7 @@ class Preparer:
         context = multiprocessing.get_context("spawn")
         process = context.Process(
             target=_serve,
-            args=(*self._args, worker.address, self._results_address, worker.index),
+            args=(self._config, worker.address, self._results_address, worker.index),
             name=f"hymt-prepare-{worker.index}",
             daemon=True,
         )
@@ -274,13 +293,15 @@ class Preparer:
             process.sentinel, functools.partial(self._exited, worker, process)
         )
         await started
+        if self._tokenizer is not None:
+            await self._configure(worker)
 
     async def _receive(self) -> None:
         while True:
             job_id, status, payload = pickle.loads(await self._results.recv())
             if status == _READY:
                 worker = self._workers[payload]
-                worker.ready = True
+                worker.up = True
                 if worker.started is not None and not worker.started.done():
                     worker.started.set_result(None)
                 continue
@@ -298,7 +319,7 @@ class Preparer:
     def _exited(self, worker: _Worker, process: multiprocessing.process.BaseProcess) -> None:
         asyncio.get_running_loop().remove_reader(process.sentinel)
         process.join(0.5)
-        was_ready, worker.ready = worker.ready, False
+        was_ready, worker.ready, worker.up = worker.ready, False, False
         self._fail(list(worker.outstanding), EngineUnavailable("a preparation worker stopped"))
         started = worker.started
         if started is not None and not started.done():
