@@ -98,6 +98,25 @@ async def _run_fast(
     return [engine.tokens.pop(f"{prefix}-{index}") for index in range(len(requests))]
 
 
+def reference_greedy(
+    loaded: LoadedModel, prompts: list[tuple[int, ...]], max_new: int
+) -> list[list[int]]:
+    """transformers' greedy ``generate()`` of each prompt alone: its new tokens."""
+    eos = tuple(sorted(eos_ids(loaded.model)))
+    pad = pad_token_id(loaded.tokenizer, frozenset(eos))
+    outputs = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = torch.tensor([prompt], device=loaded.device)
+            out = loaded.model.generate(  # type: ignore[operator]
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                generation_config=generation_config(GREEDY, max_new, pad, eos),
+            )
+            outputs.append(out[0, len(prompt) :].tolist())
+    return outputs
+
+
 async def run(settings: Settings, texts: int, crowd: int, max_new: int) -> FidelityReport:
     config = dataclasses.replace(settings.engine_config(), engine="fast")
     reference = load_model(config)
@@ -106,21 +125,10 @@ async def run(settings: Settings, texts: int, crowd: int, max_new: int) -> Fidel
         for r in service_requests(settings, reference, texts + crowd, seed=0)
     ]
     chosen, others = prepared[:texts], prepared[texts:]
-    eos = tuple(sorted(eos_ids(reference.model)))
-    pad = pad_token_id(reference.tokenizer, frozenset(eos))
     started = time.perf_counter()
-    expected: list[list[int]] = []
-    model = reference.model
-    with torch.inference_mode():
-        for request in chosen:
-            ids = torch.tensor([request.prompt_ids], device=reference.device)
-            out = model.generate(  # type: ignore[operator]
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                generation_config=generation_config(GREEDY, max_new, pad, eos),
-            )
-            expected.append(out[0, ids.shape[1] :].tolist())
+    expected = reference_greedy(reference, [r.prompt_ids for r in chosen], max_new)
     reference_s = time.perf_counter() - started
+    model = reference.model
 
     engine = RecordingEngine(load_model(config), config)
     try:

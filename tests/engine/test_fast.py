@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from loadtests.fidelity import RecordingEngine
+from loadtests.fidelity import RecordingEngine, reference_greedy
 from service.config import Settings
 from service.engine.config import EngineConfig, FastConfig
 from service.engine.demo import ensure_demo_model
@@ -29,7 +29,7 @@ from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.engine import FastEngine
 from service.engine.fast.sampler import RowSampling, sample
 from service.engine.fast.weights import fp8_linear, quantize_fp8
-from service.engine.generation import eos_ids, generation_config, pad_token_id
+from service.engine.generation import eos_ids
 from service.engine.loading import LoadedModel, load_model
 from service.engine.types import Decoding, GenerationRequest, GenerationResult
 from service.errors import ServiceError
@@ -83,19 +83,7 @@ def prompts(reference: LoadedModel) -> list[tuple[int, ...]]:
 @pytest.fixture(scope="module")
 def expected(reference: LoadedModel, prompts: list[tuple[int, ...]]) -> list[list[int]]:
     """transformers' greedy tokens for each prompt, generated alone."""
-    eos = tuple(sorted(eos_ids(reference.model)))
-    pad = pad_token_id(reference.tokenizer, frozenset(eos))
-    outputs = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            out = reference.model.generate(  # type: ignore[operator]
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                generation_config=generation_config(GREEDY, MAX_NEW, pad, eos),
-            )
-            outputs.append(out[0, len(prompt) :].tolist())
-    return outputs
+    return reference_greedy(reference, prompts, MAX_NEW)
 
 
 @pytest.fixture(params=["gather", "flex"])
@@ -163,17 +151,7 @@ async def test_mixture_of_experts_equals_generate(
     config = _config(data_dir, "hy-v3")
     reference = load_model(config)
     eos = eos_ids(reference.model)
-    pad = pad_token_id(reference.tokenizer, eos)
-    wanted = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            out = reference.model.generate(  # type: ignore[operator]
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                generation_config=generation_config(GREEDY, MAX_NEW, pad, tuple(sorted(eos))),
-            )
-            wanted.append(_strip_eos(out[0, len(prompt) :].tolist(), eos))
+    wanted = [_strip_eos(t, eos) for t in reference_greedy(reference, prompts, MAX_NEW)]
     engine = RecordingEngine(load_model(config), config)
     try:
         assert engine._weights.layers[1].moe is not None
