@@ -79,9 +79,10 @@ class RecordingEngine(FastEngine):
         super()._finish_now(sequence, generated)
 
 
-async def _run_fast(
-    engine: RecordingEngine, requests: list[GenerationRequest], prefix: str
-) -> list[list[int]]:
+async def submit_all(
+    engine: FastEngine, requests: list[GenerationRequest], prefix: str
+) -> list[GenerationResult | ServiceError]:
+    """Submit ``requests`` at once (ids ``{prefix}-{index}``); their outcomes, in order."""
     loop = asyncio.get_running_loop()
     futures: list[asyncio.Future[GenerationResult | ServiceError]] = []
     for index, request in enumerate(requests):
@@ -92,7 +93,13 @@ async def _run_fast(
 
         engine.submit(f"{prefix}-{index}", request, done)
         futures.append(future)
-    for result in await asyncio.gather(*futures):
+    return list(await asyncio.wait_for(asyncio.gather(*futures), 600))
+
+
+async def _run_fast(
+    engine: RecordingEngine, requests: list[GenerationRequest], prefix: str
+) -> list[list[int]]:
+    for result in await submit_all(engine, requests, prefix):
         if isinstance(result, ServiceError):
             raise result
     return [engine.tokens.pop(f"{prefix}-{index}") for index in range(len(requests))]

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from loadtests.fidelity import RecordingEngine, reference_greedy
+from loadtests.fidelity import RecordingEngine, reference_greedy, submit_all
 from service.config import Settings
 from service.engine.config import EngineConfig, FastConfig
 from service.engine.demo import ensure_demo_model
@@ -94,22 +94,6 @@ def engine(request: pytest.FixtureRequest, data_dir: Path) -> Iterator[Recording
     built.close()
 
 
-async def _generate(
-    engine: FastEngine, requests: list[GenerationRequest], prefix: str = "r"
-) -> list[GenerationResult | ServiceError]:
-    loop = asyncio.get_running_loop()
-    futures = []
-    for index, request in enumerate(requests):
-        future: asyncio.Future[GenerationResult | ServiceError] = loop.create_future()
-
-        def done(outcome: GenerationResult | ServiceError, _q: float, _r: float, f=future) -> None:  # type: ignore[no-untyped-def]
-            f.set_result(outcome)
-
-        engine.submit(f"{prefix}{index}", request, done)
-        futures.append(future)
-    return list(await asyncio.wait_for(asyncio.gather(*futures), 120))
-
-
 def _strip_eos(tokens: list[int], eos: frozenset[int]) -> list[int]:
     """The tokens up to and with the first EOS (what both engines generate)."""
     for index, token in enumerate(tokens):
@@ -130,14 +114,14 @@ async def test_greedy_equals_generate_alone_and_in_a_crowd(
     # The 5th prompt is longer than a prefill chunk (24 tokens): it is prefilled in pieces.
     assert max(len(p) for p in prompts) > 24
     for index, request in enumerate(requests):
-        await _generate(engine, [request], prefix=f"alone{index}-")
+        await submit_all(engine, [request], prefix=f"alone{index}")
     alone = [engine.tokens[f"alone{index}-0"] for index in range(len(requests))]
     assert alone == wanted
     # A crowd of 4x the texts, in 4 decode rows: they queue, join and leave mid-flight.
     crowd = requests * 4
-    results = await _generate(engine, crowd, prefix="crowd")
+    results = await submit_all(engine, crowd, prefix="crowd")
     assert all(isinstance(r, GenerationResult) for r in results)
-    together = [engine.tokens[f"crowd{index}"] for index in range(len(crowd))]
+    together = [engine.tokens[f"crowd-{index}"] for index in range(len(crowd))]
     assert together == wanted * 4
     # Every page went back once everything finished.
     assert engine._cache.committed_pages == 0
@@ -157,10 +141,10 @@ async def test_mixture_of_experts_equals_generate(
         assert engine._weights.layers[1].moe is not None
         requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
         for index, request in enumerate(requests):
-            await _generate(engine, [request], prefix=f"alone{index}-")
+            await submit_all(engine, [request], prefix=f"alone{index}")
         assert [engine.tokens[f"alone{i}-0"] for i in range(len(requests))] == wanted
-        await _generate(engine, requests * 2, prefix="crowd")
-        assert [engine.tokens[f"crowd{i}"] for i in range(2 * len(requests))] == wanted * 2
+        await submit_all(engine, requests * 2, prefix="crowd")
+        assert [engine.tokens[f"crowd-{i}"] for i in range(2 * len(requests))] == wanted * 2
     finally:
         engine.close()
 
@@ -187,7 +171,7 @@ async def test_results_text_budget_and_streaming(
         assert pieces
         assert all(result.text.startswith(piece) for piece in pieces)
         # Too long for the model's positions: refused, not crashed.
-        (refused,) = await _generate(
+        (refused,) = await submit_all(
             engine, [GenerationRequest((1,) * 40000, 5, GREEDY)], prefix="long"
         )
         assert isinstance(refused, ServiceError)
@@ -213,7 +197,7 @@ async def test_cancelled_requests_leave_and_free_their_pages(
         for index in range(6):
             engine.cancel(f"c{index}")
         # One more request afterwards still runs: the engine is not stuck on the cancelled.
-        (result,) = await _generate(engine, [GenerationRequest(prompts[0], 4, GREEDY)], "after")
+        (result,) = await submit_all(engine, [GenerationRequest(prompts[0], 4, GREEDY)], "after")
         assert isinstance(result, GenerationResult)
         await asyncio.sleep(0.2)
         assert engine._cache.committed_pages == 0
@@ -360,7 +344,7 @@ async def test_compressed_tensors_fp8_checkpoint_runs_as_fp8_quantized_at_load(
             assert engine.info.quantization == "fp8"
             assert engine._weights.layers[0].qkv.weight.dtype == torch.float8_e4m3fn
             requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
-            await _generate(engine, requests, prefix="fp8-")
+            await submit_all(engine, requests, prefix="fp8")
             outputs.append([engine.tokens[f"fp8-{i}"] for i in range(len(requests))])
         finally:
             engine.close()

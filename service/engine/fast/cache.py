@@ -21,9 +21,6 @@ from service.engine.fast.weights import Geometry
 
 log = logging.getLogger(__name__)
 
-# The share of the memory left after the weights and the graphs that the cache may take.
-DEFAULT_MEMORY_FRACTION = 0.85
-
 
 def pages_for(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size)
