@@ -10,7 +10,8 @@ exact requests the load generator's texts become, and measures, in one process:
   the HTTP figure of ``loadtests.bench`` for the same requests, the difference is what HTTP, JSON,
   the translator and the scheduler cost.
 - kernels launched per token in the profiled request: what ``HYMT_COMPILE_NORMS`` fuses away.
-- the profile's top kernels by GPU time, for the report.
+- the profile's top kernels by GPU time and by launches per token, for the report; ``--trace``
+  also writes the kernels of two decode steps in launch order.
 
     HYMT_LOAD_FORMAT=dummy python -m loadtests.profile --requests 1024 --report profile.json
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -57,6 +59,7 @@ class ProfileReport:
     throughput_duration_s: float
     throughput_output_tokens_per_s: float
     top_kernels_ms: dict[str, float] = field(default_factory=dict)
+    kernel_launches_per_token: dict[str, float] = field(default_factory=dict)
     engine_plan: dict[str, object] = field(default_factory=dict)
     max_memory_allocated_bytes: int = 0
     throughput_timeline: dict[str, float] = field(default_factory=dict)
@@ -89,7 +92,9 @@ async def _generate(
     return tokens
 
 
-async def run(settings: Settings, requests: int, lone: int, seed: int) -> ProfileReport:
+async def run(
+    settings: Settings, requests: int, lone: int, seed: int, trace_path: Path | None = None
+) -> ProfileReport:
     config = settings.engine_config()
     loaded = load_model(config)
     # Prepared before the fast engine takes the weights out of the model.
@@ -121,6 +126,11 @@ async def run(settings: Settings, requests: int, lone: int, seed: int) -> Profil
         launches = sum(event.count for event in kernels)
         kernels.sort(key=lambda event: event.self_device_time_total, reverse=True)
         top = {e.key[:80]: round(e.self_device_time_total / 1000, 2) for e in kernels[:12]}
+        kernels.sort(key=lambda event: event.count, reverse=True)
+        per_token = max(profiled_tokens, 1)
+        counts = {e.key[:80]: round(e.count / per_token, 2) for e in kernels[:40]}
+        if trace_path is not None:
+            _write_step_kernels(trace, launches / per_token, trace_path)
 
         batch = prepared[2 + lone :]
         samples: list[tuple[float, int]] = []
@@ -148,9 +158,23 @@ async def run(settings: Settings, requests: int, lone: int, seed: int) -> Profil
         throughput_duration_s=round(batch_wall, 3),
         throughput_output_tokens_per_s=round(batch_tokens / batch_wall, 1),
         top_kernels_ms=top,
+        kernel_launches_per_token=counts,
         engine_plan=asdict(engine.plan) if isinstance(engine, FastEngine) else {},
         max_memory_allocated_bytes=torch.cuda.max_memory_allocated() if cuda else 0,
         throughput_timeline=asdict(summarize(samples, batch_wall)),
+    )
+
+
+def _write_step_kernels(trace: profile, per_token: float, path: Path) -> None:
+    """The kernels of about two decode steps from the middle of the profiled request, in launch
+    order with their GPU microseconds: which operation each of a step's kernels comes from."""
+    found = trace.events()  # type: ignore[no-untyped-call]
+    events = [e for e in found if e.device_type == DeviceType.CUDA]
+    events.sort(key=lambda e: e.time_range.start)
+    middle, width = len(events) // 2, int(2 * per_token)
+    window = events[middle : middle + width]
+    path.write_text(
+        json.dumps([[e.name[:120], round(e.time_range.elapsed_us(), 2)] for e in window])
     )
 
 
@@ -168,8 +192,9 @@ def main(argv: list[str] | None = None) -> ProfileReport:
     parser.add_argument("--lone", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--report", type=Path)
+    parser.add_argument("--trace", type=Path, help="write two decode steps' kernels in order")
     args = parser.parse_args(argv)
-    report = asyncio.run(run(Settings(), args.requests, args.lone, args.seed))
+    report = asyncio.run(run(Settings(), args.requests, args.lone, args.seed, args.trace))
     emit(report, args.report)
     return report
 

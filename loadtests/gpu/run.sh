@@ -14,7 +14,8 @@
 # 85 (twice the 41 requests/s the cb variant sustains), under a DEADLINE, default 5 s).
 # fast (the fast engine through HTTP, plus the naive baseline), fast-fp8 (its FP8 weights),
 # fast-profile / fast-profile-fp8 (loadtests.profile on the fast engine), fidelity-float32 /
-# fidelity-bfloat16 (loadtests.fidelity: TEXTS texts alone and in a CROWD, against generate()).
+# fidelity-bfloat16 (loadtests.fidelity: TEXTS texts alone and in a CROWD, against generate()),
+# kernels (loadtests.kernels: decode attention and one-row projections alone, in CUDA graphs).
 # stream (loadtests.streaming: time to first token and to the full text of a 2,000-word document
 # through POST /translate/stream). Each writes VARIANT.json and VARIANT.log. SERVICE_ENV="NAME=VALUE ..." adds settings to every
 # service the bench variants start.
@@ -46,17 +47,22 @@ for variant in "$@"; do
   if [ "${variant#fast-profile}" != "$variant" ]; then  # the fast engine alone (bf16, or -fp8)
     quant=none; [ "$variant" = fast-profile-fp8 ] && quant=fp8
     HYMT_ENGINE=fast HYMT_QUANTIZATION=$quant HYMT_LOAD_FORMAT=dummy HYMT_DATA_DIR="$work/data" timeout "${VARIANT_TIMEOUT:-280}" \
-      python3 -m loadtests.profile --requests "$requests" --lone "${LONE:-6}" --report "$work/$variant.json" \
+      python3 -m loadtests.profile --requests "$requests" --lone "${LONE:-6}" --report "$work/$variant.json" --trace "$work/$variant.kernels.json" \
       > "$work/$variant.out" 2>&1
     echo "exit $?"; cat "$work/$variant.json" 2>/dev/null || tail -c 3000 "$work/$variant.out"
     grep -E '"(fast engine ready|decode graphs captured|kv cache allocated)"' "$work/$variant.out" | cut -c1-600
-    cp "$work/$variant.json" "$out/" 2>/dev/null; continue
+    cp "$work/$variant.json" "$work/$variant.kernels.json" "$out/" 2>/dev/null; continue
   fi
   if [ "$variant" = stream ]; then  # loadtests.streaming: a 2,000-word document streamed
     timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.streaming --label stream \
       "${common[@]}" --env HYMT_ENGINE=continuous > "$work/stream.out" 2>&1
     echo "exit $?"; cat "$work/stream.json" 2>/dev/null || tail -c 3000 "$work/stream.out"
     cp "$work/stream.json" "$out/" 2>/dev/null; continue
+  fi
+  if [ "$variant" = kernels ]; then  # loadtests.kernels: decode kernels alone, in CUDA graphs
+    timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.kernels --report "$work/kernels.json" > "$work/kernels.out" 2>&1
+    echo "exit $?"; cat "$work/kernels.json" 2>/dev/null || tail -c 3000 "$work/kernels.out"
+    cp "$work/kernels.json" "$out/" 2>/dev/null; continue
   fi
   if [ "$variant" = ipc ]; then
     timeout 120 python3 -m loadtests.ipc --report "$work/ipc.json" > "$work/ipc.out" 2>&1

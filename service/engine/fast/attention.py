@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask, FlexKernelOptions, flex_attention
 
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import PagedKVCache
@@ -50,9 +50,16 @@ class DecodeAttention(Protocol):
 class FlexDecode:
     name = "paged-flex"
 
-    def __init__(self, cache: PagedKVCache, rows: DeviceRows, compiled: bool) -> None:
+    def __init__(
+        self,
+        cache: PagedKVCache,
+        rows: DeviceRows,
+        compiled: bool,
+        kernel_options: FlexKernelOptions | None = None,
+    ) -> None:
         self._cache = cache
         self._rows = rows
+        self._options = kernel_options
         self._blocks = torch.zeros(rows.rows, 1, 1, dtype=torch.int32, device=rows.device)
         self._masks: dict[int, BlockMask] = {}
         self._attend = (
@@ -106,6 +113,7 @@ class FlexDecode:
             block_mask=meta,
             scale=scale,
             enable_gqa=True,
+            kernel_options=self._options,
         )
         assert isinstance(out, torch.Tensor)
         return out[:, :, 0, :]

@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,7 +42,7 @@ from service.engine.fast.compile_cache import use_compile_cache
 from service.engine.fast.forward import Transformer
 from service.engine.fast.graphs import DecodeGraphs, buckets_up_to
 from service.engine.fast.prefill import Piece, pack
-from service.engine.fast.sampler import RowSampling, needs_full_sort, sample
+from service.engine.fast.sampler import RowSampling, needs_full_sort, race_noise, sample
 from service.engine.fast.weights import take_weights
 from service.engine.generation import LoadedEngine
 from service.engine.loading import LoadedModel
@@ -156,6 +157,11 @@ class FastEngine(LoadedEngine):
         )
         scope = fast.compile_scope if compiled else None
         self._model = Transformer(self._weights, self._cache, self._rows, attention, scope)
+        self._choose: Callable[[torch.Tensor, torch.Tensor, int, bool], None] = (
+            torch.compile(self._choose_tokens, fullgraph=True, dynamic=None)
+            if compiled
+            else self._choose_tokens
+        )
         self._device = device
         self._max_rows = rows
         self._prefill_tokens = prefill
@@ -530,9 +536,17 @@ class FastEngine(LoadedEngine):
     def _decode_and_sample(self, batch: int, full: bool, pages: int | None = None) -> None:
         """One decode step of the first ``batch`` rows, ending with the sampled tokens fed back:
         the work a graph captures (no host synchronisation)."""
+        hidden = self._model.decode(batch, pages or self._max_pages)
+        noise = race_noise(batch, self._weights.geometry.vocab, full, self._device)
+        self._choose(hidden, noise, batch, full)
+
+    def _choose_tokens(
+        self, hidden: torch.Tensor, noise: torch.Tensor, batch: int, full: bool
+    ) -> None:
+        """Logits, the sampler and the chosen tokens written back into the rows: compiled with
+        the engine, some sixty small eager kernels become a few fused ones."""
         rows = self._rows
-        logits = self._model.decode(batch, pages or self._max_pages)
-        tokens = sample(logits, rows.rows_of(batch), full)
+        tokens = sample(self._model.logits(hidden), rows.rows_of(batch), full, noise)
         rows.sampled[:batch] = tokens
         rows.tokens[:batch] = tokens
         rows.sampling.seen[:batch].scatter_(1, tokens[:, None], True)

@@ -8,12 +8,13 @@ Two entry points:
 - ``prefill``: packed prompts (or chunks of them) of any lengths, keys and values written to
   their pages, causal attention per sequence with torch's varlen flash kernel; returns the
   logits of the positions asked for (the last of each finished prompt).
-- ``decode``: one token for each of the first ``batch`` rows of ``DeviceRows``, everything read
-  from and written to device buffers, so it can be captured in a CUDA graph. Compiled
-  (``compile_scope``), either per layer (``layer``: one compiled function serves every layer,
-  since the layers differ only in the tensors passed in; quick to compile) or as the whole stack
-  of layers (``step``: inductor may also fuse across layer boundaries, such as a layer's last
-  residual add with the next one's norm; slower to compile).
+- ``decode``: the last layer's hidden state for the token in each of the first ``batch`` rows
+  of ``DeviceRows`` (``logits`` turns it into logits), everything read from and written to
+  device buffers, so it can be captured in a CUDA graph. Compiled (``compile_scope``): the step's
+  inputs (lengths, cache slots, embeddings, RoPE rows) as one function, and the layers either
+  one at a time (``layer``: one compiled function serves every layer, since the layers differ
+  only in the tensors passed in; quick to compile) or as the whole stack (``step``: inductor may
+  also fuse across layer boundaries; much slower to compile).
 """
 
 from __future__ import annotations
@@ -108,6 +109,10 @@ class Transformer:
         self.attention = attention
         self._layer: Callable[..., torch.Tensor] = self._decode_layer
         self._stack: Callable[..., torch.Tensor] = self._decode_stack
+        self._inputs: Callable[[int], tuple[torch.Tensor, ...]] = self._step_inputs
+        if compile_scope is not None:
+            # A dozen small eager kernels become one or two.
+            self._inputs = torch.compile(self._step_inputs, fullgraph=True, dynamic=None)
         if compile_scope == "step":
             self._stack = torch.compile(self._decode_stack, fullgraph=True, dynamic=None)
         elif compile_scope == "layer":
@@ -136,22 +141,33 @@ class Transformer:
         return self.logits(x.index_select(0, p.last))
 
     def decode(self, batch: int, pages: int) -> torch.Tensor:
-        """Logits ``[batch, vocab]`` for the tokens in the first ``batch`` rows; no host sync."""
-        rows, page = self.rows, self.cache.page_size
-        tokens, positions = rows.tokens[:batch], rows.positions[:batch]
+        """The last layer's output ``[batch, hidden]`` for the tokens in the first ``batch`` rows
+        (before the final norm: ``logits`` applies it); no host sync."""
+        x, cos, sin, slots = self._inputs(batch)
+        meta = self.attention.prepare(batch, pages)
+        return self._stack(x, cos, sin, slots, meta)
+
+    def _step_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
+        """Each row's length (written for the attention mask), the cache slot its new key goes
+        to, its token's embedding and its position's RoPE rows."""
+        rows, page, w = self.rows, self.cache.page_size, self.weights
+        positions = rows.positions[:batch]
         rows.lengths[:batch] = ((positions + 1) * rows.live[:batch]).to(torch.int32)
         table = rows.block_table[:batch]
         current = table.gather(1, (positions // page)[:, None]).squeeze(1).long()
         slots = current * page + positions % page
-        meta = self.attention.prepare(batch, pages)
-        return self.logits(self._stack(tokens, positions, slots, meta))
+        x = torch.nn.functional.embedding(rows.tokens[:batch], w.embed)
+        return x, w.cos[positions], w.sin[positions], slots
 
     def _decode_stack(
-        self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, meta: object
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        meta: object,
     ) -> torch.Tensor:
         w, cache = self.weights, self.cache
-        x = torch.nn.functional.embedding(tokens, w.embed)
-        cos, sin = w.cos[positions], w.sin[positions]
         for index, layer in enumerate(w.layers):
             x = self._layer(x, layer, cache.keys[index], cache.values[index], slots, cos, sin, meta)
         return x

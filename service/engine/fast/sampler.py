@@ -43,8 +43,21 @@ def penalize(logits: torch.Tensor, penalty: torch.Tensor, seen: torch.Tensor) ->
     return torch.where(seen, penalized, logits)
 
 
-def sample(logits: torch.Tensor, rows: RowSampling, full_sort: bool) -> torch.Tensor:
-    """The next token of every row of float32 ``logits`` ``[rows, vocab]``."""
+def race_noise(rows: int, vocab: int, full_sort: bool, device: torch.device) -> torch.Tensor:
+    """The exponential draws of one step's race, ``[rows, width]``. Drawn by the eager code so
+    that a compiled sampler holds no random state of its own inside a CUDA graph."""
+    width = vocab if full_sort else min(TOP_K_CAP, vocab)
+    return torch.empty(rows, width, dtype=torch.float32, device=device).exponential_()
+
+
+def sample(
+    logits: torch.Tensor,
+    rows: RowSampling,
+    full_sort: bool,
+    noise: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The next token of every row of float32 ``logits`` ``[rows, vocab]`` (``noise``: the race's
+    draws from ``race_noise``, drawn here when not given)."""
     logits = penalize(logits, rows.penalty, rows.seen)
     greedy = logits.argmax(dim=-1)
     scaled = logits / rows.temperature[:, None]
@@ -61,7 +74,9 @@ def sample(logits: torch.Tensor, rows: RowSampling, full_sort: bool) -> torch.Te
     cut = above >= rows.top_p[:, None]
     cut[:, 0] = False
     probs = probs.masked_fill(cut, 0.0)
-    race = probs / torch.empty_like(probs).exponential_()
+    if noise is None:
+        noise = torch.empty_like(probs).exponential_()
+    race = probs / noise
     choice = race.argmax(dim=-1, keepdim=True)
     drawn = order.gather(-1, choice).squeeze(-1)
     return torch.where(rows.greedy, greedy, drawn)

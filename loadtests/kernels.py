@@ -1,0 +1,191 @@
+"""Decode-step kernels in isolation, each timed inside a CUDA graph: the choices behind the fast
+engine's kernels for a step, measured apart from the engine.
+
+- ``attention``: ``FlexDecode`` over a paged cache (the 7B's heads), ``rows`` rows of ``context``
+  tokens each, with FlexAttention's kernel options: torch's decoding kernel and its split count,
+  or its main kernel forced.
+- ``linear``: the 7B's projections at one row: cuBLAS in bf16, the same product written as a
+  multiply-and-sum that inductor compiles into one reduction kernel (bf16 weights, and FP8
+  weights read as they are, scaled per output row), and the FP8 ``_scaled_mm`` path the engine
+  takes for larger batches.
+
+A graph holds ``--repeat`` calls and is replayed; the figure is GPU time per call including the
+gaps between kernels, which is what a decode step pays. On a CPU (``--smoke``) every variant runs
+once at small sizes, untimed, to check that the script works.
+
+    python -m loadtests.kernels --report kernels.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch._dynamo.config
+from torch.nn.attention.flex_attention import FlexKernelOptions
+
+from service.engine.fast.attention import FlexDecode
+from service.engine.fast.batch import DeviceRows
+from service.engine.fast.cache import CacheShape, PagedKVCache, pages_for
+from service.engine.fast.weights import Geometry, fp8_linear, quantize_fp8
+
+FLEX_OPTIONS: dict[str, FlexKernelOptions | None] = {
+    "default": None,
+    # SPLIT_KV is read by inductor's decoding kernel but is not in the typed options.
+    "split1": {"SPLIT_KV": 1},  # type: ignore[dict-item]
+    "split4": {"SPLIT_KV": 4},  # type: ignore[dict-item]
+    "main-kernel": {"FORCE_USE_FLEX_ATTENTION": True},
+}
+# (name, in, out) of the 7B: fused QKV, output, fused gate/up, down.
+SHAPES = (("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 28672), ("down", 14336, 4096))
+
+
+def timed_us(call: Callable[[], object], repeat: int, device: torch.device) -> float:
+    """GPU microseconds per call of ``call``, ``repeat`` calls captured in one graph."""
+    if device.type != "cuda":
+        call()
+        return 0.0
+    side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeat):
+            call()
+    graph.replay()
+    torch.cuda.synchronize(device)
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    replays = 10
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize(device)
+    return round(1000 * float(start.elapsed_time(end)) / (replays * repeat), 2)
+
+
+def attention(
+    rows_list: list[int], context: int, device: torch.device, dtype: torch.dtype, repeat: int
+) -> dict[str, dict[str, float]]:
+    heads, kv_heads, dim, page = 32, 8, 128, 128
+    geometry = Geometry(
+        hidden=heads * dim,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=dim,
+        intermediate=4 * heads * dim,
+        eps=1e-5,
+        vocab=16,
+        max_positions=32768,
+        norm_before_rope=False,
+    )
+    most = max(rows_list)
+    per_row = pages_for(context + 1, page)
+    cache = PagedKVCache(geometry, 1, CacheShape(most * per_row + 1, page), dtype, device)
+    cache.keys[0].normal_()
+    cache.values[0].normal_()
+    rows = DeviceRows(most, pages_for(32768, page), 16, device)
+    pages = [cache.take() for _ in range(most * per_row)]
+    for row in range(most):
+        mine = pages[row * per_row : (row + 1) * per_row]
+        rows.set_pages([row] * per_row, list(range(per_row)), mine)
+        cache.assign(mine, [row] * per_row, list(range(per_row)))
+    rows.positions.fill_(context)
+    rows.live.fill_(1)
+    rows.lengths.fill_(context + 1)
+    results: dict[str, dict[str, float]] = {}
+    for name, options in FLEX_OPTIONS.items():
+        flex = FlexDecode(cache, rows, device.type == "cuda", options)
+        results[name] = {}
+        for batch in rows_list:
+            query = torch.randn(batch, heads, dim, dtype=dtype, device=device)
+            meta = flex.prepare(batch, per_row)
+            call = partial(flex, query, cache.keys[0], cache.values[0], meta, dim**-0.5)
+            results[name][f"rows{batch}"] = timed_us(call, repeat, device)
+    return results
+
+
+def weight_only(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T`` as a broadcast multiply and a sum over the inputs: compiled, one
+    reduction kernel that reads the weights once, in their own dtype."""
+    product = (x[:, None, :].float() * weight[None].float()).sum(-1)
+    if scale is not None:
+        product = product * scale[:, 0]
+    return product.to(x.dtype)
+
+
+def linear(device: torch.device, dtype: torch.dtype, repeat: int, smoke: bool) -> dict[str, Any]:
+    compiled = device.type == "cuda"
+    reduce = torch.compile(weight_only, dynamic=False) if compiled else weight_only
+    tuned = (
+        torch.compile(weight_only, dynamic=False, options={"coordinate_descent_tuning": True})
+        if compiled
+        else weight_only
+    )
+    results: dict[str, Any] = {}
+    for name, inputs, outputs in SHAPES:
+        if smoke:
+            inputs, outputs = inputs // 64, outputs // 64
+        weight = torch.randn(outputs, inputs, dtype=dtype, device=device) / inputs**0.5
+        fp8 = quantize_fp8(weight)
+        assert fp8.scale is not None
+        scale = fp8.scale
+        x = torch.randn(1, inputs, dtype=dtype, device=device)
+        exact = x.float() @ weight.float().t()
+        variants: dict[str, Callable[[], torch.Tensor]] = {
+            "cublas": partial(torch.nn.functional.linear, x, weight),
+            "reduction": partial(reduce, x, weight, None),
+            "reduction-tuned": partial(tuned, x, weight, None),
+            "fp8-scaled-mm": partial(fp8_linear, x, fp8.weight, scale),
+            "fp8-reduction": partial(reduce, x, fp8.weight, fp8.scale),
+            "fp8-reduction-tuned": partial(tuned, x, fp8.weight, fp8.scale),
+        }
+        row: dict[str, float] = {"weight_mb_bf16": round(weight.nbytes / 1e6, 1)}
+        for variant, call in variants.items():
+            row[f"{variant}_us"] = timed_us(call, repeat, device)
+            error = (call().float() - exact).abs().max() / exact.abs().max()
+            row[f"{variant}_rel_error"] = float(f"{error.item():.3g}")
+        results[name] = row
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.kernels", description=__doc__)
+    parser.add_argument("--rows", default="1,16,1024", help="attention batch sizes")
+    parser.add_argument("--context", type=int, default=160)
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--smoke", action="store_true", help="CPU: small sizes, untimed")
+    parser.add_argument("--report", type=Path)
+    args = parser.parse_args(argv)
+    device = torch.device("cpu" if args.smoke else "cuda")
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    # Every batch size compiled static, as the engine's batch-1 and largest buckets are.
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    torch._dynamo.config.recompile_limit = 64
+    rows = [int(r) for r in args.rows.split(",")]
+    with torch.inference_mode():
+        report = {
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__,
+            "context": args.context,
+            "attention_us": attention(rows, args.context, device, dtype, args.repeat),
+            "linear_one_row": linear(device, dtype, args.repeat, args.smoke),
+        }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.report is not None:
+        args.report.write_text(text)
+    return report
+
+
+if __name__ == "__main__":
+    main()
