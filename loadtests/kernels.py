@@ -32,7 +32,7 @@ from torch.nn.attention.flex_attention import FlexKernelOptions
 from service.engine.fast.attention import FlexDecode
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import CacheShape, PagedKVCache, pages_for
-from service.engine.fast.weights import Geometry, fp8_linear, quantize_fp8
+from service.engine.fast.weights import Geometry, fp8_linear, fp8_weight_only, quantize_fp8
 
 FLEX_OPTIONS: dict[str, FlexKernelOptions | None] = {
     "default": None,
@@ -114,23 +114,22 @@ def attention(
     return results
 
 
-def weight_only(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """``x @ weight.T`` as a broadcast multiply and a sum over the inputs: compiled, one
-    reduction kernel that reads the weights once, in their own dtype."""
-    product = (x[:, None, :].float() * weight[None].float()).sum(-1)
-    if scale is not None:
-        product = product * scale[:, 0]
-    return product.to(x.dtype)
+def weight_only(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` as the engine's FP8 one-row path writes it, for bf16 weights."""
+    return (x[:, None, :].float() * weight[None].float()).sum(-1).to(x.dtype)
 
 
 def linear(device: torch.device, dtype: torch.dtype, repeat: int, smoke: bool) -> dict[str, Any]:
-    compiled = device.type == "cuda"
-    reduce = torch.compile(weight_only, dynamic=False) if compiled else weight_only
-    tuned = (
-        torch.compile(weight_only, dynamic=False, options={"coordinate_descent_tuning": True})
-        if compiled
-        else weight_only
-    )
+    def compiled(function: Callable[..., torch.Tensor], tuned: bool) -> Callable[..., torch.Tensor]:
+        if device.type != "cuda":
+            return function
+        options: dict[str, str | int | bool | Callable[..., Any]] | None = (
+            {"coordinate_descent_tuning": True} if tuned else None
+        )
+        return torch.compile(function, dynamic=False, options=options)
+
+    reduce, tuned = compiled(weight_only, False), compiled(weight_only, True)
+    fp8_reduce, fp8_tuned = compiled(fp8_weight_only, False), compiled(fp8_weight_only, True)
     results: dict[str, Any] = {}
     for name, inputs, outputs in SHAPES:
         if smoke:
@@ -143,11 +142,11 @@ def linear(device: torch.device, dtype: torch.dtype, repeat: int, smoke: bool) -
         exact = x.float() @ weight.float().t()
         variants: dict[str, Callable[[], torch.Tensor]] = {
             "cublas": partial(torch.nn.functional.linear, x, weight),
-            "reduction": partial(reduce, x, weight, None),
-            "reduction-tuned": partial(tuned, x, weight, None),
+            "reduction": partial(reduce, x, weight),
+            "reduction-tuned": partial(tuned, x, weight),
             "fp8-scaled-mm": partial(fp8_linear, x, fp8.weight, scale),
-            "fp8-reduction": partial(reduce, x, fp8.weight, fp8.scale),
-            "fp8-reduction-tuned": partial(tuned, x, fp8.weight, fp8.scale),
+            "fp8-reduction": partial(fp8_reduce, x, fp8.weight, scale),
+            "fp8-reduction-tuned": partial(fp8_tuned, x, fp8.weight, scale),
         }
         row: dict[str, float] = {"weight_mb_bf16": round(weight.nbytes / 1e6, 1)}
         for variant, call in variants.items():

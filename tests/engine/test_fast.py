@@ -2,8 +2,9 @@
 
 Greedy output must equal transformers' ``generate()`` token for token, for each text alone and
 inside a crowd larger than the decode batch (so requests wait, join and leave while others run),
-with prompts longer than one prefill chunk, with both decode attentions. CUDA graphs, compiled
-kernels and the flash prefill kernel run on the GPU only (docs/benchmarks.md has those figures).
+with prompts longer than one prefill chunk, with both decode attentions, and compiled by inductor
+for the CPU. CUDA graphs, FlexAttention's fused kernel and the flash prefill kernel run on the GPU
+only (docs/benchmarks.md has those figures).
 """
 
 from __future__ import annotations
@@ -125,6 +126,26 @@ async def test_greedy_equals_generate_alone_and_in_a_crowd(
     assert together == wanted * 4
     # Every page went back once everything finished.
     assert engine._cache.committed_pages == 0
+
+
+async def test_compiled_step_equals_generate(
+    data_dir: Path,
+    reference: LoadedModel,
+    prompts: list[tuple[int, ...]],
+    expected: list[list[int]],
+) -> None:
+    # What a GPU runs, less the graphs and FlexAttention's kernel: the step's inputs, each layer
+    # and the logits-and-sampling tail compiled by inductor (for this CPU), in two decode rows.
+    config = _config(data_dir, attention="gather", compile="on", max_rows=2)
+    engine = RecordingEngine(load_model(config), config)
+    try:
+        eos = eos_ids(reference.model)
+        wanted = [_strip_eos(tokens, eos) for tokens in expected]
+        requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
+        await submit_all(engine, requests * 2, prefix="crowd")
+        assert [engine.tokens[f"crowd-{i}"] for i in range(2 * len(requests))] == wanted * 2
+    finally:
+        engine.close()
 
 
 async def test_mixture_of_experts_equals_generate(
@@ -264,6 +285,10 @@ def test_fp8_projection_is_close_to_the_float_one() -> None:
     assert out.shape == (5, 64)
     relative = (out - x @ weight.T).norm() / (x @ weight.T).norm()
     assert relative < 0.08
+    # One row, compiled (a lone request's step): the weights read as they are, the activations
+    # unquantized, so the product equals the dequantized weights' up to float rounding.
+    one = torch.compile(fp8_linear, fullgraph=True)(x[:1], quantized.weight, quantized.scale)
+    torch.testing.assert_close(one, x[:1] @ dequantized.T, rtol=1e-5, atol=1e-5)
 
 
 async def test_fast_engine_serves_through_http(start_app: StartApp) -> None:

@@ -58,8 +58,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) ->
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Row-wise FP8 GEMM: each token's activations get their own scale."""
+    """Row-wise FP8 GEMM: each token's activations get their own scale. A single row under
+    ``torch.compile`` takes ``fp8_weight_only`` instead."""
     rows = x.shape[0]
+    if rows == 1 and torch.compiler.is_compiling():
+        return fp8_weight_only(x, weight, scale)
     # _scaled_mm wants the row count a multiple of 16; decode buckets usually are.
     padded = (-rows) % 16
     if padded:
@@ -68,6 +71,15 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
     x_fp8 = (x.float() / x_scale).clamp(-_FP8_MAX, _FP8_MAX).to(FP8)
     out = torch._scaled_mm(x_fp8, weight.t(), scale_a=x_scale, scale_b=scale.t(), out_dtype=x.dtype)
     return out[:rows] if padded else out
+
+
+def fp8_weight_only(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` for one row written as a multiply and a sum over the inputs, with the
+    activations left unquantized. Compiled, it is one reduction kernel that reads the FP8
+    weights as they are, where ``_scaled_mm`` pads the row to 16 and runs a tile made for many.
+    Eager it would materialise the whole product: only compiled code calls it."""
+    product = (x[:, None, :].float() * weight[None].float()).sum(-1)
+    return (product * scale[:, 0]).to(x.dtype)
 
 
 def quantize_fp8(weight: torch.Tensor) -> Linear:
