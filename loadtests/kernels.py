@@ -4,10 +4,11 @@ engine's kernels for a step, measured apart from the engine.
 - ``attention``: ``FlexDecode`` over a paged cache (the 7B's heads), ``rows`` rows of ``context``
   tokens each, with FlexAttention's kernel options: torch's decoding kernel and its split count,
   or its main kernel forced.
-- ``linear``: the 7B's projections at one row: cuBLAS in bf16, the same product written as a
-  multiply-and-sum that inductor compiles into one reduction kernel (bf16 weights, and FP8
-  weights read as they are, scaled per output row), and the FP8 ``_scaled_mm`` path the engine
-  takes for larger batches.
+- ``linear``: the 7B's projections at one row: cuBLAS in bf16, the engine's ``row_product``
+  (a multiply-and-sum inductor compiles into one reduction kernel; bf16 weights, and FP8 weights
+  read as they are, scaled per output row) with and without inductor's block-size tuning, and
+  the FP8 ``_scaled_mm`` path the engine takes for larger batches (eager here, so its activation
+  quantization runs as separate kernels).
 
 A graph holds ``--repeat`` calls and is replayed; the figure is GPU time per call including the
 gaps between kernels, which is what a decode step pays. On a CPU (``--smoke``) every variant runs
@@ -32,7 +33,7 @@ from torch.nn.attention.flex_attention import FlexKernelOptions
 from service.engine.fast.attention import FlexDecode
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import CacheShape, PagedKVCache, pages_for
-from service.engine.fast.weights import Geometry, fp8_linear, fp8_weight_only, quantize_fp8
+from service.engine.fast.weights import Geometry, fp8_linear, quantize_fp8, row_product
 
 FLEX_OPTIONS: dict[str, FlexKernelOptions | None] = {
     "default": None,
@@ -114,11 +115,6 @@ def attention(
     return results
 
 
-def weight_only(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` as the engine's FP8 one-row path writes it, for bf16 weights."""
-    return (x[:, None, :].float() * weight[None].float()).sum(-1).to(x.dtype)
-
-
 def linear(device: torch.device, dtype: torch.dtype, repeat: int, smoke: bool) -> dict[str, Any]:
     def compiled(function: Callable[..., torch.Tensor], tuned: bool) -> Callable[..., torch.Tensor]:
         if device.type != "cuda":
@@ -128,8 +124,7 @@ def linear(device: torch.device, dtype: torch.dtype, repeat: int, smoke: bool) -
         )
         return torch.compile(function, dynamic=False, options=options)
 
-    reduce, tuned = compiled(weight_only, False), compiled(weight_only, True)
-    fp8_reduce, fp8_tuned = compiled(fp8_weight_only, False), compiled(fp8_weight_only, True)
+    reduce, tuned = compiled(row_product, False), compiled(row_product, True)
     results: dict[str, Any] = {}
     for name, inputs, outputs in SHAPES:
         if smoke:
@@ -142,11 +137,11 @@ def linear(device: torch.device, dtype: torch.dtype, repeat: int, smoke: bool) -
         exact = x.float() @ weight.float().t()
         variants: dict[str, Callable[[], torch.Tensor]] = {
             "cublas": partial(torch.nn.functional.linear, x, weight),
-            "reduction": partial(reduce, x, weight),
-            "reduction-tuned": partial(tuned, x, weight),
+            "reduction": partial(reduce, x, weight, None),
+            "reduction-tuned": partial(tuned, x, weight, None),
             "fp8-scaled-mm": partial(fp8_linear, x, fp8.weight, scale),
-            "fp8-reduction": partial(fp8_reduce, x, fp8.weight, scale),
-            "fp8-reduction-tuned": partial(fp8_tuned, x, fp8.weight, scale),
+            "fp8-reduction": partial(reduce, x, fp8.weight, scale),
+            "fp8-reduction-tuned": partial(tuned, x, fp8.weight, scale),
         }
         row: dict[str, float] = {"weight_mb_bf16": round(weight.nbytes / 1e6, 1)}
         for variant, call in variants.items():

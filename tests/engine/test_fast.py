@@ -29,7 +29,7 @@ from service.engine.factory import engine_kind
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.engine import FastEngine
 from service.engine.fast.sampler import RowSampling, sample
-from service.engine.fast.weights import fp8_linear, quantize_fp8
+from service.engine.fast.weights import fp8_linear, linear, quantize_fp8
 from service.engine.generation import eos_ids
 from service.engine.loading import LoadedModel, load_model
 from service.engine.types import Decoding, GenerationRequest, GenerationResult
@@ -287,7 +287,7 @@ def test_fp8_projection_is_close_to_the_float_one() -> None:
     assert relative < 0.08
     # One row, compiled (a lone request's step): the weights read as they are, the activations
     # unquantized, so the product equals the dequantized weights' up to float rounding.
-    one = torch.compile(fp8_linear, fullgraph=True)(x[:1], quantized.weight, quantized.scale)
+    one = torch.compile(linear, fullgraph=True)(x[:1], quantized.weight, quantized.scale)
     torch.testing.assert_close(one, x[:1] @ dequantized.T, rtol=1e-5, atol=1e-5)
 
 

@@ -538,7 +538,10 @@ class FastEngine(LoadedEngine):
         the work a graph captures (no host synchronisation)."""
         hidden = self._model.decode(batch, pages or self._max_pages)
         noise = race_noise(batch, self._weights.geometry.vocab, full, self._device)
-        self._choose(hidden, noise, batch, full)
+        # The full sort's cumsum over the vocabulary fails inductor's codegen at one row
+        # ("NYI TritonSplitDimKernel reductions", torch 2.11); that mode is rare: eager.
+        choose = self._choose_tokens if full else self._choose
+        choose(hidden, noise, batch, full)
 
     def _choose_tokens(
         self, hidden: torch.Tensor, noise: torch.Tensor, batch: int, full: bool

@@ -31,6 +31,10 @@ from service.engine.fast.moe import moe_block
 from service.engine.fast.prefill import PackedPrefill
 from service.engine.fast.weights import Geometry, LayerWeights, ModelWeights, linear
 
+# Inductor tunes each reduction's block sizes by timing them: the one-row projections
+# (``row_product``) run at up to a third more bandwidth than with its default heuristics.
+_TUNED: dict[str, str | int | bool | Callable[..., object]] = {"coordinate_descent_tuning": True}
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
@@ -114,16 +118,21 @@ class Transformer:
             # A dozen small eager kernels become one or two.
             self._inputs = torch.compile(self._step_inputs, fullgraph=True, dynamic=None)
         if compile_scope == "step":
-            self._stack = torch.compile(self._decode_stack, fullgraph=True, dynamic=None)
+            self._stack = torch.compile(
+                self._decode_stack, fullgraph=True, dynamic=None, options=_TUNED
+            )
         elif compile_scope == "layer":
             # dynamic=None: the first bucket compiles static, the next one marks the batch size
             # dynamic, so every other bucket reuses that graph (no compile per bucket).
-            self._layer = torch.compile(self._decode_layer, fullgraph=True, dynamic=None)
+            self._layer = torch.compile(
+                self._decode_layer, fullgraph=True, dynamic=None, options=_TUNED
+            )
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weights
         x = rms_norm(x, w.norm, w.geometry.eps)
-        out = linear(x, w.lm_head.weight, w.lm_head.scale)
+        # bf16's lm_head stays on cuBLAS, which reads its 128k rows at full bandwidth already.
+        out = linear(x, w.lm_head.weight, w.lm_head.scale, w.lm_head.scale is not None)
         return out[:, : w.geometry.vocab].float()
 
     def prefill(self, packed: PackedPrefill) -> torch.Tensor:

@@ -49,20 +49,39 @@ class Linear:
         return self.weight.nelement() * self.weight.element_size() + extra
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    one_row_reduction: bool = True,
+) -> torch.Tensor:
     """``x @ weight.T`` for a plain or an FP8 weight (written as a function so torch.compile sees
-    plain tensors)."""
+    plain tensors). A single row under ``torch.compile`` takes ``row_product`` unless
+    ``one_row_reduction`` is off."""
+    if one_row_reduction and x.shape[0] == 1 and torch.compiler.is_compiling():
+        return row_product(x, weight, scale)
     if scale is None:
         return torch.nn.functional.linear(x, weight)
     return fp8_linear(x, weight, scale)
 
 
+def row_product(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T`` for one row written as a multiply and a sum over the inputs (FP8 weights
+    scaled per output row, the activations left unquantized). Compiled, it is one reduction
+    kernel that reads the weights once in their own dtype, and inductor fuses the residual add
+    after it and the SiLU gate before it. cuBLAS at one row splits the sum over several blocks
+    (a second kernel adds them up, a copy precedes a fused residual add), and ``_scaled_mm``
+    pads the row to 16 for a tile made for many. Eager it would materialise the whole product:
+    only compiled code calls it."""
+    product = (x[:, None, :].float() * weight[None].float()).sum(-1)
+    if scale is not None:
+        product = product * scale[:, 0]
+    return product.to(x.dtype)
+
+
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Row-wise FP8 GEMM: each token's activations get their own scale. A single row under
-    ``torch.compile`` takes ``fp8_weight_only`` instead."""
+    """Row-wise FP8 GEMM: each token's activations get their own scale."""
     rows = x.shape[0]
-    if rows == 1 and torch.compiler.is_compiling():
-        return fp8_weight_only(x, weight, scale)
     # _scaled_mm wants the row count a multiple of 16; decode buckets usually are.
     padded = (-rows) % 16
     if padded:
@@ -71,15 +90,6 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
     x_fp8 = (x.float() / x_scale).clamp(-_FP8_MAX, _FP8_MAX).to(FP8)
     out = torch._scaled_mm(x_fp8, weight.t(), scale_a=x_scale, scale_b=scale.t(), out_dtype=x.dtype)
     return out[:rows] if padded else out
-
-
-def fp8_weight_only(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` for one row written as a multiply and a sum over the inputs, with the
-    activations left unquantized. Compiled, it is one reduction kernel that reads the FP8
-    weights as they are, where ``_scaled_mm`` pads the row to 16 and runs a tile made for many.
-    Eager it would materialise the whole product: only compiled code calls it."""
-    product = (x[:, None, :].float() * weight[None].float()).sum(-1)
-    return (product * scale[:, 0]).to(x.dtype)
 
 
 def quantize_fp8(weight: torch.Tensor) -> Linear:
