@@ -28,7 +28,7 @@ from service.engine.demo import ensure_demo_model
 from service.engine.factory import engine_kind
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.engine import FastEngine
-from service.engine.fast.sampler import RowSampling, sample
+from service.engine.fast.sampler import RowSampling, first_argmax, sample
 from service.engine.fast.weights import fp8_linear, linear, quantize_fp8
 from service.engine.generation import eos_ids
 from service.engine.loading import LoadedModel, load_model
@@ -233,6 +233,13 @@ def test_sampling_semantics() -> None:
     torch.manual_seed(0)
     logits = torch.randn(6, 300)
     rows = 6
+    # The greedy pick is argmax's: the first of tied maxima, across chunk boundaries too.
+    tied = torch.randn(4, 3000).round(decimals=1)
+    tied[0] = 0.0
+    tied[1, [700, 2500]] = tied[1].max() + 1
+    tied[2, [1030, 1020]] = tied[2].max() + 1
+    assert torch.equal(first_argmax(tied), tied.argmax(dim=-1))
+    assert first_argmax(tied)[1].item() == 700
 
     def params(**values: object) -> RowSampling:
         defaults: dict[str, object] = {

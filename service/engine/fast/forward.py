@@ -95,7 +95,11 @@ def attention_output(
     assert layer.gate_up is not None
     assert layer.down is not None
     gate, up = linear(h, layer.gate_up.weight, layer.gate_up.scale).chunk(2, dim=-1)
-    return x + linear(torch.nn.functional.silu(gate) * up, layer.down.weight, layer.down.scale)
+    down = layer.down
+    # bf16's down projection stays on cuBLAS: as a reduction, inductor fuses the SiLU gate into
+    # its loads and the kernel runs at half the bandwidth (docs/benchmarks.md).
+    act = torch.nn.functional.silu(gate) * up
+    return x + linear(act, down.weight, down.scale, down.scale is not None)
 
 
 class Transformer:

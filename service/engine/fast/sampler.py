@@ -59,7 +59,7 @@ def sample(
     """The next token of every row of float32 ``logits`` ``[rows, vocab]`` (``noise``: the race's
     draws from ``race_noise``, drawn here when not given)."""
     logits = penalize(logits, rows.penalty, rows.seen)
-    greedy = logits.argmax(dim=-1)
+    greedy = first_argmax(logits)
     scaled = logits / rows.temperature[:, None]
     if full_sort:
         ordered, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
@@ -80,6 +80,22 @@ def sample(
     choice = race.argmax(dim=-1, keepdim=True)
     drawn = order.gather(-1, choice).squeeze(-1)
     return torch.where(rows.greedy, greedy, drawn)
+
+
+def first_argmax(values: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """``values.argmax(-1)`` (the first index of the largest value) as two reductions: each
+    chunk's first maximum, then the first chunk holding the largest. Compiled at one row, the
+    single reduction over the vocabulary runs in one block; the first one here runs in one
+    block per chunk."""
+    rows, width = values.shape
+    padded = (-width) % chunk
+    if padded:
+        values = torch.nn.functional.pad(values, (0, padded), value=-torch.inf)
+    chunks = values.view(rows, -1, chunk)
+    within = chunks.argmax(dim=-1)
+    best = chunks.gather(-1, within[..., None]).squeeze(-1)
+    first = best.argmax(dim=-1, keepdim=True)
+    return (first * chunk + within.gather(-1, first)).squeeze(-1)
 
 
 def needs_full_sort(greedy: bool, top_k: int) -> bool:
