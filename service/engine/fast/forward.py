@@ -29,13 +29,7 @@ from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import PagedKVCache, write_kv
 from service.engine.fast.moe import moe_block
 from service.engine.fast.prefill import PackedPrefill
-from service.engine.fast.weights import (
-    Geometry,
-    LayerWeights,
-    ModelWeights,
-    linear,
-    one_row_compiled,
-)
+from service.engine.fast.weights import Geometry, LayerWeights, ModelWeights, linear
 
 # Inductor tunes each reduction's block sizes by timing them: the one-row projections
 # (``row_product``) run at up to a third more bandwidth than with its default heuristics.
@@ -101,27 +95,11 @@ def attention_output(
     assert layer.gate_up is not None
     assert layer.down is not None
     gate, up = linear(h, layer.gate_up.weight, layer.gate_up.scale).chunk(2, dim=-1)
-    return x + linear(silu_gate(gate, up), layer.down.weight, layer.down.scale)
-
-
-def silu_gate(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up``. At one compiled row through ``silu_and_mul``: left to itself,
-    inductor fuses it into the loads of the down projection's reduction, which then runs at
-    about half the bandwidth (docs/benchmarks.md); an opaque op keeps it a kernel of its own."""
-    if one_row_compiled(gate):
-        fused: torch.Tensor = silu_and_mul(gate, up)
-        return fused
-    return torch.nn.functional.silu(gate) * up
-
-
-@torch.library.custom_op("hymt::silu_and_mul", mutates_args=())
-def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.silu(gate) * up
-
-
-@silu_and_mul.register_fake
-def _silu_and_mul_shape(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(gate)
+    down = layer.down
+    # bf16's down projection stays on cuBLAS: as a reduction, inductor fuses the SiLU gate into
+    # its loads and the kernel runs at half the bandwidth (docs/benchmarks.md).
+    act = torch.nn.functional.silu(gate) * up
+    return x + linear(act, down.weight, down.scale, down.scale is not None)
 
 
 class Transformer:

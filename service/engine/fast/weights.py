@@ -58,24 +58,18 @@ def linear(
     """``x @ weight.T`` for a plain or an FP8 weight (written as a function so torch.compile sees
     plain tensors). A single row under ``torch.compile`` takes ``row_product`` unless
     ``one_row_reduction`` is off."""
-    if one_row_reduction and one_row_compiled(x):
+    if one_row_reduction and x.shape[0] == 1 and torch.compiler.is_compiling():
         return row_product(x, weight, scale)
     if scale is None:
         return torch.nn.functional.linear(x, weight)
     return fp8_linear(x, weight, scale)
 
 
-def one_row_compiled(x: torch.Tensor) -> bool:
-    """Whether ``x`` is a single row traced by ``torch.compile`` (a lone request's decode step;
-    under dynamic shapes a batch dimension is never 1, so this adds no guard)."""
-    return x.shape[0] == 1 and torch.compiler.is_compiling()
-
-
 def row_product(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     """``x @ weight.T`` for one row written as a multiply and a sum over the inputs (FP8 weights
     scaled per output row, the activations left unquantized). Compiled, it is one reduction
     kernel that reads the weights once in their own dtype, and inductor fuses the residual add
-    after it. cuBLAS at one row splits the sum over several blocks
+    after it and the SiLU gate before it. cuBLAS at one row splits the sum over several blocks
     (a second kernel adds them up, a copy precedes a fused residual add), and ``_scaled_mm``
     pads the row to 16 for a tile made for many. Eager it would materialise the whole product:
     only compiled code calls it."""
