@@ -96,8 +96,10 @@ def attention_output(
     assert layer.down is not None
     gate, up = linear(h, layer.gate_up.weight, layer.gate_up.scale).chunk(2, dim=-1)
     down = layer.down
-    # bf16's down projection stays on cuBLAS: as a reduction, inductor fuses the SiLU gate into
-    # its loads and the kernel runs at half the bandwidth (docs/benchmarks.md).
+    # bf16's down projection is left to inductor: at one row, with block-size tuning on, it
+    # decomposes the mm into a reduction of its own, fused with the SiLU gate. That kernel runs
+    # below the others' bandwidth but measured faster than ``row_product``'s, and keeping the
+    # gate out of it (an opaque op) measured slower end to end (docs/benchmarks.md).
     act = torch.nn.functional.silu(gate) * up
     return x + linear(act, down.weight, down.scale, down.scale is not None)
 
