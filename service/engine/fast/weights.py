@@ -68,11 +68,11 @@ def linear(
 def row_product(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     """``x @ weight.T`` for one row written as a multiply and a sum over the inputs (FP8 weights
     scaled per output row, the activations left unquantized). Compiled, it is one reduction
-    kernel that reads the weights once in their own dtype, and inductor fuses the residual add
-    after it and the SiLU gate before it. cuBLAS at one row splits the sum over several blocks
-    (a second kernel adds them up, a copy precedes a fused residual add), and ``_scaled_mm``
-    pads the row to 16 for a tile made for many. Eager it would materialise the whole product:
-    only compiled code calls it."""
+    kernel that reads the weights once in their own dtype, with the residual add after it and
+    the norm before it fused in. cuBLAS at one row splits the sum over several blocks (a second
+    kernel adds them up, a copy precedes a fused residual add), and ``_scaled_mm`` pads the row
+    to 16 for a tile made for many. Eager it would materialise the whole product: only compiled
+    code calls it."""
     product = (x[:, None, :].float() * weight[None].float()).sum(-1)
     if scale is not None:
         product = product * scale[:, 0]
