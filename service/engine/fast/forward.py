@@ -31,8 +31,10 @@ from service.engine.fast.moe import moe_block
 from service.engine.fast.prefill import PackedPrefill
 from service.engine.fast.weights import Geometry, LayerWeights, ModelWeights, linear
 
-# Inductor tunes each reduction's block sizes by timing them: the one-row projections
-# (``row_product``) run at up to a third more bandwidth than with its default heuristics.
+# With FP8 weights inductor tunes each reduction's block sizes by timing them: the one-row
+# projections (``row_product``) then run at up to a third more bandwidth. Not with bf16: the
+# tuning also makes inductor turn every one-row mm into a reduction of its own, and for bf16
+# those measured slower per layer than cuBLAS (docs/benchmarks.md, runs 32-35).
 _TUNED: dict[str, str | int | bool | Callable[..., object]] = {"coordinate_descent_tuning": True}
 
 
@@ -95,13 +97,7 @@ def attention_output(
     assert layer.gate_up is not None
     assert layer.down is not None
     gate, up = linear(h, layer.gate_up.weight, layer.gate_up.scale).chunk(2, dim=-1)
-    down = layer.down
-    # bf16's down projection is left to inductor: at one row, with block-size tuning on, it
-    # decomposes the mm into a reduction of its own, fused with the SiLU gate. That kernel runs
-    # below the others' bandwidth but measured faster than ``row_product``'s, and keeping the
-    # gate out of it (an opaque op) measured slower end to end (docs/benchmarks.md).
-    act = torch.nn.functional.silu(gate) * up
-    return x + linear(act, down.weight, down.scale, down.scale is not None)
+    return x + linear(torch.nn.functional.silu(gate) * up, layer.down.weight, layer.down.scale)
 
 
 class Transformer:
@@ -120,25 +116,25 @@ class Transformer:
         self._layer: Callable[..., torch.Tensor] = self._decode_layer
         self._stack: Callable[..., torch.Tensor] = self._decode_stack
         self._inputs: Callable[[int], tuple[torch.Tensor, ...]] = self._step_inputs
+        options = _TUNED if weights.fp8 else None
         if compile_scope is not None:
             # A dozen small eager kernels become one or two.
             self._inputs = torch.compile(self._step_inputs, fullgraph=True, dynamic=None)
         if compile_scope == "step":
             self._stack = torch.compile(
-                self._decode_stack, fullgraph=True, dynamic=None, options=_TUNED
+                self._decode_stack, fullgraph=True, dynamic=None, options=options
             )
         elif compile_scope == "layer":
             # dynamic=None: the first bucket compiles static, the next one marks the batch size
             # dynamic, so every other bucket reuses that graph (no compile per bucket).
             self._layer = torch.compile(
-                self._decode_layer, fullgraph=True, dynamic=None, options=_TUNED
+                self._decode_layer, fullgraph=True, dynamic=None, options=options
             )
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weights
         x = rms_norm(x, w.norm, w.geometry.eps)
-        # bf16's lm_head stays on cuBLAS, which reads its 128k rows at full bandwidth already.
-        out = linear(x, w.lm_head.weight, w.lm_head.scale, w.lm_head.scale is not None)
+        out = linear(x, w.lm_head.weight, w.lm_head.scale)
         return out[:, : w.geometry.vocab].float()
 
     def prefill(self, packed: PackedPrefill) -> torch.Tensor:

@@ -49,16 +49,11 @@ class Linear:
         return self.weight.nelement() * self.weight.element_size() + extra
 
 
-def linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    one_row_reduction: bool = True,
-) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     """``x @ weight.T`` for a plain or an FP8 weight (written as a function so torch.compile sees
-    plain tensors). A single row under ``torch.compile`` takes ``row_product`` unless
-    ``one_row_reduction`` is off."""
-    if one_row_reduction and x.shape[0] == 1 and torch.compiler.is_compiling():
+    plain tensors). An FP8 weight at a single row under ``torch.compile`` takes ``row_product``;
+    bf16 stays on cuBLAS, which at one row measured faster than the reduction."""
+    if scale is not None and x.shape[0] == 1 and torch.compiler.is_compiling():
         return row_product(x, weight, scale)
     if scale is None:
         return torch.nn.functional.linear(x, weight)
@@ -69,10 +64,9 @@ def row_product(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | Non
     """``x @ weight.T`` for one row written as a multiply and a sum over the inputs (FP8 weights
     scaled per output row, the activations left unquantized). Compiled, it is one reduction
     kernel that reads the weights once in their own dtype, with the residual add after it and
-    the norm before it fused in. cuBLAS at one row splits the sum over several blocks (a second
-    kernel adds them up, a copy precedes a fused residual add), and ``_scaled_mm`` pads the row
-    to 16 for a tile made for many. Eager it would materialise the whole product: only compiled
-    code calls it."""
+    the norm before it fused in, where ``_scaled_mm`` pads the row to 16 for a tile made for
+    many and quantizes the activations first. Eager it would materialise the whole product:
+    only compiled code calls it."""
     product = (x[:, None, :].float() * weight[None].float()).sum(-1)
     if scale is not None:
         product = product * scale[:, 0]
@@ -162,6 +156,11 @@ class ModelWeights:
     # RoPE tables for every position, in the model's dtype: [max_positions, head_dim].
     cos: torch.Tensor
     sin: torch.Tensor
+
+    @property
+    def fp8(self) -> bool:
+        """Whether the layers' projections are FP8."""
+        return self.layers[0].qkv.scale is not None
 
     def nbytes(self) -> int:
         tensors = [self.embed, self.norm, self.cos, self.sin]
