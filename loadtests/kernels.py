@@ -162,11 +162,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.smoke else "cuda")
     dtype = torch.float32 if args.smoke else torch.bfloat16
-    # Every batch size compiled static, as the engine's batch-1 and largest buckets are.
-    torch._dynamo.config.automatic_dynamic_shapes = False
-    torch._dynamo.config.recompile_limit = 64
     rows = [int(r) for r in args.rows.split(",")]
-    with torch.inference_mode():
+    # Every batch size compiled static, as the engine's batch-1 and largest buckets are.
+    static = torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64)
+    with static, torch.inference_mode():
         report = {
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import http.server
+import json
 import threading
 import time
+from pathlib import Path
 
-from loadtests import baseline, bench, ipc, overload, profile
+from loadtests import baseline, bench, ipc, kernels, overload, profile
 from loadtests.timeline import summarize
 from service.metrics import Metrics
 from service.stalls import StallMonitor
@@ -24,9 +26,13 @@ def test_baseline_does_the_work_the_service_would(make_settings: MakeSettings) -
     assert report.output_tokens_per_s > 0
 
 
-async def test_profile_measures_the_engine_without_http(make_settings: MakeSettings) -> None:
+async def test_profile_measures_the_engine_without_http(
+    make_settings: MakeSettings, tmp_path: Path
+) -> None:
     settings = make_settings(engine="continuous", max_new_tokens=8)
-    report = await profile.run(settings, requests=6, lone=2, seed=0)
+    steps = tmp_path / "kernels.json"
+    report = await profile.run(settings, requests=6, lone=2, seed=0, trace_path=steps)
+    assert json.loads(steps.read_text()) == []  # a step's kernels, in order: none on a CPU
     assert report.throughput_requests == 6
     assert 6 <= report.throughput_output_tokens <= 48
     assert report.lone_output_tokens > 0
@@ -38,6 +44,19 @@ async def test_profile_measures_the_engine_without_http(make_settings: MakeSetti
     timeline = report.throughput_timeline
     assert timeline["samples"] >= 1
     assert 0 <= timeline["peak_running"] <= 6
+
+
+def test_the_kernel_bench_runs_every_variant() -> None:
+    # On a CPU each variant runs once, untimed: the script and the products it compares work.
+    report = kernels.main(["--smoke", "--rows", "1,2", "--context", "40"])
+    assert set(report["attention_us"]) == set(kernels.FLEX_OPTIONS)
+    assert set(report["attention_us"]["default"]) == {"rows1", "rows2"}
+    projections = report["linear_one_row"]
+    assert set(projections) == {name for name, _, _ in kernels.SHAPES}
+    for row in projections.values():
+        # The one-row reduction is the float product; FP8 is within its rounding.
+        assert row["reduction_rel_error"] < 1e-5
+        assert row["fp8-reduction_rel_error"] < 0.08
 
 
 def test_the_timeline_finds_the_ramp_and_the_tail() -> None:
