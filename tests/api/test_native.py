@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import ServiceClient, StartApp
+from service.config import Settings
+from tests.conftest import ServiceClient, StartApp, started
 from tests.fakes import FakeControl
 
 
@@ -220,21 +222,38 @@ async def test_invalid_input_is_422_in_the_error_shape(
     assert fragment in error["message"]
 
 
-async def test_text_over_character_limit_is_422(start_app: StartApp) -> None:
-    client = await start_app(max_text_chars=50)
-    response = await client.http.post("/translate", json={"text": "x" * 51, "target_lang": "de"})
+@pytest.fixture(scope="module")
+async def limited(data_dir: Path) -> AsyncIterator[ServiceClient]:
+    """One demo service with every input limit set low, shared by the limit tests (each
+    request trips only the limit its test is about)."""
+    settings = Settings(
+        _env_file=None,
+        data_dir=data_dir,
+        greedy=True,
+        max_wait_ms=2.0,
+        max_text_chars=50,
+        max_input_tokens=8,
+        max_batch_items=3,
+        max_body_bytes=2048,
+    )
+    async with started(settings) as client:
+        yield client
+
+
+async def test_text_over_character_limit_is_422(limited: ServiceClient) -> None:
+    response = await limited.http.post("/translate", json={"text": "x" * 51, "target_lang": "de"})
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "text_too_long"
-    batch = await client.http.post(
+    batch = await limited.http.post(
         "/batch_translate", json={"texts": ["fine", "y" * 51], "target_lang": "de"}
     )
     assert batch.status_code == 422
     assert "texts[1]" in batch.json()["error"]["message"]
 
 
-async def test_text_over_token_limit_is_422(start_app: StartApp) -> None:
-    client = await start_app(max_input_tokens=8)
-    response = await client.http.post(
+async def test_text_over_token_limit_is_422(limited: ServiceClient) -> None:
+    # 41 characters (under the character limit), more than eight tokens.
+    response = await limited.http.post(
         "/translate",
         json={"text": "several words make more than eight tokens", "target_lang": "de"},
     )
@@ -243,19 +262,17 @@ async def test_text_over_token_limit_is_422(start_app: StartApp) -> None:
     assert "tokens" in response.json()["error"]["message"]
 
 
-async def test_batch_over_its_size_limit_is_422(start_app: StartApp) -> None:
-    client = await start_app(max_batch_items=3)
-    response = await client.http.post(
+async def test_batch_over_its_size_limit_is_422(limited: ServiceClient) -> None:
+    response = await limited.http.post(
         "/batch_translate", json={"texts": ["a", "b", "c", "d"], "target_lang": "de"}
     )
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "batch_too_large"
 
 
-async def test_oversized_body_is_413(start_app: StartApp) -> None:
-    client = await start_app(max_body_bytes=2048)
+async def test_oversized_body_is_413(limited: ServiceClient) -> None:
     big = {"text": "x" * 4096, "target_lang": "de"}
-    response = await client.http.post("/translate", json=big)
+    response = await limited.http.post("/translate", json=big)
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "payload_too_large"
     assert response.headers["x-request-id"]
@@ -264,7 +281,7 @@ async def test_oversized_body_is_413(start_app: StartApp) -> None:
         for _ in range(4):
             yield b"x" * 1024
 
-    streamed = await client.http.post(
+    streamed = await limited.http.post(
         "/translate", content=chunks(), headers={"content-type": "application/json"}
     )
     assert streamed.status_code == 413
