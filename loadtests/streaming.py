@@ -22,7 +22,7 @@ import httpx
 
 from loadtests.bench import start_service, stop_service
 from loadtests.loadgen import percentile
-from service.engine.demo import corpus_texts
+from service.engine.corpus import corpus_texts
 
 
 def document(words: int, paragraph_words: int = 100) -> str:

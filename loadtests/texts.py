@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from service.engine.demo import corpus_texts
+from service.engine.corpus import corpus_texts
 
 # Target languages for the English template; Chinese-source texts use the Chinese one.
 TARGETS = ("de", "fr", "es", "ja", "zh", "en", "ko", "ru")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from service.engine.corpus import corpus_texts
 from service.engine.folders import build_once
 
 log = logging.getLogger(__name__)
@@ -153,16 +153,6 @@ DEMO_FORMATS = {
 }
 
 VOCAB_SIZE = 4096
-
-
-def corpus_texts() -> list[str]:
-    """The multilingual sentences shipped with the package, one per line, all languages."""
-    lines: list[str] = []
-    folder = resources.files("service.engine").joinpath("corpus")
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".txt"):
-            lines.extend(line for line in entry.read_text("utf-8").splitlines() if line.strip())
-    return lines
 
 
 def demo_name(shipped_config: str) -> str:
