@@ -103,27 +103,39 @@ def _strip_eos(tokens: list[int], eos: frozenset[int]) -> list[int]:
     return tokens
 
 
+def _wanted(model: LoadedModel, expected: list[list[int]]) -> list[list[int]]:
+    """``generate()``'s tokens cut after the first EOS, as the engine stops there."""
+    eos = eos_ids(model.model)
+    return [_strip_eos(tokens, eos) for tokens in expected]
+
+
+async def _generated(
+    engine: RecordingEngine, requests: list[GenerationRequest], prefix: str
+) -> list[list[int]]:
+    """Submit ``requests`` at once; each one's tokens (every one must succeed)."""
+    results = await submit_all(engine, requests, prefix=prefix)
+    assert all(isinstance(r, GenerationResult) for r in results)
+    return [engine.tokens[f"{prefix}-{index}"] for index in range(len(requests))]
+
+
+async def _alone(engine: RecordingEngine, requests: list[GenerationRequest]) -> list[list[int]]:
+    """Each request's tokens, submitted one at a time."""
+    return [(await _generated(engine, [r], f"alone{i}"))[0] for i, r in enumerate(requests)]
+
+
 async def test_greedy_equals_generate_alone_and_in_a_crowd(
     engine: RecordingEngine,
     reference: LoadedModel,
     prompts: list[tuple[int, ...]],
     expected: list[list[int]],
 ) -> None:
-    eos = eos_ids(reference.model)
-    wanted = [_strip_eos(tokens, eos) for tokens in expected]
+    wanted = _wanted(reference, expected)
     requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
     # The 5th prompt is longer than a prefill chunk (24 tokens): it is prefilled in pieces.
     assert max(len(p) for p in prompts) > 24
-    for index, request in enumerate(requests):
-        await submit_all(engine, [request], prefix=f"alone{index}")
-    alone = [engine.tokens[f"alone{index}-0"] for index in range(len(requests))]
-    assert alone == wanted
+    assert await _alone(engine, requests) == wanted
     # A crowd of 4x the texts, in 4 decode rows: they queue, join and leave mid-flight.
-    crowd = requests * 4
-    results = await submit_all(engine, crowd, prefix="crowd")
-    assert all(isinstance(r, GenerationResult) for r in results)
-    together = [engine.tokens[f"crowd-{index}"] for index in range(len(crowd))]
-    assert together == wanted * 4
+    assert await _generated(engine, requests * 4, "crowd") == wanted * 4
     # Every page went back once everything finished.
     assert engine._cache.committed_pages == 0
 
@@ -139,11 +151,8 @@ async def test_compiled_step_equals_generate(
     config = _config(data_dir, attention="gather", compile="on", max_rows=2)
     engine = RecordingEngine(load_model(config), config)
     try:
-        eos = eos_ids(reference.model)
-        wanted = [_strip_eos(tokens, eos) for tokens in expected]
         requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
-        await submit_all(engine, requests * 2, prefix="crowd")
-        assert [engine.tokens[f"crowd-{i}"] for i in range(2 * len(requests))] == wanted * 2
+        assert await _generated(engine, requests * 2, "crowd") == _wanted(reference, expected) * 2
     finally:
         engine.close()
 
@@ -155,17 +164,13 @@ async def test_mixture_of_experts_equals_generate(
     # shared one, query/key norms before RoPE): greedy tokens as generate()'s, alone and crowded.
     config = _config(data_dir, "hy-v3")
     reference = load_model(config)
-    eos = eos_ids(reference.model)
-    wanted = [_strip_eos(t, eos) for t in reference_greedy(reference, prompts, MAX_NEW)]
+    wanted = _wanted(reference, reference_greedy(reference, prompts, MAX_NEW))
     engine = RecordingEngine(load_model(config), config)
     try:
         assert engine._weights.layers[1].moe is not None
         requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
-        for index, request in enumerate(requests):
-            await submit_all(engine, [request], prefix=f"alone{index}")
-        assert [engine.tokens[f"alone{i}-0"] for i in range(len(requests))] == wanted
-        await submit_all(engine, requests * 2, prefix="crowd")
-        assert [engine.tokens[f"crowd-{i}"] for i in range(2 * len(requests))] == wanted * 2
+        assert await _alone(engine, requests) == wanted
+        assert await _generated(engine, requests * 2, "crowd") == wanted * 2
     finally:
         engine.close()
 
