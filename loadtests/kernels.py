@@ -30,6 +30,7 @@ import torch
 import torch._dynamo.config
 from torch.nn.attention.flex_attention import FlexKernelOptions
 
+from service.engine.fast import gemv
 from service.engine.fast.attention import FlexDecode
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import CacheShape, PagedKVCache, pages_for
@@ -143,6 +144,9 @@ def linear(device: torch.device, dtype: torch.dtype, repeat: int, smoke: bool) -
             "fp8-reduction": partial(reduce, x, fp8.weight, scale),
             "fp8-reduction-tuned": partial(tuned, x, fp8.weight, scale),
         }
+        if gemv.available(x):
+            variants["gemv"] = partial(gemv.one_row, x, weight, None)
+            variants["fp8-gemv"] = partial(gemv.one_row, x, fp8.weight, scale)
         row: dict[str, float] = {"weight_mb_bf16": round(weight.nbytes / 1e6, 1)}
         for variant, call in variants.items():
             row[f"{variant}_us"] = timed_us(call, repeat, device)
@@ -152,12 +156,85 @@ def linear(device: torch.device, dtype: torch.dtype, repeat: int, smoke: bool) -
     return results
 
 
+def _cublas_swiglu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return _swiglu(torch.nn.functional.linear(x, weight))
+
+
+def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def gemv_sweep(device: torch.device, repeat: int) -> dict[str, Any]:
+    """Every block-size choice of ``gemv.one_row`` on the 7B's shapes, bf16 and FP8 weights
+    (gate/up with its gated epilogue): the fastest few per shape, to fill ``gemv.TUNED``."""
+    configs = [
+        gemv.GemvConfig(n, k, warps, stages)
+        for n in (2, 4, 8, 16)
+        for k in (128, 256, 512, 1024)
+        for warps in (4, 8)
+        for stages in (2, 4)
+        if 512 <= n * k <= 8192
+    ]
+    report: dict[str, Any] = {"configs": len(configs)}
+    for name, inputs, outputs in SHAPES:
+        weight = torch.randn(outputs, inputs, dtype=torch.bfloat16, device=device) / inputs**0.5
+        fp8 = quantize_fp8(weight)
+        x = torch.randn(1, inputs, dtype=torch.bfloat16, device=device)
+        gated = name == "gate_up"
+        exact = x.float() @ weight.float().t()
+        if gated:
+            exact = _swiglu(exact)
+        if gated:
+            cublas = timed_us(partial(_cublas_swiglu, x, weight), repeat, device)
+        else:
+            cublas = timed_us(partial(torch.nn.functional.linear, x, weight), repeat, device)
+        report[f"{name}-cublas_us"] = cublas
+        for kind, w, scale in (("bf16", weight, None), ("fp8", fp8.weight, fp8.scale)):
+            timings: list[tuple[float, gemv.GemvConfig]] = []
+            for config in configs:
+                call = partial(gemv.one_row, x, w, scale, gated=gated, config=config)
+                try:
+                    timings.append((timed_us(call, repeat, device), config))
+                except Exception as failure:  # a config Triton cannot build: skipped, reported
+                    report.setdefault("failed", []).append(f"{config}: {failure}"[:200])
+            timings.sort(key=lambda pair: pair[0])
+            best = timings[0][1]
+            out = gemv.one_row(x, w, scale, gated=gated, config=best).float()
+            error = (out - exact).abs().max() / exact.abs().max()
+            report[f"{name}-{kind}"] = {
+                "best": [
+                    {
+                        "us": us,
+                        "block_n": c.block_n,
+                        "block_k": c.block_k,
+                        "warps": c.warps,
+                        "stages": c.stages,
+                    }
+                    for us, c in timings[:4]
+                ],
+                "default_us": timed_us(
+                    partial(gemv.one_row, x, w, scale, gated=gated, config=gemv.DEFAULT),
+                    repeat,
+                    device,
+                ),
+                "rel_error": float(f"{error.item():.3g}"),
+                "weight_bytes": w.element_size(),
+                "outputs": outputs // 2 if gated else outputs,
+                "inputs": inputs,
+            }
+    return report
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m loadtests.kernels", description=__doc__)
     parser.add_argument("--rows", default="1,16,1024", help="attention batch sizes")
     parser.add_argument("--context", type=int, default=160)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--smoke", action="store_true", help="CPU: small sizes, untimed")
+    parser.add_argument(
+        "--gemv-sweep", action="store_true", help="only the one-row kernel's block sizes (GPU)"
+    )
     parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.smoke else "cuda")
@@ -166,13 +243,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # Every batch size compiled static, as the engine's batch-1 and largest buckets are.
     static = torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64)
     with static, torch.inference_mode():
-        report = {
+        report: dict[str, Any] = {
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__,
-            "context": args.context,
-            "attention_us": attention(rows, args.context, device, dtype, args.repeat),
-            "linear_one_row": linear(device, dtype, args.repeat, args.smoke),
         }
+        if args.gemv_sweep:
+            report["gemv_sweep"] = gemv_sweep(device, args.repeat)
+        else:
+            report["context"] = args.context
+            report["attention_us"] = attention(rows, args.context, device, dtype, args.repeat)
+            report["linear_one_row"] = linear(device, dtype, args.repeat, args.smoke)
     text = json.dumps(report, indent=2)
     print(text)
     if args.report is not None:

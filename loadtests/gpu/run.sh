@@ -15,7 +15,8 @@
 # fast (the fast engine through HTTP, plus the naive baseline), fast-fp8 (its FP8 weights),
 # fast-profile / fast-profile-fp8 (loadtests.profile on the fast engine), fidelity-float32 /
 # fidelity-bfloat16 (loadtests.fidelity: TEXTS texts alone and in a CROWD, against generate()),
-# kernels (loadtests.kernels: decode attention and one-row projections alone, in CUDA graphs).
+# kernels (loadtests.kernels: decode attention and one-row projections alone, in CUDA graphs;
+# KERNEL_ARGS=--gemv-sweep adds every block size of the one-row kernel).
 # stream (loadtests.streaming: time to first token and to the full text of a 2,000-word document
 # through POST /translate/stream). Each writes VARIANT.json and VARIANT.log. SERVICE_ENV="NAME=VALUE ..." adds settings to every
 # service the bench variants start.
@@ -60,7 +61,7 @@ for variant in "$@"; do
     cp "$work/stream.json" "$out/" 2>/dev/null; continue
   fi
   if [ "$variant" = kernels ]; then  # loadtests.kernels: decode kernels alone, in CUDA graphs
-    timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.kernels --report "$work/kernels.json" > "$work/kernels.out" 2>&1
+    timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.kernels ${KERNEL_ARGS:-} --report "$work/kernels.json" > "$work/kernels.out" 2>&1
     echo "exit $?"; cat "$work/kernels.json" 2>/dev/null || tail -c 3000 "$work/kernels.out"
     cp "$work/kernels.json" "$out/" 2>/dev/null; continue
   fi

@@ -29,13 +29,14 @@ from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import PagedKVCache, write_kv
 from service.engine.fast.moe import moe_block
 from service.engine.fast.prefill import PackedPrefill
-from service.engine.fast.weights import Geometry, LayerWeights, ModelWeights, linear
-
-# With FP8 weights inductor tunes each reduction's block sizes by timing them: the one-row
-# projections (``row_product``) then run at up to a third more bandwidth. Not with bf16: the
-# tuning also makes inductor turn every one-row mm into a reduction of its own, and for bf16
-# those measured slower per layer than cuBLAS (docs/benchmarks.md, runs 32-35).
-_TUNED: dict[str, str | int | bool | Callable[..., object]] = {"coordinate_descent_tuning": True}
+from service.engine.fast.weights import (
+    Geometry,
+    LayerWeights,
+    ModelWeights,
+    gated_product,
+    linear,
+    project,
+)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -61,7 +62,7 @@ def attention_inputs(
     """Queries ``[tokens, heads, dim]``, keys and values ``[tokens, kv_heads, dim]``."""
     tokens = x.shape[0]
     h = rms_norm(x, layer.input_norm, g.eps)
-    qkv = linear(h, layer.qkv.weight, layer.qkv.scale)
+    qkv = project(h, layer.qkv)
     q_width, kv_width = g.heads * g.head_dim, g.kv_heads * g.head_dim
     q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
     q = q.reshape(tokens, g.heads, g.head_dim)
@@ -90,14 +91,13 @@ def attention_output(
     x: torch.Tensor, attended: torch.Tensor, layer: LayerWeights, g: Geometry
 ) -> torch.Tensor:
     """The residual stream after the output projection and the MLP."""
-    x = x + linear(attended.reshape(x.shape[0], -1), layer.o.weight, layer.o.scale)
+    x = project(attended.reshape(x.shape[0], -1), layer.o, residual=x)
     h = rms_norm(x, layer.post_norm, g.eps)
     if layer.moe is not None:
         return x + moe_block(h, layer.moe)
     assert layer.gate_up is not None
     assert layer.down is not None
-    gate, up = linear(h, layer.gate_up.weight, layer.gate_up.scale).chunk(2, dim=-1)
-    return x + linear(torch.nn.functional.silu(gate) * up, layer.down.weight, layer.down.scale)
+    return project(gated_product(h, layer.gate_up), layer.down, residual=x)
 
 
 class Transformer:
@@ -116,20 +116,15 @@ class Transformer:
         self._layer: Callable[..., torch.Tensor] = self._decode_layer
         self._stack: Callable[..., torch.Tensor] = self._decode_stack
         self._inputs: Callable[[int], tuple[torch.Tensor, ...]] = self._step_inputs
-        options = _TUNED if weights.fp8 else None
         if compile_scope is not None:
             # A dozen small eager kernels become one or two.
             self._inputs = torch.compile(self._step_inputs, fullgraph=True, dynamic=None)
         if compile_scope == "step":
-            self._stack = torch.compile(
-                self._decode_stack, fullgraph=True, dynamic=None, options=options
-            )
+            self._stack = torch.compile(self._decode_stack, fullgraph=True, dynamic=None)
         elif compile_scope == "layer":
             # dynamic=None: the first bucket compiles static, the next one marks the batch size
             # dynamic, so every other bucket reuses that graph (no compile per bucket).
-            self._layer = torch.compile(
-                self._decode_layer, fullgraph=True, dynamic=None, options=options
-            )
+            self._layer = torch.compile(self._decode_layer, fullgraph=True, dynamic=None)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weights

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from transformers.integrations.moe import _grouped_mm
 
-from service.engine.fast.weights import MoeWeights, linear
+from service.engine.fast.weights import MoeWeights, gated_product, project
 
 
 def moe_block(x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
@@ -41,10 +41,7 @@ def moe_block(x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     inverse[order] = torch.arange(order.numel(), device=x.device)
     routed = weighted[inverse].view(tokens, w.top_k, hidden).sum(dim=1).to(x.dtype)
 
-    gate_s, up_s = linear(x, w.shared_gate_up.weight, w.shared_gate_up.scale).chunk(2, dim=-1)
-    shared = linear(
-        torch.nn.functional.silu(gate_s) * up_s, w.shared_down.weight, w.shared_down.scale
-    )
+    shared = project(gated_product(x, w.shared_gate_up), w.shared_down)
     if w.fp32_combine:
         return (routed.float() + shared.float()).to(x.dtype)
     return routed + shared

@@ -1,0 +1,161 @@
+"""One-row projections on the GPU as a Triton kernel of the engine's own: ``x @ weight.T`` for a
+single token, the kernel a lone request's decode step spends most of its time in.
+
+At one row a projection is a pure read of its weight matrix: each program reads ``block_n``
+whole rows of the weight in ``block_k`` slices, multiplies them with the activations and sums in
+float32. The weight is read in its stored dtype (bf16, or FP8 with one float32 scale per output
+row, applied once per row at the end), so FP8 halves the bytes a step reads without quantizing the
+activations (``_scaled_mm`` pads the row to a tile of 16 and quantizes it first). Two epilogues
+remove whole kernels from a layer:
+
+- ``gated``: for the fused gate/up matrix ``[2 * I, K]``, each program reads a row of the gate
+  half and the matching row of the up half and writes ``silu(gate) * up`` (``[I]``), rounding
+  each of the three values to the model's dtype as transformers' MLP does;
+- ``residual``: adds the residual stream to the product (the output and down projections).
+
+Triton is an optional import: a CPU build of torch has none, and there ``available()`` is false and
+the engine keeps its other paths. The block sizes per shape were chosen on the H200 with
+``python -m loadtests.kernels --gemv-sweep`` (docs/benchmarks.md); other shapes get ``DEFAULT``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU build of torch ships without Triton
+    triton = None
+
+
+@dataclass(frozen=True, slots=True)
+class GemvConfig:
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+
+DEFAULT = GemvConfig(block_n=4, block_k=1024, warps=4, stages=2)
+# (output rows, inputs, bytes per weight) -> the fastest config of the sweep on the H200, for
+# the 7B's fused QKV, output, gated gate/up (output rows of one half) and down projections.
+TUNED: dict[tuple[int, int, int], GemvConfig] = {
+    (6144, 4096, 2): GemvConfig(2, 1024, 4, 2),
+    (4096, 4096, 2): GemvConfig(8, 1024, 4, 2),
+    (14336, 4096, 2): GemvConfig(2, 512, 4, 2),
+    (4096, 14336, 2): GemvConfig(2, 1024, 4, 2),
+    (6144, 4096, 1): GemvConfig(8, 512, 4, 2),
+    (4096, 4096, 1): GemvConfig(8, 1024, 4, 4),
+    (14336, 4096, 1): GemvConfig(2, 512, 4, 2),
+    (4096, 14336, 1): GemvConfig(4, 1024, 4, 2),
+}
+
+
+def available(x: torch.Tensor) -> bool:
+    """Whether ``x`` can take the kernel: a CUDA tensor in a 16-bit dtype, with Triton present
+    (float32 keeps cuBLAS, whose sums the float32 fidelity check compares against)."""
+    return triton is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+
+
+def config_for(outputs: int, inputs: int, weight: torch.Tensor) -> GemvConfig:
+    return TUNED.get((outputs, inputs, weight.element_size()), DEFAULT)
+
+
+def one_row(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    *,
+    gated: bool = False,
+    residual: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """``x @ weight.T`` (``x``: ``[1, K]``), or ``silu(gate) * up`` of the two halves when
+    ``gated``, plus ``residual`` when given; ``[1, N]`` in ``x``'s dtype."""
+    assert triton is not None
+    outputs = weight.shape[0] // 2 if gated else weight.shape[0]
+    inputs = weight.shape[1]
+    chosen = config or config_for(outputs, inputs, weight)
+    out = torch.empty(1, outputs, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(outputs, chosen.block_n),)
+    _gemv[grid](
+        x,
+        weight,
+        weight if scale is None else scale,
+        x if residual is None else residual,
+        out,
+        outputs,
+        inputs,
+        weight.stride(0),
+        has_scale=scale is not None,
+        swiglu=gated,
+        has_residual=residual is not None,
+        block_n=chosen.block_n,
+        block_k=chosen.block_k,
+        num_warps=chosen.warps,
+        num_stages=chosen.stages,
+    )
+    return out
+
+
+def _kernel() -> Any:
+    """The Triton kernel (defined only where Triton is installed)."""
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def gemv(  # type: ignore[no-untyped-def]
+        x_ptr,
+        w_ptr,
+        scale_ptr,
+        residual_ptr,
+        out_ptr,
+        rows_out,
+        inputs,
+        stride_w,
+        has_scale: tl.constexpr,
+        swiglu: tl.constexpr,
+        has_residual: tl.constexpr,
+        block_n: tl.constexpr,
+        block_k: tl.constexpr,
+    ):
+        rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
+        row_ok = rows < rows_out
+        # Sums kept per column slot and reduced once at the end: no cross-lane reduction per
+        # slice.
+        acc = tl.zeros([block_n, block_k], dtype=tl.float32)
+        acc_up = tl.zeros([block_n, block_k], dtype=tl.float32)
+        w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
+        up_rows = w_ptr + (rows + rows_out).to(tl.int64)[:, None] * stride_w
+        for start in range(0, inputs, block_k):
+            cols = start + tl.arange(0, block_k)
+            col_ok = cols < inputs
+            xs = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            mask = row_ok[:, None] & col_ok[None, :]
+            w = tl.load(w_rows + cols[None, :], mask=mask, other=0.0)
+            acc += w.to(tl.float32) * xs
+            if swiglu:
+                u = tl.load(up_rows + cols[None, :], mask=mask, other=0.0)
+                acc_up += u.to(tl.float32) * xs
+        out = tl.sum(acc, axis=1)
+        if has_scale:
+            out = out * tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
+        dtype = out_ptr.dtype.element_ty
+        if swiglu:
+            up = tl.sum(acc_up, axis=1)
+            if has_scale:
+                up = up * tl.load(scale_ptr + rows + rows_out, mask=row_ok, other=0.0)
+            gate = out.to(dtype).to(tl.float32)
+            activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+            out = activated * up.to(dtype).to(tl.float32)
+        if has_residual:
+            out = out.to(dtype).to(tl.float32)
+            out = out + tl.load(residual_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + rows, out.to(dtype), mask=row_ok)
+
+    return gemv
+
+
+_gemv: Any = _kernel() if triton is not None else None
