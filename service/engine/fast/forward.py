@@ -29,22 +29,8 @@ from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import PagedKVCache, write_kv
 from service.engine.fast.moe import moe_block
 from service.engine.fast.prefill import PackedPrefill
-from service.engine.fast.weights import (
-    Geometry,
-    LayerWeights,
-    ModelWeights,
-    gated_product,
-    linear,
-    project,
-)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    dtype = x.dtype
-    h = x.to(torch.float32)
-    variance = h.pow(2).mean(-1, keepdim=True)
-    h = h * torch.rsqrt(variance + eps)
-    return weight * h.to(dtype)
+from service.engine.fast.projections import gated_product, project, rms_norm
+from service.engine.fast.weights import Geometry, LayerWeights, ModelWeights, linear
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -61,8 +47,7 @@ def attention_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Queries ``[tokens, heads, dim]``, keys and values ``[tokens, kv_heads, dim]``."""
     tokens = x.shape[0]
-    h = rms_norm(x, layer.input_norm, g.eps)
-    qkv = project(h, layer.qkv)
+    qkv = project(rms_norm(x, layer.input_norm, g.eps), layer.qkv)
     q_width, kv_width = g.heads * g.head_dim, g.kv_heads * g.head_dim
     q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
     q = q.reshape(tokens, g.heads, g.head_dim)

@@ -13,6 +13,9 @@ remove whole kernels from a layer:
   each of the three values to the model's dtype as transformers' MLP does;
 - ``residual``: adds the residual stream to the product (the output and down projections).
 
+The RMSNorm before QKV and gate/up stays a kernel of its own: computed inside each program (the
+row's sum of squares before the main loop) it measured slower than the separate kernel.
+
 Triton is an optional import: a CPU build of torch has none, and there ``available()`` is false and
 the engine keeps its other paths. The block sizes per shape were chosen on the H200 with
 ``python -m loadtests.kernels --gemv-sweep`` (docs/benchmarks.md); other shapes get ``DEFAULT``.
@@ -43,6 +46,8 @@ class GemvConfig:
 DEFAULT = GemvConfig(block_n=4, block_k=1024, warps=4, stages=2)
 # (output rows, inputs, bytes per weight) -> the fastest config of the sweep on the H200, for
 # the 7B's fused QKV, output, gated gate/up (output rows of one half) and down projections.
+# Written by ``python -m loadtests.gpu.tune_gemv kernels.json`` from a sweep's report.
+# tuned: begin
 TUNED: dict[tuple[int, int, int], GemvConfig] = {
     (6144, 4096, 2): GemvConfig(2, 1024, 4, 2),
     (4096, 4096, 2): GemvConfig(8, 1024, 4, 2),
@@ -53,6 +58,7 @@ TUNED: dict[tuple[int, int, int], GemvConfig] = {
     (14336, 4096, 1): GemvConfig(2, 512, 4, 2),
     (4096, 14336, 1): GemvConfig(4, 1024, 4, 2),
 }
+# tuned: end
 
 
 def available(x: torch.Tensor) -> bool:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from transformers.integrations.moe import _grouped_mm
 
-from service.engine.fast.weights import MoeWeights, gated_product, project
+from service.engine.fast.projections import gated_product, project
+from service.engine.fast.weights import MoeWeights
 
 
 def moe_block(x: torch.Tensor, w: MoeWeights) -> torch.Tensor:

@@ -25,7 +25,6 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from service.engine.fast import gemv
 from service.engine.output_layer import PaddedOutputLayer
 
 SUPPORTED_MODEL_TYPES = ("hunyuan_v1_dense", "hy_v3")
@@ -59,23 +58,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) ->
     if scale is None:
         return torch.nn.functional.linear(x, weight)
     return fp8_linear(x, weight, scale)
-
-
-def project(x: torch.Tensor, p: Linear, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ p.T`` (plus ``residual``): a single row on the GPU takes the engine's own kernel
-    (``gemv.py``), everything else ``linear``."""
-    if x.shape[0] == 1 and gemv.available(x):
-        return gemv.one_row(x, p.weight, p.scale, residual=residual)
-    out = linear(x, p.weight, p.scale)
-    return out if residual is None else residual + out
-
-
-def gated_product(x: torch.Tensor, gate_up: Linear) -> torch.Tensor:
-    """``silu(gate) * up`` of the fused gate/up projection of ``x``."""
-    if x.shape[0] == 1 and gemv.available(x):
-        return gemv.one_row(x, gate_up.weight, gate_up.scale, gated=True)
-    gate, up = linear(x, gate_up.weight, gate_up.scale).chunk(2, dim=-1)
-    return torch.nn.functional.silu(gate) * up
 
 
 def row_product(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:

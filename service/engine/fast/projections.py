@@ -1,0 +1,42 @@
+"""The projections of a layer as the forward pass calls them: which kernel computes each one.
+
+A single row on the GPU (a lone request's decode step) takes the engine's own one-row kernel
+(``gemv.py``) with the SwiGLU after gate/up and the residual add after a projection fused in;
+every other shape (prefill, batches, a CPU, float32) takes ``linear`` (cuBLAS, or ``_scaled_mm``
+for FP8) with the same operations written out around it, as transformers runs them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from service.engine.fast import gemv
+from service.engine.fast.weights import Linear, linear
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + eps)
+    return weight * h.to(dtype)
+
+
+def _one_row(x: torch.Tensor) -> bool:
+    return x.shape[0] == 1 and gemv.available(x)
+
+
+def project(x: torch.Tensor, p: Linear, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ p.T``, plus ``residual`` when given."""
+    if _one_row(x):
+        return gemv.one_row(x, p.weight, p.scale, residual=residual)
+    out = linear(x, p.weight, p.scale)
+    return out if residual is None else residual + out
+
+
+def gated_product(x: torch.Tensor, gate_up: Linear) -> torch.Tensor:
+    """``silu(gate) * up`` of the fused gate/up projection of ``x``."""
+    if _one_row(x):
+        return gemv.one_row(x, gate_up.weight, gate_up.scale, gated=True)
+    gate, up = linear(x, gate_up.weight, gate_up.scale).chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
