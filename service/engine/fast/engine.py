@@ -201,6 +201,12 @@ class FastEngine(LoadedEngine):
         elif compiled:
             for bucket in reversed(buckets):
                 self._decode_and_sample(bucket, False)
+        if compiled:
+            # The prefill's compiled parts, before ready: for one token (sizes 0 and 1 are
+            # always specialised) and two other counts, the second of which makes the count
+            # dynamic, so no prompt length compiles while requests wait.
+            for tokens in (1, 16, 17):
+                self.teacher_forced_logits(tuple(range(tokens)))
         self.plan = Plan(
             rows=rows,
             page_size=page_size,

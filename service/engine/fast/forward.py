@@ -101,9 +101,18 @@ class Transformer:
         self._layer: Callable[..., torch.Tensor] = self._decode_layer
         self._stack: Callable[..., torch.Tensor] = self._decode_stack
         self._inputs: Callable[[int], tuple[torch.Tensor, ...]] = self._step_inputs
+        self._prefill_in: Callable[..., tuple[torch.Tensor, ...]] = attention_inputs
+        self._prefill_out: Callable[..., torch.Tensor] = attention_output
         if compile_scope is not None:
             # A dozen small eager kernels become one or two.
             self._inputs = torch.compile(self._step_inputs, fullgraph=True, dynamic=None)
+            # Eager, a prefill launches each small operation of each layer from the host (a
+            # lone request's prompt pays for that once per layer); compiled, the work around the
+            # attention kernel is a few kernels per layer. dynamic=None, as for the decode
+            # layer: the token count becomes dynamic at its second size (the engine runs the
+            # sizes before it is ready).
+            self._prefill_in = torch.compile(attention_inputs, fullgraph=True, dynamic=None)
+            self._prefill_out = torch.compile(attention_output, fullgraph=True, dynamic=None)
         if compile_scope == "step":
             self._stack = torch.compile(self._decode_stack, fullgraph=True, dynamic=None)
         elif compile_scope == "layer":
@@ -123,12 +132,12 @@ class Transformer:
         x = torch.nn.functional.embedding(p.tokens, w.embed)
         cos, sin = w.cos[p.positions], w.sin[p.positions]
         for index, layer in enumerate(w.layers):
-            q, k, v = attention_inputs(x, layer, cos, sin, g)
+            q, k, v = self._prefill_in(x, layer, cos, sin, g)
             write_kv(self.cache.keys[index], self.cache.values[index], p.slots, k, v)
             if p.key_slots is not None:
                 k, v = self.cache.gather(index, p.key_slots)
             attended = packed_causal_attention(q, k, v, p.cu_q, p.cu_k, p.max_q, p.max_k, g.scale)
-            x = attention_output(x, attended, layer, g)
+            x = self._prefill_out(x, attended, layer, g)
         return self.logits(x.index_select(0, p.last))
 
     def decode(self, batch: int, pages: int) -> torch.Tensor:
