@@ -50,13 +50,13 @@ DEFAULT = GemvConfig(block_n=4, block_k=1024, warps=4, stages=2)
 # tuned: begin
 TUNED: dict[tuple[int, int, int], GemvConfig] = {
     (6144, 4096, 2): GemvConfig(2, 1024, 4, 2),
-    (4096, 4096, 2): GemvConfig(8, 1024, 4, 2),
-    (14336, 4096, 2): GemvConfig(2, 512, 4, 2),
-    (4096, 14336, 2): GemvConfig(2, 1024, 4, 2),
     (6144, 4096, 1): GemvConfig(8, 512, 4, 2),
-    (4096, 4096, 1): GemvConfig(8, 1024, 4, 4),
+    (4096, 4096, 2): GemvConfig(2, 1024, 4, 2),
+    (4096, 4096, 1): GemvConfig(8, 1024, 4, 2),
+    (14336, 4096, 2): GemvConfig(2, 512, 4, 2),
     (14336, 4096, 1): GemvConfig(2, 512, 4, 2),
-    (4096, 14336, 1): GemvConfig(4, 1024, 4, 2),
+    (4096, 14336, 2): GemvConfig(2, 1024, 4, 2),
+    (4096, 14336, 1): GemvConfig(8, 1024, 4, 2),
 }
 # tuned: end
 
