@@ -270,6 +270,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)
+    if args.gemv_sweep and args.smoke:
+        parser.error("--gemv-sweep times the kernel on a GPU; it has no CPU smoke run")
     device = torch.device("cpu" if args.smoke else "cuda")
     dtype = torch.float32 if args.smoke else torch.bfloat16
     rows = [int(r) for r in args.rows.split(",")]

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from service.engine.fast import gemv
 
 BEGIN, END = "# tuned: begin\n", "# tuned: end\n"
 
 
-def table(report: dict[str, object]) -> str:
+def table(report: Mapping[str, Any]) -> str:
     """The ``TUNED`` assignment for the sweep in ``report`` (``loadtests.kernels``' JSON)."""
     sweep = report["gemv_sweep"]
     assert isinstance(sweep, dict)
