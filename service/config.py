@@ -342,6 +342,12 @@ class Settings(BaseSettings):
         "reused by all (quick to compile); step = the whole stack of layers (inductor may also "
         "fuse across layers; compiles for longer).",
     )
+    fast_fold_norms: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Fast engine: fold each RMSNorm's weight into the projection after it, so "
+        "a lone request's one-row kernel computes the norm itself (auto = where that kernel runs: "
+        "bf16 or fp16 on CUDA). Rounds the folded weights once more; float32 never needs it.",
+    )
     fast_attention: Literal["auto", "flex", "gather"] = Field(
         "auto",
         description="Fast engine: decode attention. flex = FlexAttention over the paged cache; "
@@ -571,6 +577,7 @@ class Settings(BaseSettings):
                 cuda_graph=self.fast_cuda_graph,
                 compile=self.fast_compile,
                 compile_scope=self.fast_compile_scope,
+                fold_norms=self.fast_fold_norms,
                 attention=self.fast_attention,
             ),
             static_only=tuple(sorted(given & _STATIC_ONLY)),

@@ -56,6 +56,8 @@ class FastConfig:
     compile: Toggle = "auto"
     # What one compiled unit covers: a decode layer (reused by all) or the whole stack of them.
     compile_scope: Literal["layer", "step"] = "layer"
+    # Norm weights folded into the next projection; auto: where the one-row kernel runs.
+    fold_norms: Toggle = "auto"
     attention: Literal["auto", "flex", "gather"] = "auto"
 
 

@@ -157,6 +157,38 @@ async def test_compiled_step_equals_generate(
         engine.close()
 
 
+def _uneven_norms(loaded: LoadedModel) -> LoadedModel:
+    """The demo model with norm weights that are not all ones (as a trained model's are not),
+    the same on every load."""
+    generator = torch.Generator().manual_seed(7)
+    for layer in loaded.model.model.layers:
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            norm.weight.data = torch.rand(norm.weight.shape, generator=generator) + 0.5
+    return loaded
+
+
+async def test_folded_norms_equal_generate(data_dir: Path, prompts: list[tuple[int, ...]]) -> None:
+    # The norms' weights folded into QKV and gate/up (what a GPU does in bf16, for its one-row
+    # kernel), here through the CPU's paths: the greedy tokens and the logits stay transformers'.
+    config = _config(data_dir, fold_norms="on")
+    reference = _uneven_norms(load_model(config))
+    wanted = _wanted(reference, reference_greedy(reference, prompts, MAX_NEW))
+    engine = RecordingEngine(_uneven_norms(load_model(config)), config)
+    try:
+        layer = engine._weights.layers[0]
+        assert layer.input_norm is None
+        assert layer.post_norm is None
+        requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
+        assert await _alone(engine, requests) == wanted
+        assert await _generated(engine, requests * 2, "crowd") == wanted * 2
+        ids = prompts[0] + tuple(wanted[0])
+        with torch.inference_mode():
+            theirs = reference.model(torch.tensor([ids])).logits[0].float()
+        torch.testing.assert_close(engine.teacher_forced_logits(ids), theirs, atol=1e-4, rtol=0)
+    finally:
+        engine.close()
+
+
 async def test_mixture_of_experts_equals_generate(
     data_dir: Path, prompts: list[tuple[int, ...]]
 ) -> None:

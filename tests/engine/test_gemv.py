@@ -18,7 +18,7 @@ import torch
 
 from loadtests.gpu import tune_gemv
 from service.engine.fast import gemv
-from service.engine.fast.projections import gated_product, project
+from service.engine.fast.projections import gated_product, project, rms_norm
 from service.engine.fast.weights import Linear, quantize_fp8
 
 # Shapes that are not multiples of the blocks: the masks matter.
@@ -66,6 +66,35 @@ def test_one_row_kernel_computes_the_projection_and_its_epilogues(
     close(
         gemv.one_row(x, fp8.weight, fp8.scale, gated=True, config=config),
         _swiglu(x @ dequantized.T),
+    )
+
+
+@pytest.mark.usefixtures("interpreted")
+def test_one_row_kernel_normalises_the_row_for_a_folded_norm() -> None:
+    # The norm's weight folded into the matrix, the kernel applies rsqrt(mean(x^2) + eps):
+    # the product of the normalised row, as rms_norm then the projection compute it.
+    torch.manual_seed(3)
+    weight = torch.randn(OUTPUTS, INPUTS)
+    norm = torch.rand(INPUTS) + 0.5
+    x = 3 * torch.randn(1, INPUTS)
+    folded = weight * norm
+    normed = rms_norm(x, norm, 1e-5)
+    for config in CONFIGS:
+        out = gemv.one_row(x, folded, None, norm_eps=1e-5, config=config)
+        torch.testing.assert_close(out, normed @ weight.T, rtol=1e-5, atol=1e-5)
+        gated = gemv.one_row(x, folded, None, gated=True, norm_eps=1e-5, config=config)
+        torch.testing.assert_close(gated, _swiglu(normed @ weight.T), rtol=1e-5, atol=1e-5)
+    fp8 = quantize_fp8(folded)
+    assert fp8.scale is not None
+    out = gemv.one_row(x, fp8.weight, fp8.scale, norm_eps=1e-5, config=CONFIGS[0])
+    dequantized = fp8.weight.float() * fp8.scale
+    torch.testing.assert_close(out, rms_norm(x, None, 1e-5) @ dequantized.T, rtol=1e-5, atol=1e-5)
+    # Off the kernel, project() normalises the same way before its matmul.
+    torch.testing.assert_close(
+        project(x.repeat(2, 1), Linear(folded), norm_eps=1e-5),
+        (normed @ weight.T).repeat(2, 1),
+        rtol=1e-5,
+        atol=1e-5,
     )
 
 

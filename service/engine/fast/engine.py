@@ -29,6 +29,7 @@ import torch
 import torch._inductor.config
 
 from service.engine.config import EngineConfig, FastConfig
+from service.engine.fast import gemv
 from service.engine.fast.attention import DecodeAttention, FlexDecode, GatherDecode
 from service.engine.fast.batch import DeviceRows, HostRows, Joining
 from service.engine.fast.cache import (
@@ -138,7 +139,11 @@ class FastEngine(LoadedEngine):
             if hasattr(torch._inductor.config, "emulate_precision_casts"):
                 torch._inductor.config.emulate_precision_casts = True
         fp8 = None if loaded.fp8_checkpoint is None else Fp8Checkpoint.open(loaded.fp8_checkpoint)
-        self._weights = take_weights(loaded.model, config.quantization, fp8)
+        fold = fast.fold_norms == "on" or (
+            fast.fold_norms == "auto"
+            and gemv.available(torch.empty(1, 1, dtype=loaded.dtype, device=device))
+        )
+        self._weights = take_weights(loaded.model, config.quantization, fp8, fold_norms=fold)
         geometry = self._weights.geometry
         layers = len(self._weights.layers)
         page_size = fast.page_size

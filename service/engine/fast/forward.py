@@ -47,7 +47,10 @@ def attention_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Queries ``[tokens, heads, dim]``, keys and values ``[tokens, kv_heads, dim]``."""
     tokens = x.shape[0]
-    qkv = project(rms_norm(x, layer.input_norm, g.eps), layer.qkv)
+    if layer.input_norm is None:  # folded into the QKV weights
+        qkv = project(x, layer.qkv, norm_eps=g.eps)
+    else:
+        qkv = project(rms_norm(x, layer.input_norm, g.eps), layer.qkv)
     q_width, kv_width = g.heads * g.head_dim, g.kv_heads * g.head_dim
     q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
     q = q.reshape(tokens, g.heads, g.head_dim)
@@ -77,12 +80,15 @@ def attention_output(
 ) -> torch.Tensor:
     """The residual stream after the output projection and the MLP."""
     x = project(attended.reshape(x.shape[0], -1), layer.o, residual=x)
-    h = rms_norm(x, layer.post_norm, g.eps)
     if layer.moe is not None:
-        return x + moe_block(h, layer.moe)
+        return x + moe_block(rms_norm(x, layer.post_norm, g.eps), layer.moe)
     assert layer.gate_up is not None
     assert layer.down is not None
-    return project(gated_product(h, layer.gate_up), layer.down, residual=x)
+    if layer.post_norm is None:  # folded into the gate/up weights
+        activated = gated_product(x, layer.gate_up, norm_eps=g.eps)
+    else:
+        activated = gated_product(rms_norm(x, layer.post_norm, g.eps), layer.gate_up)
+    return project(activated, layer.down, residual=x)
 
 
 class Transformer:

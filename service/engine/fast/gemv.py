@@ -11,10 +11,13 @@ remove whole kernels from a layer:
 - ``gated``: for the fused gate/up matrix ``[2 * I, K]``, each program reads a row of the gate
   half and the matching row of the up half and writes ``silu(gate) * up`` (``[I]``), rounding
   each of the three values to the model's dtype as transformers' MLP does;
-- ``residual``: adds the residual stream to the product (the output and down projections).
-
-The RMSNorm before QKV and gate/up stays a kernel of its own: computed inside each program (the
-row's sum of squares before the main loop) it measured slower than the separate kernel.
+- ``residual``: adds the residual stream to the product (the output and down projections);
+- ``norm_eps``: the row is RMS-normalised first, the norm's weight having been folded into the
+  matrix (``weights.take_weights``): the norm is then one scalar per row, ``rsqrt(mean(x^2) +
+  eps)``, which each program sums up in the loop that reads the row anyway and multiplies its
+  sums with at the end, so the norm costs no kernel and no extra pass. (A first version that
+  applied the norm's weight in the kernel needed a pass over the row before the main loop, and
+  measured slower than the separate norm kernel: docs/benchmarks.md, run 39.)
 
 Triton is an optional import: a CPU build of torch has none, and there ``available()`` is false and
 the engine keeps its other paths. The block sizes per shape were chosen on the H200 with
@@ -78,10 +81,12 @@ def one_row(
     *,
     gated: bool = False,
     residual: torch.Tensor | None = None,
+    norm_eps: float | None = None,
     config: GemvConfig | None = None,
 ) -> torch.Tensor:
     """``x @ weight.T`` (``x``: ``[1, K]``), or ``silu(gate) * up`` of the two halves when
-    ``gated``, plus ``residual`` when given; ``[1, N]`` in ``x``'s dtype."""
+    ``gated``, plus ``residual`` when given; with ``norm_eps``, of ``x`` RMS-normalised without
+    a weight; ``[1, N]`` in ``x``'s dtype."""
     assert triton is not None
     outputs = weight.shape[0] // 2 if gated else weight.shape[0]
     inputs = weight.shape[1]
@@ -97,9 +102,11 @@ def one_row(
         outputs,
         inputs,
         weight.stride(0),
+        0.0 if norm_eps is None else norm_eps,
         has_scale=scale is not None,
         swiglu=gated,
         has_residual=residual is not None,
+        has_norm=norm_eps is not None,
         block_n=chosen.block_n,
         block_k=chosen.block_k,
         num_warps=chosen.warps,
@@ -121,9 +128,11 @@ def _kernel() -> Any:
         rows_out,
         inputs,
         stride_w,
+        eps,
         has_scale: tl.constexpr,
         swiglu: tl.constexpr,
         has_residual: tl.constexpr,
+        has_norm: tl.constexpr,
         block_n: tl.constexpr,
         block_k: tl.constexpr,
     ):
@@ -133,12 +142,16 @@ def _kernel() -> Any:
         # slice.
         acc = tl.zeros([block_n, block_k], dtype=tl.float32)
         acc_up = tl.zeros([block_n, block_k], dtype=tl.float32)
+        squares = tl.zeros([block_k], dtype=tl.float32)
         w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
         up_rows = w_ptr + (rows + rows_out).to(tl.int64)[:, None] * stride_w
         for start in range(0, inputs, block_k):
             cols = start + tl.arange(0, block_k)
             col_ok = cols < inputs
-            xs = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            xs = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+            if has_norm:
+                squares += xs * xs
+            xs = xs[None, :]
             mask = row_ok[:, None] & col_ok[None, :]
             w = tl.load(w_rows + cols[None, :], mask=mask, other=0.0)
             acc += w.to(tl.float32) * xs
@@ -146,11 +159,16 @@ def _kernel() -> Any:
                 u = tl.load(up_rows + cols[None, :], mask=mask, other=0.0)
                 acc_up += u.to(tl.float32) * xs
         out = tl.sum(acc, axis=1)
+        if has_norm:
+            rstd = tl.math.rsqrt(tl.sum(squares, axis=0) / inputs + eps)
+            out = out * rstd
         if has_scale:
             out = out * tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
         dtype = out_ptr.dtype.element_ty
         if swiglu:
             up = tl.sum(acc_up, axis=1)
+            if has_norm:
+                up = up * rstd
             if has_scale:
                 up = up * tl.load(scale_ptr + rows + rows_out, mask=row_ok, other=0.0)
             gate = out.to(dtype).to(tl.float32)

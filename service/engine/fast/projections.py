@@ -14,29 +14,39 @@ from service.engine.fast import gemv
 from service.engine.fast.weights import Linear, linear
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm; without ``weight`` when it is folded into the next projection."""
     dtype = x.dtype
     h = x.to(torch.float32)
     variance = h.pow(2).mean(-1, keepdim=True)
     h = h * torch.rsqrt(variance + eps)
-    return weight * h.to(dtype)
+    return h.to(dtype) if weight is None else weight * h.to(dtype)
 
 
 def _one_row(x: torch.Tensor) -> bool:
     return x.shape[0] == 1 and gemv.available(x)
 
 
-def project(x: torch.Tensor, p: Linear, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ p.T``, plus ``residual`` when given."""
+def project(
+    x: torch.Tensor,
+    p: Linear,
+    residual: torch.Tensor | None = None,
+    norm_eps: float | None = None,
+) -> torch.Tensor:
+    """``x @ p.T``, plus ``residual`` when given; with ``norm_eps``, of ``x`` RMS-normalised
+    first (the norm's weight folded into ``p``)."""
     if _one_row(x):
-        return gemv.one_row(x, p.weight, p.scale, residual=residual)
-    out = linear(x, p.weight, p.scale)
+        return gemv.one_row(x, p.weight, p.scale, residual=residual, norm_eps=norm_eps)
+    h = x if norm_eps is None else rms_norm(x, None, norm_eps)
+    out = linear(h, p.weight, p.scale)
     return out if residual is None else residual + out
 
 
-def gated_product(x: torch.Tensor, gate_up: Linear) -> torch.Tensor:
-    """``silu(gate) * up`` of the fused gate/up projection of ``x``."""
+def gated_product(x: torch.Tensor, gate_up: Linear, norm_eps: float | None = None) -> torch.Tensor:
+    """``silu(gate) * up`` of the fused gate/up projection of ``x`` (RMS-normalised first with
+    ``norm_eps``, as ``project``)."""
     if _one_row(x):
-        return gemv.one_row(x, gate_up.weight, gate_up.scale, gated=True)
-    gate, up = linear(x, gate_up.weight, gate_up.scale).chunk(2, dim=-1)
+        return gemv.one_row(x, gate_up.weight, gate_up.scale, gated=True, norm_eps=norm_eps)
+    h = x if norm_eps is None else rms_norm(x, None, norm_eps)
+    gate, up = linear(h, gate_up.weight, gate_up.scale).chunk(2, dim=-1)
     return torch.nn.functional.silu(gate) * up

@@ -9,6 +9,13 @@ two copies of the model.
 Hy-MT2-30B-A3B's mixture-of-experts blocks keep their experts as the 3-D tensors transformers
 holds (``MoeWeights``; ``moe.py`` runs them).
 
+With ``fold_norms`` (16-bit weights) the RMSNorm before QKV, and the one before a dense MLP's
+gate/up, lose their weights to the matrix after them: ``W @ (w * h) == (W * w) @ h``. The norm
+left is a plain ``x * rsqrt(mean(x^2) + eps)``, a scalar per row, which the one-row kernel
+computes in the same loop that reads the row for the projection, so a lone request's layer has no
+norm kernels. The products are rounded once, in the weight's dtype (the float32 engine keeps the
+model's weights as they are: its greedy output is compared with transformers' token for token).
+
 FP8 (``quantization="fp8"``) stores each projection as ``float8_e4m3fn`` with one float32 scale
 per output row (row-wise, as Tencent's FP8 checkpoints are); activations are quantized per token
 when the projection runs and multiplied with ``torch._scaled_mm``. Embeddings, norms and the output
@@ -113,12 +120,13 @@ class MoeWeights:
 
 @dataclass(frozen=True, slots=True)
 class LayerWeights:
-    input_norm: torch.Tensor
+    # None: the norm's weight is folded into the projection after it (``fold_norms``).
+    input_norm: torch.Tensor | None
     qkv: Linear
     query_norm: torch.Tensor | None
     key_norm: torch.Tensor | None
     o: Linear
-    post_norm: torch.Tensor
+    post_norm: torch.Tensor | None
     # A dense MLP (gate/up fused, down), or a mixture of experts.
     gate_up: Linear | None
     down: Linear | None
@@ -200,10 +208,15 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
 
 
 def take_weights(
-    model: PreTrainedModel, quantization: str, fp8: Fp8Source | None = None
+    model: PreTrainedModel,
+    quantization: str,
+    fp8: Fp8Source | None = None,
+    fold_norms: bool = False,
 ) -> ModelWeights:
     """Move ``model``'s weights into a ``ModelWeights``, emptying its layers on the way; the
-    projections come from ``fp8`` (an FP8 checkpoint) where it has them."""
+    projections come from ``fp8`` (an FP8 checkpoint) where it has them. ``fold_norms`` folds
+    each norm's weight into the projection after it where that projection is not a checkpoint's
+    FP8 (a mixture-of-experts block keeps its norm: the router and experts read it)."""
     reason = unsupported_reason(model)
     if reason is not None:
         raise RuntimeError(reason)
@@ -226,7 +239,12 @@ def take_weights(
     embed = inner.embed_tokens.weight.data
     cos, sin = _rope_tables(inner, geometry, embed)
 
-    def project(layer: nn.Module, index: int, prefix: str, *names: str) -> Linear:
+    def from_checkpoint(index: int, prefix: str, name: str) -> bool:
+        return fp8 is not None and fp8.has(f"model.layers.{index}.{prefix}.{name}")
+
+    def project(
+        layer: nn.Module, index: int, prefix: str, *names: str, norm: torch.Tensor | None = None
+    ) -> Linear:
         owner = functools.reduce(getattr, prefix.split("."), layer)
         modules = [getattr(owner, name) for name in names]
         full_names = [f"model.layers.{index}.{prefix}.{name}" for name in names]
@@ -235,6 +253,8 @@ def take_weights(
             module.weight = nn.Parameter(weight.new_empty(0), requires_grad=False)
         if fp8 is not None and fp8.has(full_names[0]):
             return fp8.projection(full_names, weight.device)
+        if norm is not None:
+            weight = (weight.float() * norm.float()).to(weight.dtype)
         return quantize_fp8(weight) if quantization == "fp8" else Linear(weight.contiguous())
 
     layers = []
@@ -245,15 +265,32 @@ def take_weights(
         )
         key_norm = getattr(attention, "key_layernorm", None) or getattr(attention, "k_norm", None)
         moe = _experts(layer, index, project, config) if hasattr(layer.mlp, "experts") else None
+        input_norm = layer.input_layernorm.weight.data
+        post_norm = layer.post_attention_layernorm.weight.data
+        fold_input = fold_norms and not from_checkpoint(index, "self_attn", "q_proj")
+        fold_post = fold_norms and moe is None and not from_checkpoint(index, "mlp", "gate_proj")
+        qkv = project(
+            layer,
+            index,
+            "self_attn",
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            norm=input_norm if fold_input else None,
+        )
+        gate_up = None
+        if moe is None:
+            norm = post_norm if fold_post else None
+            gate_up = project(layer, index, "mlp", "gate_proj", "up_proj", norm=norm)
         layers.append(
             LayerWeights(
-                input_norm=layer.input_layernorm.weight.data,
-                qkv=project(layer, index, "self_attn", "q_proj", "k_proj", "v_proj"),
+                input_norm=None if fold_input else input_norm,
+                qkv=qkv,
                 query_norm=None if query_norm is None else query_norm.weight.data,
                 key_norm=None if key_norm is None else key_norm.weight.data,
                 o=project(layer, index, "self_attn", "o_proj"),
-                post_norm=layer.post_attention_layernorm.weight.data,
-                gate_up=None if moe else project(layer, index, "mlp", "gate_proj", "up_proj"),
+                post_norm=None if fold_post else post_norm,
+                gate_up=gate_up,
                 down=None if moe else project(layer, index, "mlp", "down_proj"),
                 moe=moe,
             )
