@@ -8,7 +8,10 @@ For the load generator's first ``--texts`` texts, built into prompts as the serv
   (greedy too, other texts), so each runs inside a large batch;
 - ``logits``: teacher-forced over prompt + reference output, transformers' forward against the
   fast engine's prefill path at every generated position: the largest and mean absolute
-  difference, and the share of positions where both pick the same token.
+  difference, and the share of positions where both pick the same token;
+- ``gap``: for each text whose tokens differ, how far apart transformers' own logits put the two
+  tokens at the first difference (the reference's minus the engine's): a gap within the logits'
+  difference is a near-tie that rounding tips, a large one a fault.
 
 Two copies of the model are loaded (the ``dummy`` load is seeded, so both are the same weights).
 
@@ -50,6 +53,8 @@ class FidelityReport:
     identical_crowd: int
     first_difference_alone: list[int]
     first_difference_crowd: list[int]
+    gap_alone: list[float]
+    gap_crowd: list[float]
     logits_positions: int
     logits_max_abs_diff: float
     logits_mean_abs_diff: float
@@ -65,6 +70,16 @@ def _first_difference(a: list[int], b: list[int]) -> int:
         if x != y:
             return index
     return -1 if len(a) == len(b) else min(len(a), len(b))
+
+
+def _gap(logits: torch.Tensor, wanted: list[int], got: list[int], first: int) -> float | None:
+    """transformers' logit of its own token minus that of the engine's at the first difference
+    (``logits``: teacher-forced over the wanted tokens); None where there is no token to
+    compare (identical, or one ends first)."""
+    if first < 0 or first >= min(len(wanted), len(got)):
+        return None
+    row = logits[first]
+    return float(f"{float(row[wanted[first]] - row[got[first]]):.3g}")
 
 
 class RecordingEngine(FastEngine):
@@ -146,9 +161,13 @@ async def run(settings: Settings, texts: int, crowd: int, max_new: int) -> Fidel
         mixed = await _run_fast(engine, [*chosen, *others], "crowd")
         crowd_s = time.perf_counter() - started
 
+        firsts_alone = [_first_difference(a, b) for a, b in zip(expected, alone, strict=True)]
+        firsts_crowd = [_first_difference(a, b) for a, b in zip(expected, mixed, strict=False)]
         max_diff, sum_diff, positions, agree = 0.0, 0.0, 0, 0
+        gap_alone: list[float] = []
+        gap_crowd: list[float] = []
         with torch.inference_mode():
-            for request, tokens in zip(chosen, expected, strict=True):
+            for index, (request, tokens) in enumerate(zip(chosen, expected, strict=True)):
                 forced = (*request.prompt_ids, *tokens)
                 start = len(request.prompt_ids) - 1
                 forward = model(torch.tensor([forced], device=reference.device))
@@ -159,10 +178,15 @@ async def run(settings: Settings, texts: int, crowd: int, max_new: int) -> Fidel
                 sum_diff += float(diff.mean()) * diff.shape[0]
                 positions += diff.shape[0]
                 agree += int((theirs.argmax(-1) == ours.argmax(-1)).sum())
+                for firsts, got, gaps in (
+                    (firsts_alone, alone, gap_alone),
+                    (firsts_crowd, mixed, gap_crowd),
+                ):
+                    gap = _gap(theirs, tokens, got[index], firsts[index])
+                    if gap is not None:
+                        gaps.append(gap)
     finally:
         engine.close()
-    firsts_alone = [_first_difference(a, b) for a, b in zip(expected, alone, strict=True)]
-    firsts_crowd = [_first_difference(a, b) for a, b in zip(expected, mixed, strict=False)]
     return FidelityReport(
         dtype=str(reference.dtype).removeprefix("torch."),
         texts=texts,
@@ -173,6 +197,8 @@ async def run(settings: Settings, texts: int, crowd: int, max_new: int) -> Fidel
         identical_crowd=firsts_crowd.count(-1),
         first_difference_alone=[i for i in firsts_alone if i >= 0],
         first_difference_crowd=[i for i in firsts_crowd if i >= 0],
+        gap_alone=gap_alone,
+        gap_crowd=gap_crowd,
         logits_positions=positions,
         logits_max_abs_diff=max_diff,
         logits_mean_abs_diff=sum_diff / max(positions, 1),

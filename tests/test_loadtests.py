@@ -10,7 +10,9 @@ import threading
 import time
 from pathlib import Path
 
-from loadtests import baseline, bench, ipc, kernels, overload, profile
+import torch
+
+from loadtests import baseline, bench, fidelity, ipc, kernels, overload, profile
 from loadtests.timeline import summarize
 from service.metrics import Metrics
 from service.stalls import StallMonitor
@@ -44,6 +46,28 @@ async def test_profile_measures_the_engine_without_http(
     timeline = report.throughput_timeline
     assert timeline["samples"] >= 1
     assert 0 <= timeline["peak_running"] <= 6
+
+
+async def test_fidelity_compares_the_fast_engine_with_generate(
+    make_settings: MakeSettings,
+) -> None:
+    settings = make_settings(
+        engine="fast", dtype="float32", fast_num_pages=64, fast_page_size=16, fast_max_rows=4
+    )
+    report = await fidelity.run(settings, texts=2, crowd=3, max_new=4)
+    assert (report.identical_alone, report.identical_crowd) == (2, 2)
+    assert report.first_difference_alone == report.gap_alone == []
+    assert report.logits_positions == report.reference_tokens
+    assert report.logits_argmax_agreement == 1.0
+
+
+def test_fidelity_measures_how_close_a_difference_was() -> None:
+    logits = torch.tensor([[0.0, 2.0, 1.0], [0.5, 0.25, 0.0]])
+    # Identical, or one ends first: nothing to compare.
+    assert fidelity._gap(logits, [1, 0], [1, 0], -1) is None
+    assert fidelity._gap(logits, [1], [1, 2], 1) is None
+    # At the second token transformers chose 0 (0.5) where the engine chose 1 (0.25).
+    assert fidelity._gap(logits, [1, 0], [1, 1], 1) == 0.25
 
 
 def test_the_kernel_bench_runs_every_variant() -> None:
