@@ -47,8 +47,12 @@ def start_group(data_dir: Path, log: Path, **env: str) -> Process:
 
 
 def records(log: Path) -> list[dict[str, object]]:
+    """The JSON log records of every process. The processes share the file with their stderr,
+    so a native library's message at a process's exit (Triton's nanobind reports leaks when a
+    CPU build of torch imported it) can end without a newline, right before a record: each
+    record is read from its line's first ``{"``."""
     lines = log.read_text("utf-8", errors="replace").splitlines()
-    return [json.loads(line) for line in lines if line.startswith("{")]
+    return [json.loads(line[line.index('{"') :]) for line in lines if '{"' in line]
 
 
 def server_pids(log: Path) -> dict[str, int]:

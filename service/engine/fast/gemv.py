@@ -19,23 +19,18 @@ remove whole kernels from a layer:
   applied the norm's weight in the kernel needed a pass over the row before the main loop, and
   measured slower than the separate norm kernel: docs/benchmarks.md, run 39.)
 
-Triton is an optional import: a CPU build of torch has none, and there ``available()`` is false and
-the engine keeps its other paths. The block sizes per shape were chosen on the H200 with
+The kernel itself is in ``gemv_kernel.py``, imported on the first call: this module needs no
+Triton (a CPU build of torch has none; there ``available()`` is false and the engine keeps its
+other paths). The block sizes per shape were chosen on the H200 with
 ``python -m loadtests.kernels --gemv-sweep`` (docs/benchmarks.md); other shapes get ``DEFAULT``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # a CPU build of torch ships without Triton
-    triton = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +62,11 @@ TUNED: dict[tuple[int, int, int], GemvConfig] = {
 def available(x: torch.Tensor) -> bool:
     """Whether ``x`` can take the kernel: a CUDA tensor in a 16-bit dtype, with Triton present
     (float32 keeps cuBLAS, whose sums the float32 fidelity check compares against)."""
-    return triton is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+    return (
+        x.is_cuda
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and importlib.util.find_spec("triton") is not None
+    )
 
 
 def config_for(outputs: int, inputs: int, weight: torch.Tensor) -> GemvConfig:
@@ -87,13 +86,14 @@ def one_row(
     """``x @ weight.T`` (``x``: ``[1, K]``), or ``silu(gate) * up`` of the two halves when
     ``gated``, plus ``residual`` when given; with ``norm_eps``, of ``x`` RMS-normalised without
     a weight; ``[1, N]`` in ``x``'s dtype."""
-    assert triton is not None
+    from service.engine.fast.gemv_kernel import gemv
+
     outputs = weight.shape[0] // 2 if gated else weight.shape[0]
     inputs = weight.shape[1]
     chosen = config or config_for(outputs, inputs, weight)
     out = torch.empty(1, outputs, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(outputs, chosen.block_n),)
-    _gemv[grid](
+    grid = (-(-outputs // chosen.block_n),)
+    gemv[grid](
         x,
         weight,
         weight if scale is None else scale,
@@ -113,73 +113,3 @@ def one_row(
         num_stages=chosen.stages,
     )
     return out
-
-
-def _kernel() -> Any:
-    """The Triton kernel (defined only where Triton is installed)."""
-
-    @triton.jit  # type: ignore[untyped-decorator]
-    def gemv(  # type: ignore[no-untyped-def]
-        x_ptr,
-        w_ptr,
-        scale_ptr,
-        residual_ptr,
-        out_ptr,
-        rows_out,
-        inputs,
-        stride_w,
-        eps,
-        has_scale: tl.constexpr,
-        swiglu: tl.constexpr,
-        has_residual: tl.constexpr,
-        has_norm: tl.constexpr,
-        block_n: tl.constexpr,
-        block_k: tl.constexpr,
-    ):
-        rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
-        row_ok = rows < rows_out
-        # Sums kept per column slot and reduced once at the end: no cross-lane reduction per
-        # slice.
-        acc = tl.zeros([block_n, block_k], dtype=tl.float32)
-        acc_up = tl.zeros([block_n, block_k], dtype=tl.float32)
-        squares = tl.zeros([block_k], dtype=tl.float32)
-        w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
-        up_rows = w_ptr + (rows + rows_out).to(tl.int64)[:, None] * stride_w
-        for start in range(0, inputs, block_k):
-            cols = start + tl.arange(0, block_k)
-            col_ok = cols < inputs
-            xs = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-            if has_norm:
-                squares += xs * xs
-            xs = xs[None, :]
-            mask = row_ok[:, None] & col_ok[None, :]
-            w = tl.load(w_rows + cols[None, :], mask=mask, other=0.0)
-            acc += w.to(tl.float32) * xs
-            if swiglu:
-                u = tl.load(up_rows + cols[None, :], mask=mask, other=0.0)
-                acc_up += u.to(tl.float32) * xs
-        out = tl.sum(acc, axis=1)
-        if has_norm:
-            rstd = tl.math.rsqrt(tl.sum(squares, axis=0) / inputs + eps)
-            out = out * rstd
-        if has_scale:
-            out = out * tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
-        dtype = out_ptr.dtype.element_ty
-        if swiglu:
-            up = tl.sum(acc_up, axis=1)
-            if has_norm:
-                up = up * rstd
-            if has_scale:
-                up = up * tl.load(scale_ptr + rows + rows_out, mask=row_ok, other=0.0)
-            gate = out.to(dtype).to(tl.float32)
-            activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-            out = activated * up.to(dtype).to(tl.float32)
-        if has_residual:
-            out = out.to(dtype).to(tl.float32)
-            out = out + tl.load(residual_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-        tl.store(out_ptr + rows, out.to(dtype), mask=row_ok)
-
-    return gemv
-
-
-_gemv: Any = _kernel() if triton is not None else None

@@ -1,0 +1,72 @@
+"""The Triton kernel behind ``gemv.one_row`` (``gemv.py`` says what it computes).
+
+Its own module, imported by ``gemv.one_row`` on its first call (on CUDA), so that ``gemv.py``
+imports where there is no Triton (a CPU build of torch has none and never gets here).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def gemv(  # type: ignore[no-untyped-def]
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    residual_ptr,
+    out_ptr,
+    rows_out,
+    inputs,
+    stride_w,
+    eps,
+    has_scale: tl.constexpr,
+    swiglu: tl.constexpr,
+    has_residual: tl.constexpr,
+    has_norm: tl.constexpr,
+    block_n: tl.constexpr,
+    block_k: tl.constexpr,
+):
+    rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
+    row_ok = rows < rows_out
+    # Sums kept per column slot and reduced once at the end: no cross-lane reduction per
+    # slice.
+    acc = tl.zeros([block_n, block_k], dtype=tl.float32)
+    acc_up = tl.zeros([block_n, block_k], dtype=tl.float32)
+    squares = tl.zeros([block_k], dtype=tl.float32)
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
+    up_rows = w_ptr + (rows + rows_out).to(tl.int64)[:, None] * stride_w
+    for start in range(0, inputs, block_k):
+        cols = start + tl.arange(0, block_k)
+        col_ok = cols < inputs
+        xs = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if has_norm:
+            squares += xs * xs
+        xs = xs[None, :]
+        mask = row_ok[:, None] & col_ok[None, :]
+        w = tl.load(w_rows + cols[None, :], mask=mask, other=0.0)
+        acc += w.to(tl.float32) * xs
+        if swiglu:
+            u = tl.load(up_rows + cols[None, :], mask=mask, other=0.0)
+            acc_up += u.to(tl.float32) * xs
+    out = tl.sum(acc, axis=1)
+    if has_norm:
+        rstd = tl.math.rsqrt(tl.sum(squares, axis=0) / inputs + eps)
+        out = out * rstd
+    if has_scale:
+        out = out * tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
+    dtype = out_ptr.dtype.element_ty
+    if swiglu:
+        up = tl.sum(acc_up, axis=1)
+        if has_norm:
+            up = up * rstd
+        if has_scale:
+            up = up * tl.load(scale_ptr + rows + rows_out, mask=row_ok, other=0.0)
+        gate = out.to(dtype).to(tl.float32)
+        activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        out = activated * up.to(dtype).to(tl.float32)
+    if has_residual:
+        out = out.to(dtype).to(tl.float32)
+        out = out + tl.load(residual_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows, out.to(dtype), mask=row_ok)
