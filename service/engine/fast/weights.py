@@ -58,8 +58,9 @@ class Linear:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     """``x @ weight.T`` for a plain or an FP8 weight (written as a function so torch.compile sees
-    plain tensors). An FP8 weight at a single row under ``torch.compile`` takes ``row_product``;
-    bf16 stays on cuBLAS, which at one row measured faster than the reduction."""
+    plain tensors). A single 16-bit row on CUDA never gets here (``projections.py`` gives it the
+    one-row kernel); an FP8 weight at a single row otherwise (a float32 row, a CPU) under
+    ``torch.compile`` takes ``row_product``."""
     if scale is not None and x.shape[0] == 1 and torch.compiler.is_compiling():
         return row_product(x, weight, scale)
     if scale is None:
