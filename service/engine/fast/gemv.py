@@ -32,6 +32,10 @@ from dataclasses import dataclass
 
 import torch
 
+# Looked up once, when the module is imported (a path lookup; Triton itself is not imported):
+# ``available`` runs inside compiled code, where a constant costs dynamo nothing to trace.
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+
 
 @dataclass(frozen=True, slots=True)
 class GemvConfig:
@@ -62,11 +66,7 @@ TUNED: dict[tuple[int, int, int], GemvConfig] = {
 def available(x: torch.Tensor) -> bool:
     """Whether ``x`` can take the kernel: a CUDA tensor in a 16-bit dtype, with Triton present
     (float32 keeps cuBLAS, whose sums the float32 fidelity check compares against)."""
-    return (
-        x.is_cuda
-        and x.dtype in (torch.bfloat16, torch.float16)
-        and importlib.util.find_spec("triton") is not None
-    )
+    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and _HAS_TRITON
 
 
 def config_for(outputs: int, inputs: int, weight: torch.Tensor) -> GemvConfig:
