@@ -19,22 +19,26 @@ remove whole kernels from a layer:
   applied the norm's weight in the kernel needed a pass over the row before the main loop, and
   measured slower than the separate norm kernel: docs/benchmarks.md, run 39.)
 
-The kernel itself is in ``gemv_kernel.py``, imported on the first call: this module needs no
-Triton (a CPU build of torch has none; there ``available()`` is false and the engine keeps its
-other paths). The block sizes per shape were chosen on the H200 with
-``python -m loadtests.kernels --gemv-sweep`` (docs/benchmarks.md); other shapes get ``DEFAULT``.
+The kernel itself is in ``gemv_kernel.py``; where Triton is missing (a CPU build of torch has
+none) ``available()`` is false and the engine keeps its other paths. The block sizes per shape
+were chosen on the H200 with ``python -m loadtests.kernels --gemv-sweep`` (docs/benchmarks.md);
+other shapes get ``DEFAULT``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-# Looked up once, when the module is imported (a path lookup; Triton itself is not imported):
-# ``available`` runs inside compiled code, where a constant costs dynamo nothing to trace.
-_HAS_TRITON = importlib.util.find_spec("triton") is not None
+# Bound at import, as the runs on the H200 traced it: inside compiled code a module constant
+# costs dynamo nothing (no import or lookup to trace).
+_kernel: Any
+try:
+    from service.engine.fast.gemv_kernel import gemv as _kernel
+except ImportError:  # no Triton (a CPU build of torch)
+    _kernel = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +70,7 @@ TUNED: dict[tuple[int, int, int], GemvConfig] = {
 def available(x: torch.Tensor) -> bool:
     """Whether ``x`` can take the kernel: a CUDA tensor in a 16-bit dtype, with Triton present
     (float32 keeps cuBLAS, whose sums the float32 fidelity check compares against)."""
-    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and _HAS_TRITON
+    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and _kernel is not None
 
 
 def config_for(outputs: int, inputs: int, weight: torch.Tensor) -> GemvConfig:
@@ -86,14 +90,12 @@ def one_row(
     """``x @ weight.T`` (``x``: ``[1, K]``), or ``silu(gate) * up`` of the two halves when
     ``gated``, plus ``residual`` when given; with ``norm_eps``, of ``x`` RMS-normalised without
     a weight; ``[1, N]`` in ``x``'s dtype."""
-    from service.engine.fast.gemv_kernel import gemv
-
     outputs = weight.shape[0] // 2 if gated else weight.shape[0]
     inputs = weight.shape[1]
     chosen = config or config_for(outputs, inputs, weight)
     out = torch.empty(1, outputs, dtype=x.dtype, device=x.device)
     grid = (-(-outputs // chosen.block_n),)
-    gemv[grid](
+    _kernel[grid](
         x,
         weight,
         weight if scale is None else scale,

@@ -1,7 +1,7 @@
 """The Triton kernel behind ``gemv.one_row`` (``gemv.py`` says what it computes).
 
-Its own module, imported by ``gemv.one_row`` on its first call (on CUDA), so that ``gemv.py``
-imports where there is no Triton (a CPU build of torch has none and never gets here).
+Its own module, so that ``gemv.py`` imports where there is no Triton (a CPU build of torch has
+none): there this module's import fails and the kernel is never used.
 """
 
 from __future__ import annotations
