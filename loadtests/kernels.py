@@ -36,6 +36,7 @@ from service.engine.fast import gemv
 from service.engine.fast.attention import FlexDecode
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import CacheShape, PagedKVCache, pages_for
+from service.engine.fast.projections import swiglu
 from service.engine.fast.weights import Geometry, fp8_linear, quantize_fp8, row_product
 
 FLEX_OPTIONS: dict[str, FlexKernelOptions | None] = {
@@ -158,11 +159,6 @@ def linear(device: torch.device, dtype: torch.dtype, repeat: int, smoke: bool) -
     return results
 
 
-def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    gate, up = gate_up.chunk(2, dim=-1)
-    return torch.nn.functional.silu(gate) * up
-
-
 # The sweep reads each weight from one of enough copies that together exceed the H200's 50 MB
 # L2: every call then reads its matrix from HBM, as the engine does (the same matrix called
 # again and again would be served from L2 for the smaller projections).
@@ -236,7 +232,7 @@ class _Fused:
     residual: torch.Tensor | None
 
     def _after(self, product: torch.Tensor) -> torch.Tensor:
-        out = _swiglu(product) if self.gated else product
+        out = swiglu(product) if self.gated else product
         return out if self.residual is None else self.residual + out
 
     def reference(self, weight: torch.Tensor) -> torch.Tensor:

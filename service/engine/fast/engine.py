@@ -140,8 +140,7 @@ class FastEngine(LoadedEngine):
                 torch._inductor.config.emulate_precision_casts = True
         fp8 = None if loaded.fp8_checkpoint is None else Fp8Checkpoint.open(loaded.fp8_checkpoint)
         fold = fast.fold_norms == "on" or (
-            fast.fold_norms == "auto"
-            and gemv.available(torch.empty(1, 1, dtype=loaded.dtype, device=device))
+            fast.fold_norms == "auto" and gemv.runs(loaded.dtype, device)
         )
         self._weights = take_weights(loaded.model, config.quantization, fp8, fold_norms=fold)
         geometry = self._weights.geometry

@@ -5,8 +5,8 @@ At one row a projection is a pure read of its weight matrix: each program reads 
 whole rows of the weight in ``block_k`` slices, multiplies them with the activations and sums in
 float32. The weight is read in its stored dtype (bf16, or FP8 with one float32 scale per output
 row, applied once per row at the end), so FP8 halves the bytes a step reads without quantizing the
-activations (``_scaled_mm`` pads the row to a tile of 16 and quantizes it first). Two epilogues
-remove whole kernels from a layer:
+activations (``_scaled_mm`` pads the row to a tile of 16 and quantizes it first). Three options
+take whole kernels out of a layer:
 
 - ``gated``: for the fused gate/up matrix ``[2 * I, K]``, each program reads a row of the gate
   half and the matching row of the up half and writes ``silu(gate) * up`` (``[I]``), rounding
@@ -67,10 +67,16 @@ TUNED: dict[tuple[int, int, int], GemvConfig] = {
 # tuned: end
 
 
+def runs(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether rows of ``dtype`` on ``device`` take the kernel: 16-bit on CUDA, with Triton
+    present (float32 keeps cuBLAS, whose sums the float32 fidelity check compares against)."""
+    cuda = device.type == "cuda"
+    return cuda and dtype in (torch.bfloat16, torch.float16) and _kernel is not None
+
+
 def available(x: torch.Tensor) -> bool:
-    """Whether ``x`` can take the kernel: a CUDA tensor in a 16-bit dtype, with Triton present
-    (float32 keeps cuBLAS, whose sums the float32 fidelity check compares against)."""
-    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and _kernel is not None
+    """Whether ``x`` can take the kernel (``runs`` for its dtype and device)."""
+    return runs(x.dtype, x.device)
 
 
 def config_for(outputs: int, inputs: int, weight: torch.Tensor) -> GemvConfig:

@@ -48,5 +48,10 @@ def gated_product(x: torch.Tensor, gate_up: Linear, norm_eps: float | None = Non
     if _one_row(x):
         return gemv.one_row(x, gate_up.weight, gate_up.scale, gated=True, norm_eps=norm_eps)
     h = x if norm_eps is None else rms_norm(x, None, norm_eps)
-    gate, up = linear(h, gate_up.weight, gate_up.scale).chunk(2, dim=-1)
+    return swiglu(linear(h, gate_up.weight, gate_up.scale))
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of a fused gate/up product (its two halves)."""
+    gate, up = gate_up.chunk(2, dim=-1)
     return torch.nn.functional.silu(gate) * up
