@@ -3,7 +3,8 @@ engine's kernels for a step, measured apart from the engine.
 
 - ``attention``: ``FlexDecode`` over a paged cache (the 7B's heads), ``rows`` rows of ``context``
   tokens each, with FlexAttention's kernel options: torch's decoding kernel and its split count,
-  or its main kernel forced.
+  or its main kernel forced; and the engine's own ``TritonDecode`` (with Triton present) at its
+  default splits and at one page per split.
 - ``linear``: the 7B's projections at one row: cuBLAS in bf16, the engine's ``row_product``
   (a multiply-and-sum inductor compiles into one reduction kernel; bf16 weights, and FP8 weights
   read as they are, scaled per output row) with and without inductor's block-size tuning, and
@@ -33,7 +34,7 @@ import torch._dynamo.config
 from torch.nn.attention.flex_attention import FlexKernelOptions
 
 from service.engine.fast import gemv
-from service.engine.fast.attention import FlexDecode
+from service.engine.fast.attention import DecodeAttention, FlexDecode, TritonDecode, triton_runs
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import CacheShape, PagedKVCache, pages_for
 from service.engine.fast.projections import swiglu
@@ -107,15 +108,26 @@ def attention(
     rows.positions.fill_(context)
     rows.live.fill_(1)
     rows.lengths.fill_(context + 1)
+    backends: dict[str, DecodeAttention] = {
+        name: FlexDecode(cache, rows, device.type == "cuda", options)
+        for name, options in FLEX_OPTIONS.items()
+    }
+    if triton_runs(dtype, device, page):
+        backends["triton"] = TritonDecode(cache, rows, geometry, most)
+        backends["triton-page-splits"] = TritonDecode(cache, rows, geometry, most, min_pages=1)
+    queries = {b: torch.randn(b, heads, dim, dtype=dtype, device=device) for b in rows_list}
     results: dict[str, dict[str, float]] = {}
-    for name, options in FLEX_OPTIONS.items():
-        flex = FlexDecode(cache, rows, device.type == "cuda", options)
+    reference: dict[int, torch.Tensor] = {}
+    for name, backend in backends.items():
         results[name] = {}
-        for batch in rows_list:
-            query = torch.randn(batch, heads, dim, dtype=dtype, device=device)
-            meta = flex.prepare(batch, per_row)
-            call = partial(flex, query, cache.keys[0], cache.values[0], meta, dim**-0.5)
+        for batch, query in queries.items():
+            meta = backend.prepare(batch, per_row)
+            call = partial(backend, query, cache.keys[0], cache.values[0], meta, dim**-0.5)
             results[name][f"rows{batch}"] = timed_us(call, repeat, device)
+            # How far each backend's output is from FlexAttention's default kernel.
+            out = call().float()
+            first = reference.setdefault(batch, out)
+            results[name][f"rows{batch}_max_abs_diff"] = float((out - first).abs().max())
     return results
 
 

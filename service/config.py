@@ -342,17 +342,26 @@ class Settings(BaseSettings):
         "reused by all (quick to compile); step = the whole stack of layers (inductor may also "
         "fuse across layers; compiles for longer).",
     )
-    fast_fold_norms: Literal["auto", "on", "off"] = Field(
-        "auto",
+    fast_fold_norms: Literal["on", "off"] = Field(
+        "off",
         description="Fast engine: fold each RMSNorm's weight into the projection after it, so "
-        "a lone request's one-row kernel computes the norm itself (auto = where that kernel runs: "
-        "bf16 or fp16 on CUDA). Rounds the folded weights once more; float32 never needs it.",
+        "a lone request's one-row kernel computes the norm itself (bf16 or fp16 on CUDA). "
+        "Measured slower than the separate norm kernels on the H200, hence off. Rounds the "
+        "folded weights once more.",
     )
-    fast_attention: Literal["auto", "flex", "gather"] = Field(
+    fast_attention: Literal["auto", "triton", "flex", "gather"] = Field(
         "auto",
-        description="Fast engine: decode attention. flex = FlexAttention over the paged cache; "
-        "gather = each row's pages copied out for SDPA (exact, slower); auto = flex on CUDA, "
-        "gather elsewhere.",
+        description="Fast engine: decode attention. triton = the engine's own kernel for "
+        "batches of up to fast_triton_attention_rows rows, FlexAttention above; flex = "
+        "FlexAttention over the paged cache at every batch size; gather = each row's pages "
+        "copied out for SDPA (exact, slower); auto = triton for bf16 or fp16 on CUDA, flex for "
+        "float32 on CUDA, gather elsewhere.",
+    )
+    fast_triton_attention_rows: int = Field(
+        16,
+        ge=1,
+        description="Fast engine: the largest decode batch that takes the Triton decode "
+        "attention (fast_attention triton or auto); larger batches take FlexAttention.",
     )
 
     # --- access ------------------------------------------------------------------------------
@@ -579,6 +588,7 @@ class Settings(BaseSettings):
                 compile_scope=self.fast_compile_scope,
                 fold_norms=self.fast_fold_norms,
                 attention=self.fast_attention,
+                triton_attention_rows=self.fast_triton_attention_rows,
             ),
             static_only=tuple(sorted(given & _STATIC_ONLY)),
             continuous_only=tuple(sorted(name for name in given if name.startswith("cb_"))),

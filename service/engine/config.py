@@ -56,9 +56,11 @@ class FastConfig:
     compile: Toggle = "auto"
     # What one compiled unit covers: a decode layer (reused by all) or the whole stack of them.
     compile_scope: Literal["layer", "step"] = "layer"
-    # Norm weights folded into the next projection; auto: where the one-row kernel runs.
-    fold_norms: Toggle = "auto"
-    attention: Literal["auto", "flex", "gather"] = "auto"
+    # Norm weights folded into the next projection (measured slower on the H200: off).
+    fold_norms: Literal["on", "off"] = "off"
+    attention: Literal["auto", "triton", "flex", "gather"] = "auto"
+    # Batches of up to this many rows take the Triton decode attention (``triton``).
+    triton_attention_rows: int = 16
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,17 @@ tensors are fixed buffers updated in place, so the call can be captured in a CUD
 on CUDA (the fused decode kernel); eager it is the unfused reference torch documents, which is what
 the CPU tests run.
 
+``TritonDecode`` is the project's own kernel (``decode_kernel.py``) for small batches, where
+FlexAttention's three kernels per layer (the decoding kernel, the reduction of its splits and the
+output's epilogue) cost more than the work: one program per row, KV head and split reads the
+row's pages through the block table and attends all of the head's query heads at once; a row of
+few pages is one split whose program writes the output itself, a longer one is split over up to
+``splits`` programs of at least ``min_pages`` pages each, and the last of them to finish combines
+the splits (flash-decoding) in the same launch. ``SmallBatchDecode`` takes it up to a batch size
+and FlexAttention above.
+
 ``GatherDecode`` copies each row's pages out and runs masked SDPA: simple and exact, but its work
-grows with the longest row of the batch. It serves CPUs and checks the other.
+grows with the longest row of the batch. It serves CPUs and checks the others.
 """
 
 from __future__ import annotations
@@ -22,6 +31,14 @@ from torch.nn.attention.flex_attention import BlockMask, FlexKernelOptions, flex
 
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import PagedKVCache
+from service.engine.fast.weights import Geometry
+
+# Bound at import, as ``gemv`` binds its kernel: nothing to look up inside compiled code.
+_kernel: Any
+try:
+    from service.engine.fast.decode_kernel import paged_decode as _kernel
+except ImportError:  # no Triton (a CPU build of torch)
+    _kernel = None
 
 # FlexAttention's query block size; a decode step has one query per row, so one block.
 _Q_BLOCK = 128
@@ -117,6 +134,126 @@ class FlexDecode:
         )
         assert isinstance(out, torch.Tensor)
         return out[:, :, 0, :]
+
+
+def triton_runs(dtype: torch.dtype, device: torch.device, page_size: int) -> bool:
+    """Whether ``TritonDecode`` serves this engine when the attention is left to ``auto``:
+    16-bit rows on CUDA with Triton present and pages the kernel can tile (a power of two of at
+    least 16 slots). float32 keeps FlexAttention, against which the float32 fidelity is held."""
+    tiles = page_size >= 16 and page_size & (page_size - 1) == 0
+    cuda = device.type == "cuda"
+    return cuda and tiles and dtype in (torch.bfloat16, torch.float16) and _kernel is not None
+
+
+@dataclass(frozen=True, slots=True)
+class _RowsTable:
+    """``TritonDecode``'s metadata: none beyond what the kernel reads from the rows' buffers
+    (lengths and block table), so one immutable marker serves every step."""
+
+
+_ROWS_TABLE = _RowsTable()
+
+
+class TritonDecode:
+    name = "paged-triton"
+
+    def __init__(
+        self,
+        cache: PagedKVCache,
+        rows: DeviceRows,
+        geometry: Geometry,
+        max_batch: int,
+        splits: int = 16,
+        min_pages: int = 2,
+    ) -> None:
+        if _kernel is None:
+            raise RuntimeError("the Triton decode attention needs Triton")
+        page = cache.page_size
+        if page < 16 or page & (page - 1):
+            raise ValueError("the Triton decode attention needs a page size of 2^n >= 16")
+        self._cache = cache
+        self._rows = rows
+        self._group = geometry.heads // geometry.kv_heads
+        # tl.dot needs at least 16 rows: the head group is padded with masked lanes.
+        self._group_pad = max(16, 1 << (self._group - 1).bit_length())
+        self._splits = splits
+        self._min_pages = min_pages
+        kv_heads, dim, device = geometry.kv_heads, geometry.head_dim, rows.device
+        shape = (max_batch, kv_heads, splits)
+        self._partial = torch.empty(*shape, self._group_pad, dim, device=device)
+        self._stats = torch.empty(*shape, 2, self._group_pad, device=device)
+        # Arrivals per row and KV head; the combining program sets its count back to zero.
+        self._arrivals = torch.zeros(max_batch, kv_heads, dtype=torch.int32, device=device)
+        self.max_batch = max_batch
+
+    def prepare(self, batch: int, pages: int) -> object:
+        if batch > self.max_batch:
+            raise ValueError(f"a batch of {batch} rows over this kernel's {self.max_batch}")
+        return _ROWS_TABLE
+
+    def __call__(
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        meta: object,
+        scale: float,
+    ) -> torch.Tensor:
+        batch, heads, dim = query.shape
+        rows = self._rows
+        out = torch.empty(batch, heads, dim, dtype=query.dtype, device=query.device)
+        _kernel[(batch, keys.shape[0], self._splits)](
+            query,
+            keys,
+            values,
+            rows.block_table,
+            rows.lengths,
+            out,
+            self._partial,
+            self._stats,
+            self._arrivals,
+            scale,
+            query.stride(0),
+            query.stride(1),
+            keys.stride(0),
+            keys.stride(1),
+            rows.block_table.stride(0),
+            out.stride(0),
+            out.stride(1),
+            min_pages=self._min_pages,
+            group=self._group,
+            group_pad=self._group_pad,
+            dim=dim,
+            page=self._cache.page_size,
+            num_warps=4,
+        )
+        return out
+
+
+class SmallBatchDecode:
+    """``TritonDecode`` for batches of up to its ``max_batch`` rows, FlexAttention above."""
+
+    name = "paged-triton+flex"
+
+    def __init__(self, small: TritonDecode, large: FlexDecode) -> None:
+        self._small = small
+        self._large = large
+
+    def prepare(self, batch: int, pages: int) -> object:
+        if batch <= self._small.max_batch:
+            return self._small.prepare(batch, pages)
+        return self._large.prepare(batch, pages)
+
+    def __call__(
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        meta: object,
+        scale: float,
+    ) -> torch.Tensor:
+        chosen = self._small if isinstance(meta, _RowsTable) else self._large
+        return chosen(query, keys, values, meta, scale)
 
 
 def _eager_flex_attention(*args: Any, **kwargs: Any) -> Any:

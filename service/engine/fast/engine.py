@@ -29,8 +29,14 @@ import torch
 import torch._inductor.config
 
 from service.engine.config import EngineConfig, FastConfig
-from service.engine.fast import gemv
-from service.engine.fast.attention import DecodeAttention, FlexDecode, GatherDecode
+from service.engine.fast.attention import (
+    DecodeAttention,
+    FlexDecode,
+    GatherDecode,
+    SmallBatchDecode,
+    TritonDecode,
+    triton_runs,
+)
 from service.engine.fast.batch import DeviceRows, HostRows, Joining
 from service.engine.fast.cache import (
     CacheShape,
@@ -44,7 +50,7 @@ from service.engine.fast.forward import Transformer
 from service.engine.fast.graphs import DecodeGraphs, buckets_up_to
 from service.engine.fast.prefill import Piece, pack
 from service.engine.fast.sampler import RowSampling, needs_full_sort, race_noise, sample
-from service.engine.fast.weights import take_weights
+from service.engine.fast.weights import Geometry, take_weights
 from service.engine.generation import LoadedEngine
 from service.engine.loading import LoadedModel
 from service.engine.types import (
@@ -105,7 +111,9 @@ class Plan:
     buckets: tuple[int, ...]
 
 
-def plan_for(config: FastConfig, device: torch.device) -> tuple[int, int, bool, bool, str]:
+def plan_for(
+    config: FastConfig, device: torch.device, dtype: torch.dtype
+) -> tuple[int, int, bool, bool, str]:
     """Rows, prefill chunk, graphs, compile and the attention backend on ``device``."""
     cuda = device.type == "cuda"
     rows = config.max_rows or (1024 if cuda else 64)
@@ -116,9 +124,10 @@ def plan_for(config: FastConfig, device: torch.device) -> tuple[int, int, bool, 
     compiled = config.compile == "on" or (config.compile == "auto" and cuda)
     attention = config.attention
     if attention == "auto":
-        attention = "flex" if cuda else "gather"
+        small = triton_runs(dtype, device, config.page_size)
+        attention = ("triton" if small else "flex") if cuda else "gather"
     if graphs and attention == "gather":
-        raise RuntimeError("the fast engine captures graphs with the flex decode attention only")
+        raise RuntimeError("the fast engine captures graphs with the flex or triton attention only")
     return rows, prefill, graphs, compiled, attention
 
 
@@ -131,7 +140,7 @@ class FastEngine(LoadedEngine):
         super().__init__(loaded)
         fast = config.fast
         device = loaded.device
-        rows, prefill, graphs, compiled, attention_kind = plan_for(fast, device)
+        rows, prefill, graphs, compiled, attention_kind = plan_for(fast, device, loaded.dtype)
         if compiled:
             use_compile_cache(config.data_dir)
             # Compiled kernels round to the model's dtype where the eager code does (inductor
@@ -139,9 +148,7 @@ class FastEngine(LoadedEngine):
             if hasattr(torch._inductor.config, "emulate_precision_casts"):
                 torch._inductor.config.emulate_precision_casts = True
         fp8 = None if loaded.fp8_checkpoint is None else Fp8Checkpoint.open(loaded.fp8_checkpoint)
-        fold = fast.fold_norms == "on" or (
-            fast.fold_norms == "auto" and gemv.runs(loaded.dtype, device)
-        )
+        fold = fast.fold_norms == "on"
         self._weights = take_weights(loaded.model, config.quantization, fp8, fold_norms=fold)
         geometry = self._weights.geometry
         layers = len(self._weights.layers)
@@ -154,11 +161,7 @@ class FastEngine(LoadedEngine):
         )
         max_pages = pages_for(geometry.max_positions, page_size)
         self._rows = DeviceRows(rows, max_pages, geometry.vocab, device)
-        attention: DecodeAttention = (
-            FlexDecode(self._cache, self._rows, compiled)
-            if attention_kind == "flex"
-            else GatherDecode(self._cache, self._rows)
-        )
+        attention = self._attention(attention_kind, geometry, compiled, fast)
         scope = fast.compile_scope if compiled else None
         self._model = Transformer(self._weights, self._cache, self._rows, attention, scope)
         self._choose: Callable[[torch.Tensor, torch.Tensor, int, bool], None] = (
@@ -235,6 +238,17 @@ class FastEngine(LoadedEngine):
         log.info("fast engine ready", extra=dataclasses.asdict(self.plan))
         self._thread = threading.Thread(target=self._loop, name="fast-engine", daemon=True)
         self._thread.start()
+
+    def _attention(
+        self, kind: str, geometry: Geometry, compiled: bool, fast: FastConfig
+    ) -> DecodeAttention:
+        if kind == "gather":
+            return GatherDecode(self._cache, self._rows)
+        flex = FlexDecode(self._cache, self._rows, compiled)
+        if kind == "flex":
+            return flex
+        small = min(fast.triton_attention_rows, self._rows.rows)
+        return SmallBatchDecode(TritonDecode(self._cache, self._rows, geometry, small), flex)
 
     # --- the contract, called on the event loop ------------------------------------------
 

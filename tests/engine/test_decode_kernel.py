@@ -1,0 +1,90 @@
+"""The Triton decode attention (``TritonDecode``) against the gathered reference, in Triton's
+interpreter: rows of one page, of page boundaries, of several splits combined in the launch,
+rows without a request, and pages scattered over the cache."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import BlockMask
+
+from service.engine.fast.attention import FlexDecode, GatherDecode, SmallBatchDecode, TritonDecode
+from service.engine.fast.batch import DeviceRows
+from service.engine.fast.cache import CacheShape, PagedKVCache, pages_for
+from service.engine.fast.weights import Geometry
+
+pytest.importorskip("triton")
+
+PAGE = 16
+GEOMETRY = Geometry(
+    hidden=128,
+    heads=8,
+    kv_heads=2,
+    head_dim=16,
+    intermediate=64,
+    eps=1e-5,
+    vocab=16,
+    max_positions=512,
+    norm_before_rope=False,
+)
+# Lengths: one partial page, one full page, a row split twice, no request, a row split 4 times.
+LENGTHS = [5, 16, 70, 0, 200]
+
+
+def _filled(lengths: list[int]) -> tuple[PagedKVCache, DeviceRows]:
+    torch.manual_seed(0)
+    needed = sum(pages_for(n, PAGE) for n in lengths)
+    cache = PagedKVCache(
+        GEOMETRY, 1, CacheShape(needed + 8, PAGE), torch.float32, torch.device("cpu")
+    )
+    cache.keys[0].normal_()
+    cache.values[0].normal_()
+    rows = DeviceRows(len(lengths), pages_for(512, PAGE), 16, torch.device("cpu"))
+    free = list(range(1, needed + 8))
+    random.Random(0).shuffle(free)  # a row's pages are anywhere in the cache
+    for row, length in enumerate(lengths):
+        mine = [free.pop() for _ in range(pages_for(length, PAGE))]
+        if mine:
+            rows.set_pages([row] * len(mine), list(range(len(mine))), mine)
+            cache.assign(mine, [row] * len(mine), list(range(len(mine))))
+    rows.lengths.copy_(torch.tensor(lengths, dtype=torch.int32))
+    return cache, rows
+
+
+def test_kernel_equals_the_gathered_attention() -> None:
+    cache, rows = _filled(LENGTHS)
+    batch = len(LENGTHS)
+    query = torch.randn(batch, GEOMETRY.heads, GEOMETRY.head_dim)
+    scale = GEOMETRY.head_dim**-0.5
+    kernel = TritonDecode(cache, rows, GEOMETRY, max_batch=batch, splits=4, min_pages=2)
+    gather = GatherDecode(cache, rows)
+    most = max(pages_for(n, PAGE) for n in LENGTHS)
+    expected = gather(query, cache.keys[0], cache.values[0], gather.prepare(batch, most), scale)
+    meta = kernel.prepare(batch, most)
+    for _ in range(2):  # the second launch finds the arrival counts reset by the first
+        out = kernel(query, cache.keys[0], cache.values[0], meta, scale)
+        live = [row for row, n in enumerate(LENGTHS) if n]
+        torch.testing.assert_close(out[live], expected[live], atol=1e-5, rtol=1e-5)
+        assert torch.equal(out[3], torch.zeros_like(out[3]))  # the row without a request
+        assert int(kernel._arrivals.abs().sum()) == 0
+
+
+def test_small_batches_take_the_kernel_and_larger_ones_flex() -> None:
+    cache, rows = _filled(LENGTHS)
+    small = TritonDecode(cache, rows, GEOMETRY, max_batch=2)
+    routed = SmallBatchDecode(small, FlexDecode(cache, rows, compiled=False))
+    query = torch.randn(len(LENGTHS), GEOMETRY.heads, GEOMETRY.head_dim)
+    scale = GEOMETRY.head_dim**-0.5
+    for batch in (2, 3):
+        gather = GatherDecode(cache, rows)
+        expected = gather(
+            query[:batch], cache.keys[0], cache.values[0], gather.prepare(batch, 5), scale
+        )
+        meta = routed.prepare(batch, 5)
+        assert isinstance(meta, BlockMask) == (batch > 2)
+        out = routed(query[:batch], cache.keys[0], cache.values[0], meta, scale)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="over this kernel"):
+        small.prepare(3, 5)
