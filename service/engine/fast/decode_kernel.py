@@ -21,7 +21,6 @@ def paged_decode(  # type: ignore[no-untyped-def]
     partial_ptr,
     stats_ptr,
     arrivals_ptr,
-    scale,
     stride_qb,
     stride_qh,
     stride_kh,
@@ -29,6 +28,9 @@ def paged_decode(  # type: ignore[no-untyped-def]
     stride_tb,
     stride_ob,
     stride_oh,
+    # A constant of the model; as a constexpr it stays float32 (inductor passes floats as
+    # float64, which would promote the scores).
+    scale: tl.constexpr,
     min_pages: tl.constexpr,
     group: tl.constexpr,
     group_pad: tl.constexpr,
