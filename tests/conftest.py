@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 
-# Triton reads its interpreter switch when it is first imported: the one-row kernel's tests
-# (tests/engine/test_gemv.py) run that GPU kernel through the interpreter on the CPU.
+# Triton reads its interpreter switch when it is first imported: the GPU kernels' tests
+# (tests/engine/test_gemv.py, test_decode_kernel.py, test_fast.py) run them through the
+# interpreter on the CPU.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import asyncio
