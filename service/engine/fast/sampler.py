@@ -83,14 +83,15 @@ def sample(
 
 
 def top_candidates(
-    values: torch.Tensor, k: int, chunk: int = 1024
+    values: torch.Tensor, k: int, chunk: int = 1024, few_rows: int = 16
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.topk(values, k)`` (largest first, with their indices) in two stages: the top
-    ``k`` of each chunk of the vocabulary, then the top ``k`` of those. At a few rows a single
-    top-k over 128k logits runs torch's multi-block radix select (seven kernels); each stage
-    here is one small top-k. Equal values may come in another order than ``torch.topk``'s."""
+    """``torch.topk(values, k)`` (largest first, with their indices); for up to ``few_rows``
+    rows in two stages: the top ``k`` of each chunk of the vocabulary, then the top ``k`` of
+    those. At a few rows a single top-k over 128k logits runs torch's multi-block radix select
+    (seven kernels); each stage here is one small top-k. Larger batches keep ``torch.topk``,
+    whose cost there was measured. Equal values may come in another order than its."""
     rows, width = values.shape
-    if width <= 2 * chunk:
+    if rows > few_rows or width <= 2 * chunk:
         top, index = torch.topk(values, k, dim=-1)
         return top, index
     padded = (-width) % chunk
