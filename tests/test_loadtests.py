@@ -74,7 +74,11 @@ def test_the_kernel_bench_runs_every_variant() -> None:
     # On a CPU each variant runs once, untimed: the script and the products it compares work.
     report = kernels.main(["--smoke", "--rows", "1,2", "--context", "40"])
     assert set(report["attention_us"]) == set(kernels.FLEX_OPTIONS)
-    assert set(report["attention_us"]["default"]) == {"rows1", "rows2"}
+    timed = {"rows1", "rows2"}
+    assert set(report["attention_us"]["default"]) == timed | {f"{r}_max_abs_diff" for r in timed}
+    # On the CPU every FlexAttention option runs the same reference: the same outputs.
+    for figures in report["attention_us"].values():
+        assert figures["rows1_max_abs_diff"] < 1e-6
     projections = report["linear_one_row"]
     assert set(projections) == {name for name, _, _ in kernels.SHAPES}
     for row in projections.values():
