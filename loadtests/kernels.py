@@ -4,7 +4,7 @@ engine's kernels for a step, measured apart from the engine.
 - ``attention``: ``FlexDecode`` over a paged cache (the 7B's heads), ``rows`` rows of ``context``
   tokens each, with FlexAttention's kernel options: torch's decoding kernel and its split count,
   or its main kernel forced; and the engine's own ``TritonDecode`` (with Triton present) at its
-  default splits and at one page per split.
+  default splits (at least 2 pages each) and at 1 and 4 pages per split.
 - ``linear``: the 7B's projections at one row: cuBLAS in bf16, the engine's ``row_product``
   (a multiply-and-sum inductor compiles into one reduction kernel; bf16 weights, and FP8 weights
   read as they are, scaled per output row) with and without inductor's block-size tuning, and
@@ -115,6 +115,7 @@ def attention(
     if triton_runs(dtype, device, page):
         backends["triton"] = TritonDecode(cache, rows, geometry, most)
         backends["triton-page-splits"] = TritonDecode(cache, rows, geometry, most, min_pages=1)
+        backends["triton-4-page-splits"] = TritonDecode(cache, rows, geometry, most, min_pages=4)
     queries = {b: torch.randn(b, heads, dim, dtype=dtype, device=device) for b in rows_list}
     results: dict[str, dict[str, float]] = {}
     reference: dict[int, torch.Tensor] = {}
