@@ -435,6 +435,53 @@ async def test_compressed_tensors_fp8_checkpoint_runs_as_fp8_quantized_at_load(
     assert outputs[0] == outputs[1]
 
 
+def _dequantized(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` through row-wise FP8 and back: what an FP8 checkpoint of it holds."""
+    quantized = quantize_fp8(weight)
+    assert quantized.scale is not None
+    return (quantized.weight.float() * quantized.scale).to(weight.dtype)
+
+
+async def test_mixture_of_experts_fp8_checkpoint_reads_every_expert_with_its_scales(
+    data_dir: Path, tmp_path: Path, prompts: list[tuple[int, ...]]
+) -> None:
+    # Hy-MT2-30B-A3B's FP8 build stores each routed expert (``experts.<e>.gate_proj``...) and the
+    # shared one (``shared_mlp``, which transformers renames) in FP8 with its scales. Read from
+    # the checkpoint: the shared expert FP8, the routed ones dequantized to the model's dtype,
+    # the same as quantizing the original at load and rounding its experts through FP8.
+    source = ensure_demo_model(data_dir, "hy-v3")
+    folder = _compressed_fp8_checkpoint(source, tmp_path / "fp8-moe")
+    base = _config(data_dir, "hy-v3")
+    from_checkpoint = dataclasses.replace(base, model_id=str(folder))
+    reference = load_model(dataclasses.replace(base, quantization="fp8"))
+    for layer in reference.model.model.layers:
+        experts = getattr(layer.mlp, "experts", None)
+        if experts is not None:
+            for tensor in (experts.gate_up_proj, experts.down_proj):
+                tensor.data = torch.stack([_dequantized(w) for w in tensor.data])
+    engines = [
+        RecordingEngine(load_model(from_checkpoint), from_checkpoint),
+        RecordingEngine(reference, dataclasses.replace(base, quantization="fp8")),
+    ]
+    try:
+        read, wanted = (engine._weights.layers[1].moe for engine in engines)
+        assert read is not None
+        assert wanted is not None
+        assert read.shared_gate_up.weight.dtype == torch.float8_e4m3fn
+        assert torch.equal(read.shared_gate_up.weight, wanted.shared_gate_up.weight)
+        assert torch.equal(read.gate_up, wanted.gate_up)
+        assert torch.equal(read.down, wanted.down)
+        outputs = []
+        requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
+        for engine in engines:
+            await submit_all(engine, requests, prefix="moe")
+            outputs.append([engine.tokens[f"moe-{i}"] for i in range(len(requests))])
+        assert outputs[0] == outputs[1]
+    finally:
+        for engine in engines:
+            engine.close()
+
+
 def test_one_scale_per_matrix_applies_to_every_row(tmp_path: Path) -> None:
     weight = torch.randn(8, 16)
     scale = weight.abs().max().reshape(1) / 448

@@ -192,6 +192,10 @@ class Fp8Source(Protocol):
 
     def projection(self, module_names: list[str], device: torch.device) -> Linear: ...
 
+    def experts(
+        self, prefix: str, count: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor] | None: ...
+
 
 def unsupported_reason(model: PreTrainedModel) -> str | None:
     """Why the fast engine cannot run ``model``, or None."""
@@ -265,7 +269,9 @@ def take_weights(
             attention, "q_norm", None
         )
         key_norm = getattr(attention, "key_layernorm", None) or getattr(attention, "k_norm", None)
-        moe = _experts(layer, index, project, config) if hasattr(layer.mlp, "experts") else None
+        moe = (
+            _experts(layer, index, project, config, fp8) if hasattr(layer.mlp, "experts") else None
+        )
         input_norm = layer.input_layernorm.weight.data
         post_norm = layer.post_attention_layernorm.weight.data
         fold_input = fold_norms and not from_checkpoint(index, "self_attn", "q_proj")
@@ -307,15 +313,27 @@ def take_weights(
     )
 
 
-def _experts(layer: Any, index: int, project: Any, config: Any) -> MoeWeights:
-    """A mixture-of-experts block's weights; the experts stay in the model's dtype (FP8 covers
-    the dense projections and the shared expert)."""
+def _experts(
+    layer: Any, index: int, project: Any, config: Any, fp8: Fp8Source | None
+) -> MoeWeights:
+    """A mixture-of-experts block's weights; the routed experts run in the model's dtype (FP8
+    covers the dense projections and the shared expert), an FP8 checkpoint's dequantized."""
     block = layer.mlp
+    gate_up, down = block.experts.gate_up_proj.data, block.experts.down_proj.data
+    read = None
+    if fp8 is not None:
+        prefix = f"model.layers.{index}.mlp.experts"
+        read = fp8.experts(prefix, gate_up.shape[0], gate_up.dtype, gate_up.device)
+    if read is not None:
+        # What transformers loaded there is the FP8 values without their scales.
+        gate_up, down = read
+        for name in ("gate_up_proj", "down_proj"):
+            setattr(block.experts, name, nn.Parameter(gate_up.new_empty(0), requires_grad=False))
     weights = MoeWeights(
         router=block.gate.weight.data.float(),
         correction=block.e_score_correction_bias.data.float(),
-        gate_up=block.experts.gate_up_proj.data,
-        down=block.experts.down_proj.data,
+        gate_up=gate_up,
+        down=down,
         shared_gate_up=project(layer, index, "mlp.shared_experts", "gate_proj", "up_proj"),
         shared_down=project(layer, index, "mlp.shared_experts", "down_proj"),
         top_k=int(block.top_k),
