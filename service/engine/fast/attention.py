@@ -171,6 +171,9 @@ class TritonDecode:
         page = cache.page_size
         if page < 16 or page & (page - 1):
             raise ValueError("the Triton decode attention needs a page size of 2^n >= 16")
+        dim = geometry.head_dim
+        if dim < 16 or dim & (dim - 1):
+            raise ValueError("the Triton decode attention needs a head size of 2^n >= 16")
         self._cache = cache
         self._rows = rows
         self._group = geometry.heads // geometry.kv_heads
@@ -199,6 +202,7 @@ class TritonDecode:
         meta: object,
         scale: float,
     ) -> torch.Tensor:
+        query = query.contiguous()  # the kernel reads a head's dims one after the other
         batch, heads, dim = query.shape
         rows = self._rows
         out = torch.empty(batch, heads, dim, dtype=query.dtype, device=query.device)
