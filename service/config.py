@@ -342,12 +342,12 @@ class Settings(BaseSettings):
         "reused by all (quick to compile); step = the whole stack of layers (inductor may also "
         "fuse across layers; compiles for longer).",
     )
-    fast_fold_norms: Literal["on", "off"] = Field(
+    fast_fold_norms: Literal["auto", "on", "off"] = Field(
         "off",
-        description="Fast engine: fold each RMSNorm's weight into the projection after it, so "
-        "a lone request's one-row kernel computes the norm itself (bf16 or fp16 on CUDA). "
-        "Measured slower than the separate norm kernels on the H200, hence off. Rounds the "
-        "folded weights once more.",
+        description="Fast engine: on folds each RMSNorm's weight into the projection after it, "
+        "so a lone request's one-row kernel computes the norm itself (bf16 or fp16 on CUDA). "
+        "Measured slower than the separate norm kernels on the H200, hence off; auto (an "
+        "earlier default) now means off. Rounds the folded weights once more.",
     )
     fast_attention: Literal["auto", "triton", "flex", "gather"] = Field(
         "auto",

@@ -57,7 +57,7 @@ class FastConfig:
     # What one compiled unit covers: a decode layer (reused by all) or the whole stack of them.
     compile_scope: Literal["layer", "step"] = "layer"
     # Norm weights folded into the next projection (measured slower on the H200: off).
-    fold_norms: Literal["on", "off"] = "off"
+    fold_norms: Toggle = "off"  # auto (an earlier default) means off
     attention: Literal["auto", "triton", "flex", "gather"] = "auto"
     # Batches of up to this many rows take the Triton decode attention (``triton``).
     triton_attention_rows: int = 16
