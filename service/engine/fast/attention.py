@@ -140,9 +140,15 @@ def triton_runs(dtype: torch.dtype, device: torch.device, page_size: int) -> boo
     """Whether ``TritonDecode`` serves this engine when the attention is left to ``auto``:
     16-bit rows on CUDA with Triton present and pages the kernel can tile (a power of two of at
     least 16 slots). float32 keeps FlexAttention, against which the float32 fidelity is held."""
-    tiles = page_size >= 16 and page_size & (page_size - 1) == 0
     cuda = device.type == "cuda"
-    return cuda and tiles and dtype in (torch.bfloat16, torch.float16) and _kernel is not None
+    sixteen_bit = dtype in (torch.bfloat16, torch.float16)
+    return cuda and _tiles(page_size) and sixteen_bit and _kernel is not None
+
+
+def _tiles(size: int) -> bool:
+    """Whether ``size`` slots or dims make a tile of the kernel: a power of two of at least 16
+    (``tl.arange`` and ``tl.dot``)."""
+    return size >= 16 and size & (size - 1) == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,11 +174,9 @@ class TritonDecode:
     ) -> None:
         if _kernel is None:
             raise RuntimeError("the Triton decode attention needs Triton")
-        page = cache.page_size
-        if page < 16 or page & (page - 1):
+        if not _tiles(cache.page_size):
             raise ValueError("the Triton decode attention needs a page size of 2^n >= 16")
-        dim = geometry.head_dim
-        if dim < 16 or dim & (dim - 1):
+        if not _tiles(geometry.head_dim):
             raise ValueError("the Triton decode attention needs a head size of 2^n >= 16")
         self._cache = cache
         self._rows = rows

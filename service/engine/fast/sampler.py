@@ -88,16 +88,13 @@ def top_candidates(
     """``torch.topk(values, k)`` (largest first, with their indices); for up to ``few_rows``
     rows in two stages: the top ``k`` of each chunk of the vocabulary, then the top ``k`` of
     those. At a few rows a single top-k over 128k logits runs torch's multi-block radix select
-    (seven kernels); each stage here is one small top-k. Larger batches keep ``torch.topk``,
-    whose cost there was measured. Equal values may come in another order than its."""
+    (seven kernels); each stage here is one small top-k. Larger batches keep ``torch.topk``, as
+    the throughput runs measured it. Equal values may come in another order than its."""
     rows, width = values.shape
     if rows > few_rows or width <= 2 * chunk:
         top, index = torch.topk(values, k, dim=-1)
         return top, index
-    padded = (-width) % chunk
-    if padded:
-        values = torch.nn.functional.pad(values, (0, padded), value=-torch.inf)
-    chunks = values.view(rows, -1, chunk)
+    chunks = _chunks(values, chunk)
     best, within = torch.topk(chunks, k, dim=-1)
     starts = torch.arange(chunks.shape[1], device=values.device)[:, None] * chunk
     # Padding is -inf: where a row has fewer than k finite values the padding's indices may
@@ -112,15 +109,21 @@ def first_argmax(values: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
     chunk's first maximum, then the first chunk holding the largest. Compiled at one row, the
     single reduction over the vocabulary runs in one block; the first one here runs in one
     block per chunk."""
-    rows, width = values.shape
-    padded = (-width) % chunk
-    if padded:
-        values = torch.nn.functional.pad(values, (0, padded), value=-torch.inf)
-    chunks = values.view(rows, -1, chunk)
+    chunks = _chunks(values, chunk)
     within = chunks.argmax(dim=-1)
     best = chunks.gather(-1, within[..., None]).squeeze(-1)
     first = best.argmax(dim=-1, keepdim=True)
     return (first * chunk + within.gather(-1, first)).squeeze(-1)
+
+
+def _chunks(values: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``[rows, width]`` as ``[rows, chunks, chunk]``, the last chunk padded with -inf (which no
+    maximum picks over a finite value)."""
+    rows, width = values.shape
+    padded = (-width) % chunk
+    if padded:
+        values = torch.nn.functional.pad(values, (0, padded), value=-torch.inf)
+    return values.view(rows, -1, chunk)
 
 
 def needs_full_sort(greedy: bool, top_k: int) -> bool:
