@@ -32,6 +32,26 @@ def page_bytes(geometry: Geometry, layers: int, page_size: int, dtype: torch.dty
     return 2 * layers * page_size * geometry.kv_heads * geometry.head_dim * element
 
 
+# Bytes per logit of one decode step's sampling at its widest (the full sort): the float32
+# logits, their penalized and scaled copies, the sorted values and their int64 order, the
+# masked probabilities, their cumulative sum, the race's noise and draws.
+SAMPLING_BYTES_PER_LOGIT = 48
+# Bytes per prefill token and hidden unit: the residual stream, the normed input, the fused
+# projections' outputs and the MLP's activations in the model's dtype, with headroom.
+PREFILL_BYTES_PER_HIDDEN = 32
+
+
+def workspace_bytes(geometry: Geometry, rows: int, prefill_tokens: int) -> int:
+    """What a step needs beside the weights and the cache: the sampling buffers of the widest
+    decode batch and the activations of the largest prefill chunk. Reserved before the cache
+    takes its share, so that a device with little free memory (a second copy of the weights, a
+    neighbour on the GPU) still captures its largest graph instead of running out of memory."""
+    sampling = rows * geometry.vocab * SAMPLING_BYTES_PER_LOGIT
+    width = max(geometry.hidden, geometry.intermediate)
+    prefill = prefill_tokens * width * PREFILL_BYTES_PER_HIDDEN
+    return sampling + prefill
+
+
 def budget_pages(
     geometry: Geometry,
     layers: int,
@@ -39,13 +59,15 @@ def budget_pages(
     dtype: torch.dtype,
     device: torch.device,
     memory_fraction: float,
+    reserved: int = 0,
 ) -> int:
-    """Pages that fit in ``memory_fraction`` of the device's free memory (CUDA only: elsewhere
-    the budget must be given)."""
+    """Pages that fit in ``memory_fraction`` of the device's free memory less ``reserved``
+    bytes (``workspace_bytes``; CUDA only: elsewhere the budget must be given)."""
     if device.type != "cuda":
         raise ValueError("on a CPU the fast engine's KV cache needs an explicit page count")
     free, _total = torch.cuda.mem_get_info(device)
-    return max(2, int(free * memory_fraction) // page_bytes(geometry, layers, page_size, dtype))
+    usable = max(0, free - reserved) * memory_fraction
+    return max(2, int(usable) // page_bytes(geometry, layers, page_size, dtype))
 
 
 @dataclass(frozen=True, slots=True)

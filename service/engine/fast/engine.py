@@ -43,6 +43,7 @@ from service.engine.fast.cache import (
     PagedKVCache,
     budget_pages,
     pages_for,
+    workspace_bytes,
 )
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.compile_cache import use_compile_cache
@@ -154,7 +155,13 @@ class FastEngine(LoadedEngine):
         layers = len(self._weights.layers)
         page_size = fast.page_size
         pages = fast.num_pages or budget_pages(
-            geometry, layers, page_size, loaded.dtype, device, fast.memory_fraction
+            geometry,
+            layers,
+            page_size,
+            loaded.dtype,
+            device,
+            fast.memory_fraction,
+            reserved=workspace_bytes(geometry, rows, prefill),
         )
         self._cache = PagedKVCache(
             geometry, layers, CacheShape(pages, page_size), loaded.dtype, device

@@ -1,0 +1,58 @@
+"""The fast engine's KV-cache budget: the workspace a step needs is reserved before the cache
+takes its share of the free memory, so a nearly full device still has room for its widest
+graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from service.engine.fast.cache import budget_pages, page_bytes, workspace_bytes
+from service.engine.fast.weights import Geometry
+
+GEOMETRY = Geometry(
+    hidden=4096,
+    heads=32,
+    kv_heads=8,
+    head_dim=128,
+    intermediate=14336,
+    eps=1e-5,
+    vocab=120_818,
+    max_positions=32_768,
+)
+GIB = 1 << 30
+
+
+def _pages(monkeypatch: pytest.MonkeyPatch, free: int, reserved: int) -> int:
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 140 * GIB))
+    return budget_pages(
+        GEOMETRY, 32, 128, torch.bfloat16, torch.device("cuda"), 0.85, reserved=reserved
+    )
+
+
+def test_workspace_grows_with_rows_and_prefill_chunk() -> None:
+    small = workspace_bytes(GEOMETRY, 1, 512)
+    assert workspace_bytes(GEOMETRY, 1024, 512) > small
+    assert workspace_bytes(GEOMETRY, 1, 8192) > small
+    # The full sort of 1,024 rows over a 120k vocabulary is gigabytes, not megabytes.
+    assert workspace_bytes(GEOMETRY, 1024, 8192) > 5 * GIB
+
+
+def test_reserve_comes_off_before_the_fraction(monkeypatch: pytest.MonkeyPatch) -> None:
+    page = page_bytes(GEOMETRY, 32, 128, torch.bfloat16)
+    reserve = workspace_bytes(GEOMETRY, 1024, 8192)
+    free = 20 * GIB
+    pages = _pages(monkeypatch, free, reserve)
+    assert pages == int((free - reserve) * 0.85) // page
+    assert pages < _pages(monkeypatch, free, 0)
+    # What the cache leaves is at least the workspace: the widest step still fits.
+    assert free - pages * page >= reserve
+
+
+def test_a_device_without_room_keeps_the_minimum(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _pages(monkeypatch, 2 * GIB, 8 * GIB) == 2
+
+
+def test_cpu_needs_an_explicit_budget() -> None:
+    with pytest.raises(ValueError, match="explicit page count"):
+        budget_pages(GEOMETRY, 32, 128, torch.bfloat16, torch.device("cpu"), 0.85)
