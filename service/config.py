@@ -250,9 +250,8 @@ class Settings(BaseSettings):
         description="static = micro-batches through model.generate(); continuous = transformers' "
         "continuous batching (requests join and leave the running batch at every step); fast = "
         "the project's own engine (paged KV cache, decode steps as CUDA graphs, FlexAttention; "
-        "every model of the family); auto = fast on CUDA (continuous for Hy-MT2-30B-A3B, not yet "
-        "measured on the fast engine, and for nf4 or int8 weights, which it does not run), static "
-        "on CPU.",
+        "every model of the family); auto = fast on CUDA (continuous for nf4 or int8 weights, "
+        "which it does not run), static on CPU.",
     )
     cb_attention: Literal["auto", "varlen", "sdpa"] = Field(
         "auto",

@@ -16,13 +16,14 @@ __all__ = ["EngineLoader", "engine_kind", "load_engine"]
 
 def engine_kind(config: EngineConfig, device_type: str) -> str:
     """``auto`` is the fast engine on CUDA, static micro-batches elsewhere. On CUDA it is
-    transformers' continuous batching where the fast engine cannot run the model: the mixture of
-    experts (Hy-MT2-30B-A3B's turn format) and bitsandbytes weights."""
+    transformers' continuous batching for bitsandbytes weights, which the fast engine's
+    projections cannot read; every model of the family, the mixture of experts included, takes
+    the fast engine."""
     if config.engine != "auto":
         return config.engine
     if device_type != "cuda":
         return "static"
-    if config.chat_format == "hy-v3" or config.quantization in ("nf4", "int8"):
+    if config.quantization in ("nf4", "int8"):
         return "continuous"
     return "fast"
 

@@ -35,8 +35,8 @@ def page_bytes(geometry: Geometry, layers: int, page_size: int, dtype: torch.dty
 # Bytes per logit of one decode step's sampling at its widest (the full sort): the float32
 # logits, their penalized and scaled copies, the sorted values and their int64 order, the
 # masked probabilities, their cumulative sum, the race's noise and draws (48 bytes), and as
-# much again for the captured graphs' pool, which keeps the greedy and the sampling step's
-# buffers of the widest bucket apart.
+# much again: the widest bucket's sampling step warms up in the caching allocator while the
+# graph pool already holds its greedy step's buffers, which the warm-up cannot reuse.
 SAMPLING_BYTES_PER_LOGIT = 96
 # Bytes per prefill token and hidden unit: the residual stream, the normed input, the fused
 # projections' outputs and the MLP's activations in the model's dtype, with headroom.

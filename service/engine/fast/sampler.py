@@ -10,7 +10,7 @@ penalized logits, as ``generate()`` does.
 The draw is the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``), which picks token ``i``
 with probability ``p_i`` without a host-side multinomial. Sorting the whole vocabulary for every
 row costs more than the rest of a small step, so where every sampled row's top-k is at most
-``TOP_K_CAP`` only the top ``TOP_K_CAP`` logits are sorted (``top_candidates``); rows without a
+``TOP_K_CAP`` only the top ``TOP_K_CAP`` logits are sorted (``torch.topk``); rows without a
 top-k (or a larger one) use the full sort.
 """
 
@@ -64,7 +64,7 @@ def sample(
     if full_sort:
         ordered, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
     else:
-        ordered, order = top_candidates(scaled, min(TOP_K_CAP, scaled.shape[-1]))
+        ordered, order = torch.topk(scaled, min(TOP_K_CAP, scaled.shape[-1]), dim=-1)
     width = ordered.shape[-1]
     ranks = torch.arange(width, device=logits.device)
     limit = torch.where(rows.top_k > 0, rows.top_k, width)
@@ -80,28 +80,6 @@ def sample(
     choice = race.argmax(dim=-1, keepdim=True)
     drawn = order.gather(-1, choice).squeeze(-1)
     return torch.where(rows.greedy, greedy, drawn)
-
-
-def top_candidates(
-    values: torch.Tensor, k: int, chunk: int = 1024, few_rows: int = 16
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.topk(values, k)`` (largest first, with their indices); for up to ``few_rows``
-    rows in two stages: the top ``k`` of each chunk of the vocabulary, then the top ``k`` of
-    those. At a few rows a single top-k over 128k logits runs torch's multi-block radix select
-    (seven kernels); each stage here is one small top-k. Larger batches keep ``torch.topk``, as
-    the throughput runs measured it. Equal values may come in another order than its."""
-    rows, width = values.shape
-    if rows > few_rows or width <= 2 * chunk:
-        top, index = torch.topk(values, k, dim=-1)
-        return top, index
-    chunks = _chunks(values, chunk)
-    best, within = torch.topk(chunks, k, dim=-1)
-    starts = torch.arange(chunks.shape[1], device=values.device)[:, None] * chunk
-    # Padding is -inf: where a row has fewer than k finite values the padding's indices may
-    # win a tie of -inf, so they are kept inside the vocabulary (a -inf value is never drawn).
-    flat = (within + starts).view(rows, -1).clamp(max=width - 1)
-    top, where = torch.topk(best.view(rows, -1), k, dim=-1)
-    return top, flat.gather(-1, where)
 
 
 def first_argmax(values: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
