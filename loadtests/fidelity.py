@@ -13,7 +13,10 @@ For the load generator's first ``--texts`` texts, built into prompts as the serv
   tokens at the first difference (the reference's minus the engine's): a gap within the logits'
   difference is a near-tie that rounding tips, a large one a fault.
 
-Two copies of the model are loaded (the ``dummy`` load is seeded, so both are the same weights).
+The model is loaded twice, one copy at a time (the ``dummy`` load is seeded, so both are the
+same weights): transformers' reference outputs and teacher-forced logits are computed first and
+kept on the host, its copy freed, then the engine loads its own with the memory budget a service
+would have. Holding both at once does not fit a 30B model's cache and graphs on one GPU.
 
     HYMT_LOAD_FORMAT=dummy HYMT_DTYPE=float32 python -m loadtests.fidelity --report f32.json
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,18 +143,55 @@ def reference_greedy(
     return outputs
 
 
+@dataclass
+class Reference:
+    """transformers' side, computed before the engine loads: the requests (the chosen texts
+    first), greedy outputs of the chosen ones and, per chosen text, the float32 teacher-forced
+    logits at the generated positions, on the host."""
+
+    dtype: str
+    requests: list[GenerationRequest]
+    tokens: list[list[int]]
+    logits: list[torch.Tensor]
+    seconds: float
+
+
+def reference_side(
+    settings: Settings, config: EngineConfig, texts: int, crowd: int, max_new: int
+) -> Reference:
+    """Load transformers' model, build ``texts + crowd`` greedy requests, run the first
+    ``texts`` greedy and teacher-forced, free the model."""
+    loaded = load_model(config)
+    try:
+        prepared = [
+            dataclasses.replace(r, max_new_tokens=max_new, decoding=GREEDY)
+            for r in service_requests(settings, loaded, texts + crowd, seed=0)
+        ]
+        requests = prepared[:texts]
+        started = time.perf_counter()
+        tokens = reference_greedy(loaded, [r.prompt_ids for r in requests], max_new)
+        seconds = time.perf_counter() - started
+        logits = []
+        with torch.inference_mode():
+            for request, generated in zip(requests, tokens, strict=True):
+                start = len(request.prompt_ids) - 1
+                forced = torch.tensor([(*request.prompt_ids, *generated)], device=loaded.device)
+                forward = loaded.model(forced)
+                logits.append(forward.logits[0, start:-1].float().cpu())
+        dtype = str(loaded.dtype).removeprefix("torch.")
+        return Reference(dtype, prepared, tokens, logits, seconds)
+    finally:
+        del loaded
+        gc.collect()  # transformers' modules hold reference cycles: free the weights now
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 async def run(settings: Settings, texts: int, crowd: int, max_new: int) -> FidelityReport:
     config = dataclasses.replace(settings.engine_config(), engine="fast")
-    reference = load_model(config)
-    prepared = [
-        dataclasses.replace(r, max_new_tokens=max_new, decoding=GREEDY)
-        for r in service_requests(settings, reference, texts + crowd, seed=0)
-    ]
-    chosen, others = prepared[:texts], prepared[texts:]
-    started = time.perf_counter()
-    expected = reference_greedy(reference, [r.prompt_ids for r in chosen], max_new)
-    reference_s = time.perf_counter() - started
-    model = reference.model
+    reference = reference_side(settings, config, texts, crowd, max_new)
+    chosen, others = reference.requests[:texts], reference.requests[texts:]
+    expected = reference.tokens
 
     engine = RecordingEngine(load_model(config), config)
     try:
@@ -170,9 +211,8 @@ async def run(settings: Settings, texts: int, crowd: int, max_new: int) -> Fidel
             for index, (request, tokens) in enumerate(zip(chosen, expected, strict=True)):
                 forced = (*request.prompt_ids, *tokens)
                 start = len(request.prompt_ids) - 1
-                forward = model(torch.tensor([forced], device=reference.device))
-                theirs = forward.logits[0].float()[start:-1]
-                ours = engine.teacher_forced_logits(forced)[start:-1]
+                theirs = reference.logits[index]
+                ours = engine.teacher_forced_logits(forced)[start:-1].cpu()
                 diff = (theirs - ours).abs()
                 max_diff = max(max_diff, float(diff.max()))
                 sum_diff += float(diff.mean()) * diff.shape[0]
@@ -188,7 +228,7 @@ async def run(settings: Settings, texts: int, crowd: int, max_new: int) -> Fidel
     finally:
         engine.close()
     return FidelityReport(
-        dtype=str(reference.dtype).removeprefix("torch."),
+        dtype=reference.dtype,
         texts=texts,
         crowd=crowd,
         max_new_tokens=max_new,
@@ -203,7 +243,7 @@ async def run(settings: Settings, texts: int, crowd: int, max_new: int) -> Fidel
         logits_max_abs_diff=max_diff,
         logits_mean_abs_diff=sum_diff / max(positions, 1),
         logits_argmax_agreement=round(agree / max(positions, 1), 6),
-        reference_s=round(reference_s, 2),
+        reference_s=round(reference.seconds, 2),
         alone_s=round(alone_s, 2),
         crowd_s=round(crowd_s, 2),
     )

@@ -312,7 +312,8 @@ class Settings(BaseSettings):
         gt=0,
         lt=1,
         description="Fast engine: share of the GPU memory free after loading that the KV cache "
-        "takes (the rest holds graphs, activations and sampling buffers).",
+        "takes, once the widest step's sampling buffers and prefill activations are set aside "
+        "(the rest holds graphs, activations and sampling buffers).",
     )
     fast_max_rows: int | None = Field(
         None,
