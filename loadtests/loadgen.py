@@ -12,6 +12,10 @@ of a 1,024-client run measures TCP setup, not the service. ``--cold-connections`
 
     python -m loadtests.loadgen --url http://127.0.0.1:8000 --requests 1024 --concurrency 256
 
+``--sources N`` sends from N loopback addresses (127.0.0.2 onwards), the clients spread over
+them: through the shipped nginx, whose rate limit is per client address, that is N users, not one
+that nginx holds to 20 requests/s.
+
 The client is aiohttp, not httpx: with 1,024 requests in flight httpx's connection pool itself
 became the bottleneck. Against a server that answers every request after 2 s, on this project's
 2-core machine, the last of 1,024 concurrent httpx requests came back after 8.06-8.07 s, the last
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import sys
@@ -124,33 +129,41 @@ class Progress:
                 sys.stderr.write("\n")
 
 
+def source_address(index: int) -> str:
+    """The ``index``-th client address of ``--sources``: 127.0.0.2 onwards (Linux answers for all
+    of 127.0.0.0/8 on the loopback interface)."""
+    if not 0 <= index < 250 * 256:
+        raise ValueError("at most 64,000 source addresses")
+    return f"127.0.{index // 250}.{index % 250 + 2}"
+
+
 async def closed_loop(
-    client: aiohttp.ClientSession, jobs: list[Job], route: str, concurrency: int,
+    clients: list[aiohttp.ClientSession], jobs: list[Job], route: str, concurrency: int,
     deadline: float, progress: Progress,
 ) -> list[Outcome]:  # fmt: skip
     queue = list(reversed(jobs))
     outcomes: list[Outcome] = []
 
-    async def worker() -> None:
+    async def worker(client: aiohttp.ClientSession) -> None:
         while queue and time.perf_counter() < deadline:
             outcome = await send(client, queue.pop(), route)
             outcomes.append(outcome)
             progress.update(outcome)
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker(clients[n % len(clients)]) for n in range(concurrency)))
     return outcomes
 
 
 async def open_loop(
-    client: aiohttp.ClientSession, jobs: list[Job], route: str, rate: float,
+    clients: list[aiohttp.ClientSession], jobs: list[Job], route: str, rate: float,
     deadline: float, progress: Progress, seed: int,
 ) -> list[Outcome]:  # fmt: skip
     rng = random.Random(seed)
     tasks: list[asyncio.Task[Outcome]] = []
-    for job in jobs:
+    for n, job in enumerate(jobs):
         if time.perf_counter() >= deadline:
             break
-        task = asyncio.create_task(send(client, job, route))
+        task = asyncio.create_task(send(clients[n % len(clients)], job, route))
         task.add_done_callback(lambda t: progress.update(t.result()))
         tasks.append(task)
         await asyncio.sleep(rng.expovariate(rate))
@@ -161,25 +174,43 @@ async def run(args: argparse.Namespace) -> Report:
     batch = args.batch_size if args.route == "batch" else 1
     jobs = make_jobs(args.requests + args.warmup, batch_size=batch, seed=args.seed)
     warm, measured = jobs[: args.warmup], jobs[args.warmup :]
-    connector = aiohttp.TCPConnector(limit=max(args.concurrency, 64) * 2)
     timeout = aiohttp.ClientTimeout(total=args.timeout)
-    async with aiohttp.ClientSession(
-        args.url, connector=connector, timeout=timeout, trust_env=False
-    ) as client:
+    sources = max(1, args.sources)
+    limit = max(args.concurrency // sources + 1, 64) * 2
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(
+                aiohttp.ClientSession(
+                    args.url,
+                    connector=aiohttp.TCPConnector(
+                        limit=limit,
+                        local_addr=(source_address(n), 0) if args.sources else None,
+                    ),
+                    timeout=timeout,
+                    trust_env=False,
+                )
+            )
+            for n in range(sources)
+        ]
         for job in warm:
-            await send(client, job, args.route)
+            await send(clients[0], job, args.route)
         if args.mode == "closed" and not args.cold_connections:
-            await open_connections(client, args.concurrency)
+            await asyncio.gather(
+                *(
+                    open_connections(client, len(range(n, args.concurrency, sources)))
+                    for n, client in enumerate(clients)
+                )
+            )
         progress = Progress(len(measured), not args.quiet)
         started = time.perf_counter()
         deadline = started + args.duration
         if args.mode == "open":
             outcomes = await open_loop(
-                client, measured, args.route, args.rate, deadline, progress, args.seed
+                clients, measured, args.route, args.rate, deadline, progress, args.seed
             )
         else:
             outcomes = await closed_loop(
-                client, measured, args.route, args.concurrency, deadline, progress
+                clients, measured, args.route, args.concurrency, deadline, progress
             )
         duration = time.perf_counter() - started
     ok = [o for o in outcomes if o.status == 200]
@@ -224,6 +255,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", type=Path, help="write the JSON report here")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument(
+        "--sources",
+        type=int,
+        default=0,
+        help="send from this many loopback addresses, 127.0.0.2 onwards (0: the default one)",
+    )
     p.add_argument(
         "--cold-connections",
         action="store_true",

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from loadtests.loadgen import emit, percentile
+from loadtests.loadgen import emit, percentile, source_address
 from loadtests.texts import Job, make_jobs
 
 
@@ -53,6 +53,7 @@ class FloodReport:
     health_p99_ms: float
     health_max_ms: float
     health_not_200: dict[str, int] = field(default_factory=dict)
+    sources: int = 0
 
 
 @dataclass
@@ -94,8 +95,9 @@ class _Exchange:
         self.buffer = b""
         self.expected: int | None = None  # bytes of the whole answer, once its head is in
 
-    def connect(self, address: tuple[str, int]) -> None:
-        self.socket = socket.create_connection(address, timeout=30)
+    def connect(self, address: tuple[str, int], source: str | None = None) -> None:
+        bound = None if source is None else (source, 0)
+        self.socket = socket.create_connection(address, timeout=30, source_address=bound)
         self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.socket.setblocking(False)
 
@@ -136,10 +138,18 @@ class _Exchange:
 
 
 def _burst(
-    url: str, count: int, seed: int, warm: bool, start: object, timeout_s: float = 600
+    url: str,
+    count: int,
+    seed: int,
+    warm: bool,
+    start: object,
+    sources: int = 0,
+    first: int = 0,
+    timeout_s: float = 600,
 ) -> Outcomes:
     """``count`` requests on ``count`` connections, sent back to back once every client is at
-    the ``start`` barrier.
+    the ``start`` barrier; with ``sources``, request ``first + n`` of the flood from loopback
+    address ``(first + n) % sources`` (``loadgen.source_address``).
 
     Raw sockets and requests encoded beforehand: an aiohttp client's own event loop took tens of
     milliseconds to issue a few hundred requests, and that was timed as the service's refusal.
@@ -148,10 +158,11 @@ def _burst(
     address = (parts.hostname or "127.0.0.1", parts.port or 80)
     host = f"{address[0]}:{address[1]}"
     exchanges = [_Exchange(_request_bytes(host, job)) for job in make_jobs(count, seed=seed)]
+    origins = [source_address((first + n) % sources) if sources else None for n in range(count)]
     selector = selectors.DefaultSelector()
     if warm:  # connected and registered before the barrier: only the sends are in the window
-        for exchange in exchanges:
-            exchange.connect(address)
+        for exchange, origin in zip(exchanges, origins, strict=True):
+            exchange.connect(address, origin)
             selector.register(exchange.socket, selectors.EVENT_READ, exchange)  # type: ignore[arg-type]
     start.wait()  # type: ignore[attr-defined]
     pending = len(exchanges)
@@ -167,7 +178,7 @@ def _burst(
     for index, exchange in enumerate(exchanges):
         if not warm:
             began = time.perf_counter()
-            exchange.connect(address)
+            exchange.connect(address, origins[index])
             exchange.send()
             exchange.started = began  # cold: the connection's setup is part of the wait
             selector.register(exchange.socket, selectors.EVENT_READ, exchange)  # type: ignore[arg-type]
@@ -212,9 +223,11 @@ def _poll_health(url: str, period_s: float, stop: object, results: object) -> No
 
 
 def flood(
-    url: str, requests: int, processes: int, seed: int = 1, warm: bool = False
+    url: str, requests: int, processes: int, seed: int = 1, warm: bool = False, sources: int = 0
 ) -> FloodReport:
-    """``warm``: each client opens its connections before the flood (see ``_burst``)."""
+    """``warm``: each client opens its connections before the flood (see ``_burst``);
+    ``sources``: the requests come from that many loopback addresses in turn (through nginx,
+    that many clients of its per-address rate limit)."""
     context = multiprocessing.get_context("spawn")
     stop, results = context.Event(), context.Queue()
     poller = context.Process(target=_poll_health, args=(url, 0.05, stop, results))
@@ -228,8 +241,10 @@ def flood(
         # of them sends: the flood is one burst, not one client after another.
         start = manager.Barrier(processes + 1)
         with context.Pool(processes) as pool:
+            firsts = [sum(share[:i]) for i in range(processes)]
             pending = pool.starmap_async(
-                _burst, [(url, n, seed + i, warm, start) for i, n in enumerate(share)]
+                _burst,
+                [(url, n, seed + i, warm, start, sources, firsts[i]) for i, n in enumerate(share)],
             )
             start.wait(timeout=300)
             started = time.perf_counter()
@@ -258,6 +273,7 @@ def flood(
         health_p99_ms=round(percentile(health_ms, 0.99), 2),
         health_max_ms=round(max(health_ms, default=0.0), 2),
         health_not_200=dict(Counter(str(s) for s, _ in health if s != 200)),
+        sources=sources,
     )
 
 
@@ -320,6 +336,7 @@ def main(argv: list[str] | None = None) -> object:
     f.add_argument("--requests", type=int, default=4096)
     f.add_argument("--processes", type=int, default=4)
     f.add_argument("--warm", action="store_true", help="open the connections first")
+    f.add_argument("--sources", type=int, default=0, help="loopback source addresses (0: one)")
     g = modes.add_parser("goodput")
     g.add_argument("--rate", type=float, required=True)
     g.add_argument("--duration", type=float, default=20.0)
@@ -327,7 +344,9 @@ def main(argv: list[str] | None = None) -> object:
     args = parser.parse_args(argv)
     report: object
     if args.mode == "flood":
-        report = flood(args.url, args.requests, args.processes, warm=args.warm)
+        report = flood(
+            args.url, args.requests, args.processes, warm=args.warm, sources=args.sources
+        )
     else:
         report = goodput(args.url, args.rate, args.duration, args.deadline)
     emit(report, args.report)

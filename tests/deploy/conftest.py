@@ -7,29 +7,23 @@ filesystem paths substituted.
 from __future__ import annotations
 
 import os
-import re
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
 import pytest
 
+from loadtests import stack
+
+# Re-exported: the deploy tests take every real process's helpers from here.
+from loadtests.stack import Process as Process
+from loadtests.stack import free_port as free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_until(url: str, timeout_s: float, status: int = 200) -> None:
@@ -47,26 +41,10 @@ def wait_until(url: str, timeout_s: float, status: int = 200) -> None:
 
 
 def require(binary: str) -> str:
-    found = shutil.which(binary) or shutil.which(binary, path="/usr/sbin:/usr/bin")
+    found = stack.find_binary(binary)
     if found is None:
         pytest.fail(f"{binary} is not installed: run `make system-deps` (Debian package)")
     return found
-
-
-@dataclass
-class Process:
-    popen: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
 
 
 def start_service(data_dir: Path, log: Path, **env: str) -> Process:
@@ -105,56 +83,13 @@ def service(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     process.stop()
 
 
-def render_nginx(upstream: str, folder: Path) -> tuple[Path, int]:
-    port = free_port()
-    text = (DEPLOY / "nginx" / "nginx.conf").read_text("utf-8")
-    text = text.replace("server api:8000", f"server {upstream}")
-    text = text.replace("listen 80;", f"listen 127.0.0.1:{port};")
-    text = text.replace("/var/cache/nginx/hymt", str(folder / "cache"))
-    text = re.sub(r"access_log \S+( \w+)?;", rf"access_log {folder / 'access.log'}\1;", text)
-    conf = folder / "nginx.conf"
-    conf.write_text(text, "utf-8")
-    return conf, port
-
-
-def nginx_command(conf: Path, folder: Path) -> list[str]:
-    return [
-        require("nginx"),
-        "-p",
-        str(folder),
-        "-c",
-        str(conf),
-        "-e",
-        str(folder / "error.log"),
-        "-g",
-        # As root, nginx's workers run as nobody, who cannot enter pytest's private temp folders.
-        f"daemon off; pid {folder / 'nginx.pid'};" + (" user root;" if os.geteuid() == 0 else ""),
-    ]
-
-
-def start_nginx(upstream: str, folder: Path) -> Process:
-    folder.mkdir(parents=True, exist_ok=True)
-    conf, port = render_nginx(upstream, folder)
-    test = subprocess.run(
-        [*nginx_command(conf, folder), "-t"], capture_output=True, text=True, check=False
-    )
-    assert test.returncode == 0, test.stderr
-    log = folder / "nginx.out"
-    with log.open("wb") as out:
-        popen = subprocess.Popen(nginx_command(conf, folder), stdout=out, stderr=subprocess.STDOUT)
-    process = Process(popen, f"http://127.0.0.1:{port}", log)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return process
-        time.sleep(0.05)
-    process.stop()
-    raise AssertionError(log.read_text())
+def start_nginx(upstreams: Sequence[str], folder: Path) -> Process:
+    """The shipped nginx in front of ``upstreams`` (``host:port`` each)."""
+    return stack.start_nginx(require("nginx"), upstreams, folder)
 
 
 @pytest.fixture(scope="session")
 def nginx(service: Process, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    process = start_nginx(service.url.removeprefix("http://"), tmp_path_factory.mktemp("nginx"))
+    process = start_nginx([service.url.removeprefix("http://")], tmp_path_factory.mktemp("nginx"))
     yield process
     process.stop()

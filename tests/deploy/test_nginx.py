@@ -150,7 +150,7 @@ def test_a_stalled_upstream_gets_nginx_timeout_in_configured_time(
     health_timeout = float(
         re.search(r"location = /health \{[^}]*proxy_read_timeout (\d+)s", NGINX_CONF, re.S).group(1)  # type: ignore[union-attr]
     )
-    proxy = start_nginx(stalled_upstream, tmp_path / "stalled")
+    proxy = start_nginx([stalled_upstream], tmp_path / "stalled")
     try:
         began = time.monotonic()
         response = httpx.get(f"{proxy.url}/health", timeout=30)
@@ -249,7 +249,7 @@ def statuses(client: httpx.Client, url: str, spoof: bool = False) -> list[int]:
 def test_each_client_has_its_own_bucket_and_cannot_pick_another(
     limited: Process, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    proxy = start_nginx(limited.url.removeprefix("http://"), tmp_path_factory.mktemp("nginx-rl"))
+    proxy = start_nginx([limited.url.removeprefix("http://")], tmp_path_factory.mktemp("nginx-rl"))
     try:
         # Through nginx: two clients, two buckets of 3.
         for address in ("127.0.0.2", "127.0.0.3"):

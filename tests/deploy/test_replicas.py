@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loadtests.stack import start_redis
 from tests.deploy.conftest import Process, free_port, require, start_nginx, start_service
 
 # Ten keys for the wait for Redis to come back: at most 75 requests in its 15 s, 12 per key.
@@ -24,29 +25,8 @@ BACK_KEYS = [f"back-key-{n}" for n in range(10)]
 KEYS = ["quota-key", "cache-key", "redis-key", "kill-key", *BACK_KEYS]
 
 
-def _start_redis(port: int, folder: Path) -> subprocess.Popen[bytes]:
-    popen = subprocess.Popen(
-        [
-            require("redis-server"),
-            "--port", str(port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(folder),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        probe = subprocess.run(
-            [require("redis-cli"), "-p", str(port), "ping"], capture_output=True, text=True
-        )
-        if probe.stdout.strip() == "PONG":
-            return popen
-        time.sleep(0.05)
-    popen.kill()
-    raise AssertionError("redis-server did not start")
+def _start_redis(port: int, folder: Path) -> Process:
+    return start_redis(require("redis-server"), port, folder)
 
 
 @pytest.fixture
@@ -60,16 +40,14 @@ def cluster(data_dir: Path, tmp_path: Path) -> Iterator[tuple[list[Process], Pro
     }
     replicas = [start_service(data_dir, tmp_path / f"replica{n}.log", **env) for n in range(2)]
     addresses = [replica.url.removeprefix("http://") for replica in replicas]
-    upstream = " max_fails=3 fail_timeout=10s;\n        server ".join(addresses)
-    nginx = start_nginx(upstream, tmp_path / "nginx")
+    nginx = start_nginx(addresses, tmp_path / "nginx")
     try:
         yield replicas, nginx, redis_port
     finally:
         nginx.stop()
         for replica in replicas:
             replica.stop()
-        redis.kill()
-        redis.wait()
+        redis.stop()
 
 
 def _post(url: str, key: str, text: str) -> httpx.Response:
@@ -165,5 +143,4 @@ def test_replicas_share_quota_and_cache_and_survive_redis_and_a_replica_going(
         before = [status for sent, status in results if sent <= killed]
         assert before.count(200) >= len(before) - 1  # at most the one inside b when it died
     finally:
-        restarted.kill()
-        restarted.wait()
+        restarted.stop()
