@@ -18,14 +18,17 @@
 # kernels (loadtests.kernels: decode attention and one-row projections alone, in CUDA graphs;
 # KERNEL_ARGS=--gemv-sweep adds every block size of the one-row kernel).
 # stream (loadtests.streaming: time to first token and to the full text of a 2,000-word document
-# through POST /translate/stream). Each writes VARIANT.json and VARIANT.log. SERVICE_ENV="NAME=VALUE ..." adds settings to every
+# through POST /translate/stream), replicas (loadtests.replicas: REPLICAS services, one per GPU, behind
+# the shipped nginx and Redis, REQUESTS concurrent clients, a flood of FLOOD at a queue bound of QUEUE,
+# then one replica alone; needs loadtests/gpu/add-stack.sh). Each writes VARIANT.json and VARIANT.log. SERVICE_ENV="NAME=VALUE ..." adds settings to every
 # service the bench variants start.
 set -uo pipefail
 out=${OUT:?set OUT}; work=${WORK:-/tmp/hymt-bench}; mkdir -p "$work" "$out"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-common=(--env HYMT_LOAD_FORMAT=dummy --env HYMT_CACHE_SIZE=0 --env HYMT_DATA_DIR="$work/data"
-        --env HYMT_MAX_QUEUE_SIZE=4096 --out "$work")
-for setting in ${SERVICE_ENV:-}; do common+=(--env "$setting"); done  # e.g. SERVICE_ENV="HYMT_X=1"
+service_env=(--env HYMT_LOAD_FORMAT=dummy --env HYMT_CACHE_SIZE=0 --env HYMT_DATA_DIR="$work/data"
+             --env HYMT_MAX_QUEUE_SIZE=4096)
+for setting in ${SERVICE_ENV:-}; do service_env+=(--env "$setting"); done  # e.g. SERVICE_ENV="HYMT_X=1"
+common=("${service_env[@]}" --out "$work")
 requests=${REQUESTS:-1024}
 for variant in "$@"; do
   echo "=== $variant $(date +%T)"
@@ -64,6 +67,16 @@ for variant in "$@"; do
     timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.kernels ${KERNEL_ARGS:-} --report "$work/kernels.json" > "$work/kernels.out" 2>&1
     echo "exit $?"; cat "$work/kernels.json" 2>/dev/null || tail -c 3000 "$work/kernels.out"
     cp "$work/kernels.json" "$out/" 2>/dev/null; continue
+  fi
+  if [ "$variant" = replicas ]; then  # loadtests.replicas: N replicas behind nginx and Redis, then one
+    stack=${STACK:-$PWD/.gpu-site/stack/bin}  # loadtests/gpu/add-stack.sh puts nginx and Redis there
+    n=${REPLICAS:-2}; c=${REQUESTS:-2048}
+    timeout "${VARIANT_TIMEOUT:-540}" python3 -m loadtests.replicas --out "$work/replicas" \
+      --replicas "$n" --devices "${DEVICES:-$(seq -s, 0 $((n - 1)))}" --requests "$c" --concurrency "$c" \
+      --flood-requests "${FLOOD:-4096}" --nginx "$stack/nginx" --redis-server "$stack/redis-server" \
+      "${service_env[@]}" --env HYMT_MAX_QUEUE_SIZE="${QUEUE:-1024}" > "$work/replicas.out" 2>&1
+    echo "exit $?"; cat "$work/replicas/replicas.json" 2>/dev/null || tail -c 3000 "$work/replicas.out"
+    cp "$work/replicas/replicas.json" "$out/" 2>/dev/null; continue
   fi
   if [ "$variant" = ipc ]; then
     timeout 120 python3 -m loadtests.ipc --report "$work/ipc.json" > "$work/ipc.out" 2>&1

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loadtests import replicas
 from loadtests.stack import start_redis
 from tests.deploy.conftest import Process, free_port, require, start_nginx, start_service
 
@@ -144,3 +145,31 @@ def test_replicas_share_quota_and_cache_and_survive_redis_and_a_replica_going(
         assert before.count(200) >= len(before) - 1  # at most the one inside b when it died
     finally:
         restarted.stop()
+
+
+def test_the_replicas_benchmark_measures_both_phases_through_nginx(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """``loadtests.replicas`` (the two-GPU measurement's harness), on the demo model: two
+    replicas then one behind the real nginx and Redis, clients from several addresses."""
+    result = replicas.main(
+        ["--out", str(tmp_path), "--replicas", "2", "--requests", "24", "--concurrency", "8",
+         "--sources", "4", "--flood-requests", "64", "--nginx", require("nginx"),
+         "--redis-server", require("redis-server"), "--env", f"HYMT_DATA_DIR={data_dir}",
+         "--env", "HYMT_MAX_NEW_TOKENS=4", "--env", "HYMT_GREEDY=true",
+         "--env", "HYMT_MAX_QUEUE_SIZE=8"]
+    )  # fmt: skip
+    assert json.loads((tmp_path / "replicas.json").read_text()) == result
+    both, one = result["all"], result["one"]
+    for part in (both, one):
+        assert part["throughput"]["ok"] == 24  # no 429 from nginx: 4 addresses, 8 clients
+        # The flood passes nginx's per-address limit and meets the service's queue bound.
+        assert part["flood"]["lost"] == 0
+        assert part["flood"]["by_status"].get("429", 0) > 0
+        assert part["flood"]["health_not_200"] == {}
+    # 24 measured + 8 warm-up requests, every one generated (the result cache is off).
+    assert sum(r["requests"] for r in both["served"]) == 32
+    assert all(r["generated_tokens"] > 0 for r in both["served"])  # both replicas served
+    assert sum(r["share_of_requests"] for r in both["served"]) == pytest.approx(1.0, abs=1e-3)
+    assert [r["share_of_requests"] for r in one["served"]] == [1.0]
+    assert result["ratio_all_over_one"] > 0
