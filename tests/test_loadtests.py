@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from loadtests import baseline, bench, fidelity, ipc, kernels, overload, profile
+from loadtests import baseline, bench, fidelity, ipc, kernels, loadgen, overload, profile
 from loadtests.timeline import summarize
 from service.metrics import Metrics
 from service.stalls import StallMonitor
@@ -155,3 +155,11 @@ def test_the_flood_client_counts_every_answer_on_warm_and_cold_connections() -> 
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_clients_come_from_distinct_loopback_addresses() -> None:
+    addresses = [loadgen.source_address(n) for n in range(600)]
+    assert addresses[:2] == ["127.0.0.2", "127.0.0.3"]
+    assert addresses[250] == "127.0.1.2"  # never .0, .1 or the broadcast-looking .252 and up
+    assert len(set(addresses)) == 600
+    assert all(int(a.rsplit(".", 1)[1]) in range(2, 252) for a in addresses)
