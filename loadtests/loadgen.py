@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import random
+import resource
 import sys
 import time
 from collections import Counter
@@ -127,6 +128,15 @@ class Progress:
             )
             if self.done == self.total:
                 sys.stderr.write("\n")
+
+
+def allow_open_files(count: int) -> None:
+    """Raise this process's soft limit on open files to hold ``count`` (up to the hard limit):
+    a default soft limit of 1,024 cannot hold 2,048 client connections."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = count if hard == resource.RLIM_INFINITY else min(count, hard)
+    if soft != resource.RLIM_INFINITY and wanted > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def source_address(index: int) -> str:
@@ -279,6 +289,7 @@ def emit(report: object, path: Path | None) -> None:
 
 def main(argv: list[str] | None = None) -> Report:
     args = parser().parse_args(argv)
+    allow_open_files(2 * max(args.concurrency, 64) + 256)
     report = asyncio.run(run(args))
     emit(report, args.report)
     return report

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from loadtests.loadgen import emit, percentile, source_address
+from loadtests.loadgen import allow_open_files, emit, percentile, source_address
 from loadtests.texts import Job, make_jobs
 
 
@@ -154,6 +154,7 @@ def _burst(
     Raw sockets and requests encoded beforehand: an aiohttp client's own event loop took tens of
     milliseconds to issue a few hundred requests, and that was timed as the service's refusal.
     """
+    allow_open_files(count + 256)
     parts = urlsplit(url)
     address = (parts.hostname or "127.0.0.1", parts.port or 80)
     host = f"{address[0]}:{address[1]}"

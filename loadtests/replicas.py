@@ -3,7 +3,8 @@
 1. Redis on loopback (unless ``--no-redis``): the replicas share rate limits, quotas and the
    result cache through it, as ``deploy/compose.replicas.yaml`` runs them.
 2. ``--replicas`` services (``python -m service`` with the ``--env`` settings), started at once,
-   replica i on GPU ``--devices``\\[i\\] (its ``CUDA_VISIBLE_DEVICES``), each timed to ready.
+   replica i on the i-th GPU of ``--devices`` (its ``CUDA_VISIBLE_DEVICES``), each timed to
+   ready.
 3. The shipped nginx in front of all of them (``loadtests.stack``).
 4. Throughput through nginx: the load generator, closed loop, ``--concurrency`` clients spread
    over ``--sources`` loopback addresses (nginx limits each address to 20 requests/s: one

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import http.server
 import json
+import resource
 import threading
 import time
 from pathlib import Path
@@ -163,3 +164,16 @@ def test_clients_come_from_distinct_loopback_addresses() -> None:
     assert addresses[250] == "127.0.1.2"  # never .0, .1 or the broadcast-looking .252 and up
     assert len(set(addresses)) == 600
     assert all(int(a.rsplit(".", 1)[1]) in range(2, 252) for a in addresses)
+
+
+def test_the_load_generator_raises_its_open_files_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowered = min(soft, 512)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard))
+    try:
+        loadgen.allow_open_files(lowered + 100)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == min(lowered + 100, hard)
+        loadgen.allow_open_files(10)  # never lowered
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == min(lowered + 100, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
