@@ -319,8 +319,8 @@ class Settings(BaseSettings):
         None,
         ge=1,
         le=4096,
-        description="Fast engine: most requests decoding at once (unset: 1,024 on CUDA, 64 "
-        "elsewhere); more wait inside the engine.",
+        description="Fast engine: most requests decoding at once (unset: 1,024 on CUDA, halved "
+        "until the KV cache holds a page per row, 64 elsewhere); more wait inside the engine.",
     )
     fast_prefill_tokens: int | None = Field(
         None,

@@ -7,7 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from service.engine.fast.cache import budget_pages, page_bytes, workspace_bytes
+from service.engine.fast.cache import (
+    budget_pages,
+    fit_rows_and_pages,
+    page_bytes,
+    workspace_bytes,
+)
 from service.engine.fast.weights import Geometry
 
 GEOMETRY = Geometry(
@@ -56,3 +61,34 @@ def test_a_device_without_room_keeps_the_minimum(monkeypatch: pytest.MonkeyPatch
 def test_cpu_needs_an_explicit_budget() -> None:
     with pytest.raises(ValueError, match="explicit page count"):
         budget_pages(GEOMETRY, 32, 128, torch.bfloat16, torch.device("cpu"), 0.85)
+
+
+def _fit(
+    monkeypatch: pytest.MonkeyPatch, free: int, rows: int, given: bool = False
+) -> tuple[int, int]:
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * GIB))
+    return fit_rows_and_pages(
+        GEOMETRY, 32, 128, torch.bfloat16, torch.device("cuda"), 0.85, rows, 8192, given
+    )
+
+
+def test_rows_shrink_until_the_cache_can_fill_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Plenty of memory: the rows asked for.
+    assert _fit(monkeypatch, 100 * GIB, 1024)[0] == 1024
+    # Little memory: 1,024 rows' workspace leaves fewer pages than rows, so the rows halve.
+    rows, pages = _fit(monkeypatch, 16 * GIB, 1024)
+    assert rows < 1024
+    assert pages >= rows
+    # The largest halving that fits: twice as many rows would not have.
+    doubled = workspace_bytes(GEOMETRY, rows * 2, 8192)
+    assert _pages(monkeypatch, 16 * GIB, doubled) < rows * 2
+    page = page_bytes(GEOMETRY, 32, 128, torch.bfloat16)
+    assert 16 * GIB - pages * page >= workspace_bytes(GEOMETRY, rows, 8192)
+
+
+def test_rows_the_operator_set_are_kept_or_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(RuntimeError, match="HYMT_FAST_MAX_ROWS"):
+        _fit(monkeypatch, 16 * GIB, 1024, given=True)
+    # Not even the fewest rows fit: a start error that says what to change.
+    with pytest.raises(RuntimeError, match="HYMT_FAST_NUM_PAGES"):
+        _fit(monkeypatch, 3 * GIB, 1024)

@@ -72,6 +72,51 @@ def budget_pages(
     return max(2, int(usable) // page_bytes(geometry, layers, page_size, dtype))
 
 
+# The fewest decode rows the engine shrinks to before it gives up on a device.
+MIN_FITTED_ROWS = 16
+
+
+def fit_rows_and_pages(
+    geometry: Geometry,
+    layers: int,
+    page_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    memory_fraction: float,
+    rows: int,
+    prefill_tokens: int,
+    rows_given: bool,
+) -> tuple[int, int]:
+    """Decode rows and KV-cache pages for this device: ``budget_pages`` with the workspace of
+    ``rows`` rows and a ``prefill_tokens`` chunk reserved. Where that leaves fewer pages than
+    rows (a batch that could never fill: the weights nearly fill the GPU, as Hy-MT2-30B-A3B's
+    60 GB do an 80 GB one), the rows are halved until it does not, unless ``rows_given`` (the
+    operator's own figure is kept, and the error says what to change)."""
+    fitted = rows
+    while True:
+        reserved = workspace_bytes(geometry, fitted, prefill_tokens)
+        pages = budget_pages(
+            geometry, layers, page_size, dtype, device, memory_fraction, reserved=reserved
+        )
+        if pages >= fitted:
+            if fitted != rows:
+                log.warning(
+                    "decode rows lowered to fit the KV cache",
+                    extra={"rows": fitted, "wanted": rows, "pages": pages},
+                )
+            return fitted, pages
+        if rows_given or fitted // 2 < MIN_FITTED_ROWS:
+            free, _total = torch.cuda.mem_get_info(device)
+            raise RuntimeError(
+                f"the fast engine's KV cache would hold only {pages} pages for {fitted} decode "
+                f"rows: {free / 2**30:.2f} GiB are free after loading and "
+                f"{reserved / 2**30:.2f} GiB are set aside for the widest step; lower "
+                "HYMT_FAST_MAX_ROWS or HYMT_FAST_PREFILL_TOKENS, quantize the weights, or set "
+                "HYMT_FAST_NUM_PAGES"
+            )
+        fitted //= 2
+
+
 @dataclass(frozen=True, slots=True)
 class CacheShape:
     pages: int

@@ -41,9 +41,8 @@ from service.engine.fast.batch import DeviceRows, HostRows, Joining
 from service.engine.fast.cache import (
     CacheShape,
     PagedKVCache,
-    budget_pages,
+    fit_rows_and_pages,
     pages_for,
-    workspace_bytes,
 )
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.compile_cache import use_compile_cache
@@ -154,15 +153,20 @@ class FastEngine(LoadedEngine):
         geometry = self._weights.geometry
         layers = len(self._weights.layers)
         page_size = fast.page_size
-        pages = fast.num_pages or budget_pages(
-            geometry,
-            layers,
-            page_size,
-            loaded.dtype,
-            device,
-            fast.memory_fraction,
-            reserved=workspace_bytes(geometry, rows, prefill),
-        )
+        if fast.num_pages:
+            pages = fast.num_pages
+        else:
+            rows, pages = fit_rows_and_pages(
+                geometry,
+                layers,
+                page_size,
+                loaded.dtype,
+                device,
+                fast.memory_fraction,
+                rows,
+                prefill,
+                rows_given=fast.max_rows is not None,
+            )
         self._cache = PagedKVCache(
             geometry, layers, CacheShape(pages, page_size), loaded.dtype, device
         )
