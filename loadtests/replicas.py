@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -126,11 +125,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     env.setdefault("HYMT_CACHE_SIZE", "0")
     result: dict[str, Any] = {"env": env, "replicas": args.replicas, "devices": devices}
     report = args.out / "replicas.json"
-    lock = threading.Lock()
 
     def save() -> None:
-        with lock:
-            report.write_text(json.dumps(result, indent=2) + "\n")
+        report.write_text(json.dumps(result, indent=2) + "\n")
 
     redis = None
     if not args.no_redis:
