@@ -2,9 +2,9 @@
 
 1. Redis on loopback (unless ``--no-redis``): the replicas share rate limits, quotas and the
    result cache through it, as ``deploy/compose.replicas.yaml`` runs them.
-2. ``--replicas`` services (``python -m service`` with the ``--env`` settings), started at once,
-   replica i on the i-th GPU of ``--devices`` (its ``CUDA_VISIBLE_DEVICES``), each timed to
-   ready.
+2. ``--replicas`` services (``python -m service`` with the ``--env`` settings), started one
+   after the other (the later ones reuse the first one's compile cache), replica i on the i-th
+   GPU of ``--devices`` (its ``CUDA_VISIBLE_DEVICES``), each timed to ready.
 3. The shipped nginx in front of all of them (``loadtests.stack``).
 4. Throughput through nginx: the load generator, closed loop, ``--concurrency`` clients spread
    over ``--sources`` loopback addresses (nginx limits each address to 20 requests/s: one
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from concurrent.futures import ThreadPoolExecutor
+import subprocess
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -130,23 +130,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report.write_text(json.dumps(result, indent=2) + "\n")
 
     redis = None
-    if not args.no_redis:
-        if not args.redis_server:
-            parser.error("no redis-server found: give --redis-server, or --no-redis")
-        redis = stack.start_redis(args.redis_server, stack.free_port(), args.out / "redis")
-        env["HYMT_REDIS_URL"] = redis.url
-
-    def start(index: int) -> tuple[Any, str, dict[str, float]]:
-        own = {**env, **({"CUDA_VISIBLE_DEVICES": devices[index]} if devices else {})}
-        return start_service(own, args.out / f"replica{index}.log")
-
     nginx = None
-    with ThreadPoolExecutor(args.replicas) as pool:
-        started = list(pool.map(start, range(args.replicas)))
-    processes = [process for process, _, _ in started]
-    urls = [url for _, url, _ in started]
+    processes: list[subprocess.Popen[bytes]] = []
+    urls: list[str] = []
     try:
-        result["start"] = [timings for _, _, timings in started]
+        if not args.no_redis:
+            if not args.redis_server:
+                parser.error("no redis-server found: give --redis-server, or --no-redis")
+            redis = stack.start_redis(args.redis_server, stack.free_port(), args.out / "redis")
+            env["HYMT_REDIS_URL"] = redis.url
+        # One after the other: the later replicas find the first one's compiled kernels in the
+        # shared data folder's compile cache instead of compiling the same graphs at once.
+        timings = []
+        for index in range(args.replicas):
+            own = {**env, **({"CUDA_VISIBLE_DEVICES": devices[index]} if devices else {})}
+            process, url, started = start_service(own, args.out / f"replica{index}.log")
+            processes.append(process)
+            urls.append(url)
+            timings.append(started)
+        result["start"] = timings
         save()
         addresses = [url.removeprefix("http://") for url in urls]
         nginx = stack.start_nginx(args.nginx, addresses, args.out / "nginx")
