@@ -43,7 +43,8 @@ def free_port() -> int:
         return port
 
 
-START_TIMEOUT_S = 300.0
+# A cold start compiles a decode step per batch-size bucket: minutes for the 30B's layers.
+START_TIMEOUT_S = 600.0
 
 
 def start_service(

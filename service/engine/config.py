@@ -56,6 +56,9 @@ class FastConfig:
     compile: Toggle = "auto"
     # What one compiled unit covers: a decode layer (reused by all) or the whole stack of them.
     compile_scope: Literal["layer", "step"] = "layer"
+    # Decode shapes compiled per batch-size bucket (static) or one graph with the batch size
+    # symbolic after the first two buckets (dynamic; slower for the batches between them).
+    decode_shapes: Literal["static", "dynamic"] = "static"
     # Norm weights folded into the next projection (measured slower on the H200: off).
     fold_norms: Toggle = "off"  # auto (an earlier default) means off
     attention: Literal["auto", "triton", "flex", "gather"] = "auto"

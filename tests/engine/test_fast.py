@@ -144,15 +144,18 @@ async def test_greedy_equals_generate_alone_and_in_a_crowd(
     assert engine._cache.committed_pages == 0
 
 
+@pytest.mark.parametrize("shapes", ["dynamic", "static"])
 async def test_compiled_step_equals_generate(
+    shapes: str,
     data_dir: Path,
     reference: LoadedModel,
     prompts: list[tuple[int, ...]],
     expected: list[list[int]],
 ) -> None:
     # What a GPU runs, less the graphs and FlexAttention's kernel: the step's inputs, each layer
-    # and the logits-and-sampling tail compiled by inductor (for this CPU), in two decode rows.
-    config = _config(data_dir, attention="gather", compile="on", max_rows=2)
+    # and the logits-and-sampling tail compiled by inductor (for this CPU), in two decode rows:
+    # with the batch size symbolic after the first bucket, or compiled for each bucket.
+    config = _config(data_dir, attention="gather", compile="on", max_rows=2, decode_shapes=shapes)
     engine = RecordingEngine(load_model(config), config)
     try:
         requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]

@@ -109,6 +109,8 @@ class Plan:
     cuda_graphs: bool
     compiled: bool
     buckets: tuple[int, ...]
+    # "static" (a compile per bucket) or "dynamic"; "eager" when nothing is compiled.
+    decode_shapes: str
 
 
 def plan_for(
@@ -174,9 +176,12 @@ class FastEngine(LoadedEngine):
         self._rows = DeviceRows(rows, max_pages, geometry.vocab, device)
         attention = self._attention(attention_kind, geometry, compiled, fast)
         scope = fast.compile_scope if compiled else None
-        self._model = Transformer(self._weights, self._cache, self._rows, attention, scope)
+        static = fast.decode_shapes == "static"
+        self._model = Transformer(
+            self._weights, self._cache, self._rows, attention, scope, static_decode=static
+        )
         self._choose: Callable[[torch.Tensor, torch.Tensor, int, bool], None] = (
-            torch.compile(self._choose_tokens, fullgraph=True, dynamic=None)
+            torch.compile(self._choose_tokens, fullgraph=True, dynamic=False if static else None)
             if compiled
             else self._choose_tokens
         )
@@ -206,19 +211,28 @@ class FastEngine(LoadedEngine):
         self._flip = 0
         self._graphs: DecodeGraphs | None = None
         buckets = buckets_up_to(rows)
-        if graphs:
-            started = time.perf_counter()
-            self._graphs = DecodeGraphs(self._decode_and_sample, buckets, device)
-            log.info(
-                "decode graphs captured",
-                extra={
-                    "graphs": self._graphs.count,
-                    "seconds": round(time.perf_counter() - started, 3),
-                },
-            )
-        elif compiled:
-            for bucket in reversed(buckets):
-                self._decode_and_sample(bucket, False)
+        # Static decode shapes compile each decode function once per bucket, and the layer
+        # once per bucket and kind of layer (a mixture of experts after a dense first layer):
+        # more than dynamo's default of 8 recompiles, past which a fullgraph compile fails.
+        # Every bucket compiles here, before ready; serving runs only these sizes.
+        kinds = len({layer.moe is None for layer in self._weights.layers})
+        extra = len(buckets) * kinds if static else 0
+        limit = torch._dynamo.config.recompile_limit + extra
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            if graphs:
+                started = time.perf_counter()
+                self._graphs = DecodeGraphs(self._decode_and_sample, buckets, device)
+                log.info(
+                    "decode graphs captured",
+                    extra={
+                        "graphs": self._graphs.count,
+                        "seconds": round(time.perf_counter() - started, 3),
+                        "decode_shapes": fast.decode_shapes,
+                    },
+                )
+            elif compiled:
+                for bucket in reversed(buckets):
+                    self._decode_and_sample(bucket, False)
         if compiled:
             # The prefill's compiled parts, before ready: for one token (sizes 0 and 1 are
             # always specialised) and two other counts, the second of which makes the count
@@ -234,8 +248,10 @@ class FastEngine(LoadedEngine):
             cuda_graphs=graphs,
             compiled=compiled,
             buckets=buckets,
+            decode_shapes=fast.decode_shapes if compiled else "eager",
         )
         self._buckets = buckets
+        self._static = static and compiled
         label = (
             "fp8" if fp8 is not None or config.quantization == "fp8" else self._info.quantization
         )
@@ -533,6 +549,9 @@ class FastEngine(LoadedEngine):
         full = bool(host.full_sort[:n].any())
         if self._graphs is not None:
             self._graphs.replay(bucket, full)
+        elif self._static:
+            # Compiled for the buckets' shapes only: run the step a graph would run.
+            self._decode_and_sample(bucket, full)
         else:
             most = int(host.length[:n].max()) + 1
             self._decode_and_sample(n, full, pages_for(most, page))

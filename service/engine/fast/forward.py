@@ -14,7 +14,10 @@ Two entry points:
   inputs (lengths, cache slots, embeddings, RoPE rows) as one function, and the layers either
   one at a time (``layer``: one compiled function serves every layer, since the layers differ
   only in the tensors passed in; quick to compile) or as the whole stack (``step``: inductor may
-  also fuse across layer boundaries; much slower to compile).
+  also fuse across layer boundaries; much slower to compile). With ``static_decode`` each
+  decode function compiles once per batch size it is run at (the engine's buckets), with kernels
+  specialised to that size; otherwise the batch size turns symbolic at the second size, and
+  every later bucket shares that graph.
 """
 
 from __future__ import annotations
@@ -99,6 +102,7 @@ class Transformer:
         rows: DeviceRows,
         attention: DecodeAttention,
         compile_scope: str | None,
+        static_decode: bool = False,
     ) -> None:
         self.weights = weights
         self.cache = cache
@@ -109,9 +113,11 @@ class Transformer:
         self._inputs: Callable[[int], tuple[torch.Tensor, ...]] = self._step_inputs
         self._prefill_in: Callable[..., tuple[torch.Tensor, ...]] = attention_inputs
         self._prefill_out: Callable[..., torch.Tensor] = attention_output
+        # The prefill's token count stays dynamic whatever the decode does: prompt lengths vary.
+        decode_dynamic = False if static_decode else None
         if compile_scope is not None:
             # A dozen small eager kernels become one or two.
-            self._inputs = torch.compile(self._step_inputs, fullgraph=True, dynamic=None)
+            self._inputs = torch.compile(self._step_inputs, fullgraph=True, dynamic=decode_dynamic)
             # Eager, a prefill launches each small operation of each layer from the host (a
             # lone request's prompt pays for that once per layer); compiled, the work around the
             # attention kernel is a few kernels per layer. dynamic=None, as for the decode
@@ -120,11 +126,11 @@ class Transformer:
             self._prefill_in = torch.compile(attention_inputs, fullgraph=True, dynamic=None)
             self._prefill_out = torch.compile(attention_output, fullgraph=True, dynamic=None)
         if compile_scope == "step":
-            self._stack = torch.compile(self._decode_stack, fullgraph=True, dynamic=None)
+            self._stack = torch.compile(self._decode_stack, fullgraph=True, dynamic=decode_dynamic)
         elif compile_scope == "layer":
             # dynamic=None: the first bucket compiles static, the next one marks the batch size
-            # dynamic, so every other bucket reuses that graph (no compile per bucket).
-            self._layer = torch.compile(self._decode_layer, fullgraph=True, dynamic=None)
+            # dynamic, so every other bucket reuses that graph; False: a compile per bucket.
+            self._layer = torch.compile(self._decode_layer, fullgraph=True, dynamic=decode_dynamic)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weights
