@@ -350,6 +350,13 @@ class Settings(BaseSettings):
         "the largest bucket for its size and one graph with a symbolic batch size for the "
         "others.",
     )
+    fast_fused_rope: Literal["auto", "on", "off"] = Field(
+        "off",
+        description="Fast engine: auto runs each decode layer's RoPE, query/key norms and KV "
+        "cache writes as one Triton kernel where it runs (bf16 or fp16 on CUDA) instead of "
+        "three compiled ones; on forces it (a CPU runs it only in Triton's interpreter); off "
+        "keeps the compiled torch code.",
+    )
     fast_fold_norms: Literal["auto", "on", "off"] = Field(
         "off",
         description="Fast engine: on folds each RMSNorm's weight into the projection after it, "
@@ -596,6 +603,7 @@ class Settings(BaseSettings):
                 compile_scope=self.fast_compile_scope,
                 decode_shapes=self.fast_decode_shapes,
                 fold_norms=self.fast_fold_norms,
+                fused_rope=self.fast_fused_rope,
                 attention=self.fast_attention,
                 triton_attention_rows=self.fast_triton_attention_rows,
             ),

@@ -62,6 +62,9 @@ class FastConfig:
     # Norm weights folded into the next projection (measured slower on the H200: off).
     fold_norms: Toggle = "off"  # auto (an earlier default) means off
     attention: Literal["auto", "triton", "flex", "gather"] = "auto"
+    # The decode layer's RoPE, query/key norms and cache writes as one Triton kernel: auto
+    # takes it where it runs (16-bit on CUDA); off until it is measured on the H200.
+    fused_rope: Toggle = "off"
     # Batches of up to this many rows take the Triton decode attention (``triton``).
     triton_attention_rows: int = 16
 

@@ -144,6 +144,24 @@ async def test_greedy_equals_generate_alone_and_in_a_crowd(
     assert engine._cache.committed_pages == 0
 
 
+async def test_fused_rope_equals_generate(
+    data_dir: Path,
+    reference: LoadedModel,
+    prompts: list[tuple[int, ...]],
+    expected: list[list[int]],
+) -> None:
+    # The decode layers' RoPE, query/key norms and cache writes as one Triton kernel (rope.py;
+    # a GPU's bf16 path), in Triton's interpreter: slow here, so one decode row, texts alone.
+    config = _config(data_dir, attention="gather", fused_rope="on", max_rows=1)
+    engine = RecordingEngine(load_model(config), config)
+    try:
+        assert engine.plan.fused_rope
+        requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
+        assert await _alone(engine, requests) == _wanted(reference, expected)
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("shapes", ["dynamic", "static"])
 async def test_compiled_step_equals_generate(
     shapes: str,

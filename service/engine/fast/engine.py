@@ -29,6 +29,7 @@ import torch
 import torch._inductor.config
 
 from service.engine.config import EngineConfig, FastConfig
+from service.engine.fast import rope
 from service.engine.fast.attention import (
     DecodeAttention,
     FlexDecode,
@@ -111,6 +112,9 @@ class Plan:
     buckets: tuple[int, ...]
     # "static" (a compile per bucket) or "dynamic"; "eager" when nothing is compiled.
     decode_shapes: str
+    # Whether the decode layers run RoPE, the query/key norms and the cache writes as one
+    # kernel (rope.py).
+    fused_rope: bool
 
 
 def plan_for(
@@ -177,8 +181,17 @@ class FastEngine(LoadedEngine):
         attention = self._attention(attention_kind, geometry, compiled, fast)
         scope = fast.compile_scope if compiled else None
         static = fast.decode_shapes == "static"
+        fused_rope = fast.fused_rope == "on" or (
+            fast.fused_rope == "auto" and rope.runs(loaded.dtype, device)
+        )
         self._model = Transformer(
-            self._weights, self._cache, self._rows, attention, scope, static_decode=static
+            self._weights,
+            self._cache,
+            self._rows,
+            attention,
+            scope,
+            static_decode=static,
+            fused_rope=fused_rope,
         )
         self._choose: Callable[[torch.Tensor, torch.Tensor, int, bool], None] = (
             torch.compile(self._choose_tokens, fullgraph=True, dynamic=False if static else None)
@@ -249,6 +262,7 @@ class FastEngine(LoadedEngine):
             compiled=compiled,
             buckets=buckets,
             decode_shapes=fast.decode_shapes if compiled else "eager",
+            fused_rope=fused_rope,
         )
         self._buckets = buckets
         self._static = static and compiled

@@ -33,12 +33,48 @@ from service.engine.fast.cache import PagedKVCache, write_kv
 from service.engine.fast.moe import moe_block
 from service.engine.fast.prefill import PackedPrefill
 from service.engine.fast.projections import gated_product, project, rms_norm
+from service.engine.fast.rope import rope_and_store
 from service.engine.fast.weights import Geometry, LayerWeights, ModelWeights, linear
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def qkv_projection(x: torch.Tensor, layer: LayerWeights, g: Geometry) -> torch.Tensor:
+    """The fused QKV product ``[tokens, (heads + 2 * kv_heads) * head_dim]`` of the layer's
+    normed input."""
+    if layer.input_norm is None:  # folded into the QKV weights
+        return project(x, layer.qkv, norm_eps=g.eps)
+    return project(rms_norm(x, layer.input_norm, g.eps), layer.qkv)
+
+
+def rotate_and_normalise(
+    qkv: torch.Tensor,
+    query_norm: torch.Tensor | None,
+    key_norm: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    g: Geometry,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries ``[tokens, heads, dim]``, keys and values ``[tokens, kv_heads, dim]`` of a QKV
+    product: RoPE on queries and keys, and their norms before or after it, by model."""
+    tokens = qkv.shape[0]
+    q_width, kv_width = g.heads * g.head_dim, g.kv_heads * g.head_dim
+    q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
+    q = q.reshape(tokens, g.heads, g.head_dim)
+    k = k.reshape(tokens, g.kv_heads, g.head_dim)
+    v = v.reshape(tokens, g.kv_heads, g.head_dim)
+    normed = query_norm is not None and key_norm is not None
+    if normed and g.norm_before_rope:
+        q, k = _qk_norm(q, k, query_norm, key_norm, g)
+    c, s = cos[:, None, :], sin[:, None, :]
+    q = q * c + _rotate_half(q) * s
+    k = k * c + _rotate_half(k) * s
+    if normed and not g.norm_before_rope:
+        q, k = _qk_norm(q, k, query_norm, key_norm, g)
+    return q, k, v
 
 
 def attention_inputs(
@@ -49,33 +85,20 @@ def attention_inputs(
     g: Geometry,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Queries ``[tokens, heads, dim]``, keys and values ``[tokens, kv_heads, dim]``."""
-    tokens = x.shape[0]
-    if layer.input_norm is None:  # folded into the QKV weights
-        qkv = project(x, layer.qkv, norm_eps=g.eps)
-    else:
-        qkv = project(rms_norm(x, layer.input_norm, g.eps), layer.qkv)
-    q_width, kv_width = g.heads * g.head_dim, g.kv_heads * g.head_dim
-    q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
-    q = q.reshape(tokens, g.heads, g.head_dim)
-    k = k.reshape(tokens, g.kv_heads, g.head_dim)
-    v = v.reshape(tokens, g.kv_heads, g.head_dim)
-    normed = layer.query_norm is not None and layer.key_norm is not None
-    if normed and g.norm_before_rope:
-        q, k = _qk_norm(q, k, layer, g)
-    c, s = cos[:, None, :], sin[:, None, :]
-    q = q * c + _rotate_half(q) * s
-    k = k * c + _rotate_half(k) * s
-    if normed and not g.norm_before_rope:
-        q, k = _qk_norm(q, k, layer, g)
-    return q, k, v
+    qkv = qkv_projection(x, layer, g)
+    return rotate_and_normalise(qkv, layer.query_norm, layer.key_norm, cos, sin, g)
 
 
 def _qk_norm(
-    q: torch.Tensor, k: torch.Tensor, layer: LayerWeights, g: Geometry
+    q: torch.Tensor,
+    k: torch.Tensor,
+    query_norm: torch.Tensor | None,
+    key_norm: torch.Tensor | None,
+    g: Geometry,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    assert layer.query_norm is not None
-    assert layer.key_norm is not None
-    return rms_norm(q, layer.query_norm, g.eps), rms_norm(k, layer.key_norm, g.eps)
+    assert query_norm is not None
+    assert key_norm is not None
+    return rms_norm(q, query_norm, g.eps), rms_norm(k, key_norm, g.eps)
 
 
 def attention_output(
@@ -103,8 +126,11 @@ class Transformer:
         attention: DecodeAttention,
         compile_scope: str | None,
         static_decode: bool = False,
+        fused_rope: bool = False,
     ) -> None:
         self.weights = weights
+        # The decode layer's RoPE, query/key norms and cache writes as one kernel (rope.py).
+        self._fused_rope = fused_rope
         self.cache = cache
         self.rows = rows
         self.attention = attention
@@ -196,7 +222,13 @@ class Transformer:
         meta: object,
     ) -> torch.Tensor:
         g = self.weights.geometry
-        q, k, v = attention_inputs(x, layer, cos, sin, g)
-        write_kv(keys, values, slots, k, v)
+        if self._fused_rope:
+            qkv = qkv_projection(x, layer, g)
+            q = rope_and_store(
+                qkv, cos, sin, layer.query_norm, layer.key_norm, keys, values, slots, g
+            )
+        else:
+            q, k, v = attention_inputs(x, layer, cos, sin, g)
+            write_kv(keys, values, slots, k, v)
         attended = self.attention(q, keys, values, meta, g.scale)
         return attention_output(x, attended, layer, g)
