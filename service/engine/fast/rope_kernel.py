@@ -63,7 +63,8 @@ def rope_store(  # type: ignore[no-untyped-def]
     slot = tl.load(slots_ptr + row).to(tl.int64)
     if head >= heads + kv_heads:
         # A value head: into its cache slot as it is.
-        at = value_ptr + (head - heads - kv_heads) * stride_cache_head + slot * stride_cache_slot
+        value_head = (head - heads - kv_heads).to(tl.int64)
+        at = value_ptr + value_head * stride_cache_head + slot * stride_cache_slot
         tl.store(at + lo, tl.load(src + lo))
         tl.store(at + half + lo, tl.load(src + half + lo))
     else:
@@ -89,6 +90,7 @@ def rope_store(  # type: ignore[no-untyped-def]
         if is_query:
             at = out_ptr + row * stride_ob + head * stride_oh
         else:
-            at = key_ptr + (head - heads) * stride_cache_head + slot * stride_cache_slot
+            key_head = (head - heads).to(tl.int64)
+            at = key_ptr + key_head * stride_cache_head + slot * stride_cache_slot
         tl.store(at + lo, y1.to(dtype))
         tl.store(at + half + lo, y2.to(dtype))
