@@ -360,9 +360,12 @@ class Settings(BaseSettings):
     fast_fold_norms: Literal["auto", "on", "off"] = Field(
         "off",
         description="Fast engine: on folds each RMSNorm's weight into the projection after it, "
-        "so a lone request's one-row kernel computes the norm itself (bf16 or fp16 on CUDA). "
-        "Measured slower than the separate norm kernels on the H200, hence off; auto (an "
-        "earlier default) now means off. Rounds the folded weights once more.",
+        "so a lone request's one-row kernel applies the norm itself (bf16 or fp16 on CUDA): in "
+        "a dense model each projection that writes a norm's row adds up its squares for the "
+        "next one (no norm kernels in the step), elsewhere the reading kernel sums them. The "
+        "second way measured slower than the separate norm kernels on the H200 and the first "
+        "is not measured yet, hence off; auto (an earlier default) means off. Rounds the "
+        "folded weights once more.",
     )
     fast_attention: Literal["auto", "triton", "flex", "gather"] = Field(
         "auto",

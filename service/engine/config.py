@@ -59,7 +59,8 @@ class FastConfig:
     # Decode shapes compiled per batch-size bucket (static) or one graph with the batch size
     # symbolic after the first two buckets (dynamic; slower for the batches between them).
     decode_shapes: Literal["static", "dynamic"] = "static"
-    # Norm weights folded into the next projection (measured slower on the H200: off).
+    # Norm weights folded into the next projection (the in-loop sums measured slower on the
+    # H200; the sums passed between projections not measured yet: off).
     fold_norms: Toggle = "off"  # auto (an earlier default) means off
     attention: Literal["auto", "triton", "flex", "gather"] = "auto"
     # The decode layer's RoPE, query/key norms and cache writes as one Triton kernel: auto

@@ -26,6 +26,7 @@ from service.config import Settings
 from service.engine.config import EngineConfig, FastConfig
 from service.engine.demo import ensure_demo_model
 from service.engine.factory import engine_kind
+from service.engine.fast import gemv
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.engine import FastEngine
 from service.engine.fast.sampler import RowSampling, first_argmax, sample
@@ -142,6 +143,33 @@ async def test_greedy_equals_generate_alone_and_in_a_crowd(
     assert await _generated(engine, requests * 4, "crowd") == wanted * 4
     # Every page went back once everything finished.
     assert engine._cache.committed_pages == 0
+
+
+async def test_one_row_kernels_with_passed_norm_sums_equal_generate(
+    data_dir: Path, prompts: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A lone request's decode as a GPU runs it with folded norms: every projection of the step
+    # on the one-row kernel (here in Triton's interpreter, in float32), each norm's sum of
+    # squares added up by the projection that wrote its row and no norm kernel between them.
+    pytest.importorskip("triton")
+    monkeypatch.setattr(gemv, "runs", lambda dtype, device: True)
+    # Wide blocks: few programs, each a vectorised step for the interpreter (the GPU's block
+    # sizes are swept there; they do not change the arithmetic).
+    monkeypatch.setattr(gemv, "DEFAULT", gemv.GemvConfig(256, 256, 4, 2))
+    config = _config(data_dir, attention="gather", fold_norms="on", max_rows=1)
+    reference = _uneven_norms(load_model(config))
+    wanted = _wanted(reference, reference_greedy(reference, prompts[:3], MAX_NEW))
+    engine = RecordingEngine(_uneven_norms(load_model(config)), config)
+    try:
+        sums = engine._model._sums
+        assert sums is not None
+        requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts[:3]]
+        assert await _alone(engine, requests) == wanted
+        # At rest every layer's sums are cleared for the next step (the first layer's input sum
+        # is written, not added to, and the spare after the last is never read).
+        assert all(not bool(layer_sums.any()) for layer_sums in sums[1:-1])
+    finally:
+        engine.close()
 
 
 async def test_fused_rope_equals_generate(

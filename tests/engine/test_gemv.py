@@ -101,6 +101,61 @@ def test_one_row_kernel_normalises_the_row_for_a_folded_norm() -> None:
 
 
 @pytest.mark.usefixtures("interpreted")
+@pytest.mark.parametrize("config", CONFIGS, ids=["small-blocks", "large-blocks"])
+def test_one_row_kernels_pass_the_norms_sums_of_squares_along(config: gemv.GemvConfig) -> None:
+    # A layer's chain on one row: the output projection (plus residual) adds its output's
+    # squares to the post-attention norm's sum and clears the input norm's, the gate/up
+    # projection normalises with that sum, the down projection (plus residual) passes its own
+    # squares to the next layer's sum and clears the one gate/up read.
+    torch.manual_seed(4)
+    attended, residual = torch.randn(1, INPUTS), 2 * torch.randn(1, OUTPUTS)
+    o_weight = torch.randn(OUTPUTS, INPUTS)
+    norm = torch.rand(OUTPUTS) + 0.5
+    gate_up = torch.randn(2 * INPUTS, OUTPUTS)
+    down = torch.randn(OUTPUTS, INPUTS)
+    sums, next_sums = torch.tensor([5.0, 0.0]), torch.zeros(2)
+
+    x = gemv.one_row(
+        attended,
+        o_weight,
+        None,
+        residual=residual,
+        sum_into=sums[1:2],
+        zero=sums[0:1],
+        config=config,
+    )
+    torch.testing.assert_close(x, residual + attended @ o_weight.T, rtol=1e-5, atol=1e-5)
+    assert sums[0].item() == 0.0  # read by the QKV projection before: cleared
+    torch.testing.assert_close(sums[1], x.pow(2).sum(), rtol=1e-5, atol=1e-5)
+
+    folded = gate_up * norm
+    activated = gemv.one_row(
+        x, folded, None, gated=True, norm_eps=1e-5, norm_sum=sums[1:2], config=config
+    )
+    expected = _swiglu(rms_norm(x, norm, 1e-5) @ gate_up.T)
+    torch.testing.assert_close(activated, expected, rtol=1e-4, atol=1e-4)
+    # The sum, not the row, is what the kernel normalises with: a wrong sum shows.
+    doubled = sums[1:2] * 4
+    wrong = gemv.one_row(
+        x, folded, None, gated=True, norm_eps=1e-5, norm_sum=doubled, config=config
+    )
+    assert not torch.allclose(wrong, expected, rtol=1e-2, atol=1e-2)
+
+    out = gemv.one_row(
+        activated,
+        down,
+        None,
+        residual=x,
+        sum_into=next_sums[0:1],
+        zero=sums[1:2],
+        config=config,
+    )
+    torch.testing.assert_close(out, x + activated @ down.T, rtol=1e-4, atol=1e-4)
+    assert sums.tolist() == [0.0, 0.0]  # both of this layer's sums are ready for the next step
+    torch.testing.assert_close(next_sums[0], out.pow(2).sum(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.usefixtures("interpreted")
 def test_one_row_kernel_answers_in_the_rows_dtype() -> None:
     torch.manual_seed(1)
     weight = torch.randn(OUTPUTS, INPUTS, dtype=torch.bfloat16)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from service.engine.attention import packed_causal_attention
+from service.engine.fast import gemv
 from service.engine.fast.attention import DecodeAttention
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import PagedKVCache, write_kv
@@ -42,11 +43,14 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def qkv_projection(x: torch.Tensor, layer: LayerWeights, g: Geometry) -> torch.Tensor:
+def qkv_projection(
+    x: torch.Tensor, layer: LayerWeights, g: Geometry, sums: torch.Tensor | None = None
+) -> torch.Tensor:
     """The fused QKV product ``[tokens, (heads + 2 * kv_heads) * head_dim]`` of the layer's
-    normed input."""
+    normed input (``sums``: the layer's sums of squares, ``NormSums``)."""
     if layer.input_norm is None:  # folded into the QKV weights
-        return project(x, layer.qkv, norm_eps=g.eps)
+        norm_sum = None if sums is None else sums[0:1]
+        return project(x, layer.qkv, norm_eps=g.eps, norm_sum=norm_sum)
     return project(rms_norm(x, layer.input_norm, g.eps), layer.qkv)
 
 
@@ -102,19 +106,35 @@ def _qk_norm(
 
 
 def attention_output(
-    x: torch.Tensor, attended: torch.Tensor, layer: LayerWeights, g: Geometry
+    x: torch.Tensor,
+    attended: torch.Tensor,
+    layer: LayerWeights,
+    g: Geometry,
+    sums: torch.Tensor | None = None,
+    next_sums: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The residual stream after the output projection and the MLP."""
-    x = project(attended.reshape(x.shape[0], -1), layer.o, residual=x)
+    """The residual stream after the output projection and the MLP (``sums``, ``next_sums``:
+    this layer's and the next one's sums of squares, ``NormSums``)."""
+    attended = attended.reshape(x.shape[0], -1)
+    if sums is None or next_sums is None:
+        x = project(attended, layer.o, residual=x)
+    else:
+        # The output projection's row is the post-attention norm's input: its squares go to
+        # that norm's sum; the QKV projection has read this layer's input sum.
+        x = project(attended, layer.o, residual=x, sum_into=sums[1:2], zero=sums[0:1])
     if layer.moe is not None:
         return x + moe_block(rms_norm(x, layer.post_norm, g.eps), layer.moe)
     assert layer.gate_up is not None
     assert layer.down is not None
     if layer.post_norm is None:  # folded into the gate/up weights
-        activated = gated_product(x, layer.gate_up, norm_eps=g.eps)
+        norm_sum = None if sums is None else sums[1:2]
+        activated = gated_product(x, layer.gate_up, norm_eps=g.eps, norm_sum=norm_sum)
     else:
         activated = gated_product(rms_norm(x, layer.post_norm, g.eps), layer.gate_up)
-    return project(activated, layer.down, residual=x)
+    if sums is None or next_sums is None:
+        return project(activated, layer.down, residual=x)
+    # The layer's output is the next layer's input: its squares go to the next input sum.
+    return project(activated, layer.down, residual=x, sum_into=next_sums[0:1], zero=sums[1:2])
 
 
 class Transformer:
@@ -134,6 +154,7 @@ class Transformer:
         self.cache = cache
         self.rows = rows
         self.attention = attention
+        self._sums = _norm_sums(weights, rows.device)
         self._layer: Callable[..., torch.Tensor] = self._decode_layer
         self._stack: Callable[..., torch.Tensor] = self._decode_stack
         self._inputs: Callable[[int], tuple[torch.Tensor, ...]] = self._step_inputs
@@ -195,6 +216,11 @@ class Transformer:
         current = table.gather(1, (positions // page)[:, None]).squeeze(1).long()
         slots = current * page + positions % page
         x = torch.nn.functional.embedding(rows.tokens[:batch], w.embed)
+        if self._sums is not None and batch == 1:
+            # The first layer's input norm reads the embedding's sum of squares; the last
+            # layer's output adds its squares to a spare sum nothing reads, cleared here.
+            self._sums[0][0:1].copy_(x.float().pow(2).sum(-1))
+            self._sums[-1].zero_()
         return x, w.cos[positions], w.sin[positions], slots
 
     def _decode_stack(
@@ -205,9 +231,11 @@ class Transformer:
         slots: torch.Tensor,
         meta: object,
     ) -> torch.Tensor:
-        w, cache = self.weights, self.cache
+        w, cache, sums = self.weights, self.cache, self._sums
         for index, layer in enumerate(w.layers):
-            x = self._layer(x, layer, cache.keys[index], cache.values[index], slots, cos, sin, meta)
+            keys, values = cache.keys[index], cache.values[index]
+            mine, following = (None, None) if sums is None else (sums[index], sums[index + 1])
+            x = self._layer(x, layer, keys, values, slots, cos, sin, meta, mine, following)
         return x
 
     def _decode_layer(
@@ -220,15 +248,35 @@ class Transformer:
         cos: torch.Tensor,
         sin: torch.Tensor,
         meta: object,
+        sums: torch.Tensor | None = None,
+        next_sums: torch.Tensor | None = None,
     ) -> torch.Tensor:
         g = self.weights.geometry
         if self._fused_rope:
-            qkv = qkv_projection(x, layer, g)
+            qkv = qkv_projection(x, layer, g, sums)
             q = rope_and_store(
                 qkv, cos, sin, layer.query_norm, layer.key_norm, keys, values, slots, g
             )
         else:
-            q, k, v = attention_inputs(x, layer, cos, sin, g)
+            qkv = qkv_projection(x, layer, g, sums)
+            q, k, v = rotate_and_normalise(qkv, layer.query_norm, layer.key_norm, cos, sin, g)
             write_kv(keys, values, slots, k, v)
         attended = self.attention(q, keys, values, meta, g.scale)
-        return attention_output(x, attended, layer, g)
+        return attention_output(x, attended, layer, g, sums, next_sums)
+
+
+def _norm_sums(weights: ModelWeights, device: torch.device) -> list[torch.Tensor] | None:
+    """Per layer (and one spare), the sums of squares of its input and of its post-attention
+    row, ``[2]`` in float32, for a lone request's decode step, where the one-row kernel runs
+    every projection (``gemv.one_row``): the projection that writes a row adds up its squares,
+    the one that reads it normalises with the sum, and the next projection clears it. Only for
+    a model whose norms are all folded into dense layers' projections (``fold_norms``); None
+    otherwise, and where the one-row kernel does not run."""
+    layers = weights.layers
+    folded = all(
+        layer.input_norm is None and layer.post_norm is None and layer.moe is None
+        for layer in layers
+    )
+    if not folded or not gemv.runs(weights.embed.dtype, device):
+        return None
+    return [torch.zeros(2, dtype=torch.float32, device=device) for _ in range(len(layers) + 1)]

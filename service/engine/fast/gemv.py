@@ -17,7 +17,12 @@ take whole kernels out of a layer:
   eps)``, which each program sums up in the loop that reads the row anyway and multiplies its
   sums with at the end, so the norm costs no kernel and no extra pass. (A first version that
   applied the norm's weight in the kernel needed a pass over the row before the main loop, and
-  measured slower than the separate norm kernel: docs/benchmarks.md, run 39.)
+  measured slower than the separate norm kernel: docs/benchmarks.md, run 39; summed in the
+  loop it measured slower too, runs 42-43.) With ``norm_sum`` the sum of squares comes from
+  the kernel that wrote the row instead: ``sum_into`` makes a projection add its output's
+  squares up (one atomic add per program), and ``zero`` clears a sum after its readers ran, so
+  a chain of projections normalises without summing anything twice and without a norm kernel.
+  The atomic adds arrive in any order, so the sum's last bits can differ from run to run.
 
 The kernel itself is in ``gemv_kernel.py``; where Triton is missing (a CPU build of torch has
 none) ``available()`` is false and the engine keeps its other paths. The block sizes per shape
@@ -91,11 +96,17 @@ def one_row(
     gated: bool = False,
     residual: torch.Tensor | None = None,
     norm_eps: float | None = None,
+    norm_sum: torch.Tensor | None = None,
+    sum_into: torch.Tensor | None = None,
+    zero: torch.Tensor | None = None,
     config: GemvConfig | None = None,
 ) -> torch.Tensor:
     """``x @ weight.T`` (``x``: ``[1, K]``), or ``silu(gate) * up`` of the two halves when
     ``gated``, plus ``residual`` when given; with ``norm_eps``, of ``x`` RMS-normalised without
-    a weight; ``[1, N]`` in ``x``'s dtype."""
+    a weight, its sum of squares read from ``norm_sum`` (float32, one element) when given and
+    summed in the kernel otherwise; ``[1, N]`` in ``x``'s dtype. ``sum_into`` (float32, one
+    element, zero before the call) gets the output's sum of squares added, for the norm of the
+    projection that reads it; ``zero`` (the same) is set to zero once the kernel has run."""
     outputs = weight.shape[0] // 2 if gated else weight.shape[0]
     inputs = weight.shape[1]
     chosen = config or config_for(outputs, inputs, weight)
@@ -107,6 +118,10 @@ def one_row(
         weight if scale is None else scale,
         x if residual is None else residual,
         out,
+        # Unused pointers stand in as the weight (never read: their flags are off).
+        weight if norm_sum is None else norm_sum,
+        weight if sum_into is None else sum_into,
+        weight if zero is None else zero,
         outputs,
         inputs,
         weight.stride(0),
@@ -115,6 +130,9 @@ def one_row(
         swiglu=gated,
         has_residual=residual is not None,
         has_norm=norm_eps is not None,
+        norm_from_sum=norm_sum is not None,
+        sum_out=sum_into is not None,
+        zero_after=zero is not None,
         block_n=chosen.block_n,
         block_k=chosen.block_k,
         num_warps=chosen.warps,

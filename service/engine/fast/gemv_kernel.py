@@ -17,6 +17,9 @@ def gemv(  # type: ignore[no-untyped-def]
     scale_ptr,
     residual_ptr,
     out_ptr,
+    sum_in_ptr,
+    sum_out_ptr,
+    zero_ptr,
     rows_out,
     inputs,
     stride_w,
@@ -25,6 +28,9 @@ def gemv(  # type: ignore[no-untyped-def]
     swiglu: tl.constexpr,
     has_residual: tl.constexpr,
     has_norm: tl.constexpr,
+    norm_from_sum: tl.constexpr,
+    sum_out: tl.constexpr,
+    zero_after: tl.constexpr,
     block_n: tl.constexpr,
     block_k: tl.constexpr,
 ):
@@ -41,7 +47,7 @@ def gemv(  # type: ignore[no-untyped-def]
         cols = start + tl.arange(0, block_k)
         col_ok = cols < inputs
         xs = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        if has_norm:
+        if has_norm and not norm_from_sum:
             squares += xs * xs
         xs = xs[None, :]
         mask = row_ok[:, None] & col_ok[None, :]
@@ -52,7 +58,9 @@ def gemv(  # type: ignore[no-untyped-def]
             acc_up += u.to(tl.float32) * xs
     out = tl.sum(acc, axis=1)
     if has_norm:
-        rstd = tl.math.rsqrt(tl.sum(squares, axis=0) / inputs + eps)
+        # With norm_from_sum the row's sum of squares was added up by the kernel that wrote it.
+        total = tl.load(sum_in_ptr) if norm_from_sum else tl.sum(squares, axis=0)
+        rstd = tl.math.rsqrt(total / inputs + eps)
         out = out * rstd
     if has_scale:
         out = out * tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
@@ -69,4 +77,15 @@ def gemv(  # type: ignore[no-untyped-def]
     if has_residual:
         out = out.to(dtype).to(tl.float32)
         out = out + tl.load(residual_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rows, out.to(dtype), mask=row_ok)
+    written = out.to(dtype)
+    tl.store(out_ptr + rows, written, mask=row_ok)
+    if sum_out:
+        # This block's share of the output's sum of squares (of the values as stored), for
+        # the norm that reads the output next.
+        kept = tl.where(row_ok, written.to(tl.float32), 0.0)
+        tl.atomic_add(sum_out_ptr, tl.sum(kept * kept, axis=0), sem="relaxed")
+    # A sum whose readers have all run (the launch before this one), cleared for the next step;
+    # the outer test is decided at compile time, the inner one per program.
+    if zero_after:  # noqa: SIM102
+        if tl.program_id(0) == 0:
+            tl.store(zero_ptr, 0.0)

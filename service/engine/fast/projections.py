@@ -32,21 +32,41 @@ def project(
     p: Linear,
     residual: torch.Tensor | None = None,
     norm_eps: float | None = None,
+    norm_sum: torch.Tensor | None = None,
+    sum_into: torch.Tensor | None = None,
+    zero: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ p.T``, plus ``residual`` when given; with ``norm_eps``, of ``x`` RMS-normalised
-    first (the norm's weight folded into ``p``)."""
+    first (the norm's weight folded into ``p``). ``norm_sum``, ``sum_into`` and ``zero`` are the
+    one-row kernel's sums of squares (``gemv.one_row``); other shapes do without them."""
     if _one_row(x):
-        return gemv.one_row(x, p.weight, p.scale, residual=residual, norm_eps=norm_eps)
+        return gemv.one_row(
+            x,
+            p.weight,
+            p.scale,
+            residual=residual,
+            norm_eps=norm_eps,
+            norm_sum=norm_sum,
+            sum_into=sum_into,
+            zero=zero,
+        )
     h = x if norm_eps is None else rms_norm(x, None, norm_eps)
     out = linear(h, p.weight, p.scale)
     return out if residual is None else residual + out
 
 
-def gated_product(x: torch.Tensor, gate_up: Linear, norm_eps: float | None = None) -> torch.Tensor:
+def gated_product(
+    x: torch.Tensor,
+    gate_up: Linear,
+    norm_eps: float | None = None,
+    norm_sum: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``silu(gate) * up`` of the fused gate/up projection of ``x`` (RMS-normalised first with
-    ``norm_eps``, as ``project``)."""
+    ``norm_eps``, and ``norm_sum`` on one row, as ``project``)."""
     if _one_row(x):
-        return gemv.one_row(x, gate_up.weight, gate_up.scale, gated=True, norm_eps=norm_eps)
+        return gemv.one_row(
+            x, gate_up.weight, gate_up.scale, gated=True, norm_eps=norm_eps, norm_sum=norm_sum
+        )
     h = x if norm_eps is None else rms_norm(x, None, norm_eps)
     return swiglu(linear(h, gate_up.weight, gate_up.scale))
 
