@@ -17,7 +17,10 @@ Two entry points:
   also fuse across layer boundaries; much slower to compile). With ``static_decode`` each
   decode function compiles once per batch size it is run at (the engine's buckets), with kernels
   specialised to that size; otherwise the batch size turns symbolic at the second size, and
-  every later bucket shares that graph.
+  every later bucket shares that graph. With ``fused_rope`` a decode layer's RoPE, query/key
+  norms and cache writes are one kernel (``rope.py``); with every norm folded into a dense
+  model's projections, a lone request's step passes each norm's sum of squares from the
+  one-row projection that writes its row to the one that reads it (``_norm_sums``).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def qkv_projection(
     x: torch.Tensor, layer: LayerWeights, g: Geometry, sums: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The fused QKV product ``[tokens, (heads + 2 * kv_heads) * head_dim]`` of the layer's
-    normed input (``sums``: the layer's sums of squares, ``NormSums``)."""
+    normed input (``sums``: the layer's sums of squares, ``_norm_sums``)."""
     if layer.input_norm is None:  # folded into the QKV weights
         norm_sum = None if sums is None else sums[0:1]
         return project(x, layer.qkv, norm_eps=g.eps, norm_sum=norm_sum)
@@ -114,7 +117,7 @@ def attention_output(
     next_sums: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The residual stream after the output projection and the MLP (``sums``, ``next_sums``:
-    this layer's and the next one's sums of squares, ``NormSums``)."""
+    this layer's and the next one's sums of squares, ``_norm_sums``)."""
     attended = attended.reshape(x.shape[0], -1)
     if sums is None or next_sums is None:
         x = project(attended, layer.o, residual=x)
@@ -252,13 +255,12 @@ class Transformer:
         next_sums: torch.Tensor | None = None,
     ) -> torch.Tensor:
         g = self.weights.geometry
+        qkv = qkv_projection(x, layer, g, sums)
         if self._fused_rope:
-            qkv = qkv_projection(x, layer, g, sums)
             q = rope_and_store(
                 qkv, cos, sin, layer.query_norm, layer.key_norm, keys, values, slots, g
             )
         else:
-            qkv = qkv_projection(x, layer, g, sums)
             q, k, v = rotate_and_normalise(qkv, layer.query_norm, layer.key_norm, cos, sin, g)
             write_kv(keys, values, slots, k, v)
         attended = self.attention(q, keys, values, meta, g.scale)
