@@ -357,6 +357,15 @@ class Settings(BaseSettings):
         "three compiled ones; on forces it (a CPU runs it only in Triton's interpreter); off "
         "keeps the compiled torch code.",
     )
+    fast_pdl: Literal["auto", "on", "off"] = Field(
+        "off",
+        description="Fast engine: a lone request's decode layers launch the engine's own "
+        "kernels with programmatic dependent launch, each kernel's launch overlapping the end "
+        "of the one before (inside the CUDA graph). Needs the step to run those kernels only: "
+        "HYMT_FAST_FUSED_ROPE and HYMT_FAST_FOLD_NORMS on, a dense model, the Triton decode "
+        "attention, CUDA graphs on a GPU of compute capability 9.0+ (auto: where all of that "
+        "holds; on: refuses to start otherwise).",
+    )
     fast_fold_norms: Literal["auto", "on", "off"] = Field(
         "off",
         description="Fast engine: on folds each RMSNorm's weight into the projection after it, "
@@ -607,6 +616,7 @@ class Settings(BaseSettings):
                 decode_shapes=self.fast_decode_shapes,
                 fold_norms=self.fast_fold_norms,
                 fused_rope=self.fast_fused_rope,
+                pdl=self.fast_pdl,
                 attention=self.fast_attention,
                 triton_attention_rows=self.fast_triton_attention_rows,
             ),

@@ -66,6 +66,11 @@ class FastConfig:
     # The decode layer's RoPE, query/key norms and cache writes as one Triton kernel: auto
     # takes it where it runs (16-bit on CUDA); off until it is measured on the H200.
     fused_rope: Toggle = "off"
+    # A lone request's decode layers launched eagerly with programmatic dependent launch (in
+    # the graph): auto where that step runs the engine's kernels only (fused RoPE, norms
+    # folded into a dense model, the Triton attention; compute capability 9.0+); off until it
+    # is measured on the H200.
+    pdl: Toggle = "off"
     # Batches of up to this many rows take the Triton decode attention (``triton``).
     triton_attention_rows: int = 16
 

@@ -63,8 +63,10 @@ def test_kernel_equals_the_gathered_attention() -> None:
     most = max(pages_for(n, PAGE) for n in LENGTHS)
     expected = gather(query, cache.keys[0], cache.values[0], gather.prepare(batch, most), scale)
     meta = kernel.prepare(batch, most)
-    for _ in range(2):  # the second launch finds the arrival counts reset by the first
-        out = kernel(query, cache.keys[0], cache.values[0], meta, scale)
+    # The second launch finds the arrival counts reset by the first; the third is launched as
+    # HYMT_FAST_PDL launches it (the interpreter takes the option, not CUDA's wait).
+    for pdl in (False, False, True):
+        out = kernel(query, cache.keys[0], cache.values[0], meta, scale, pdl)
         live = [row for row, n in enumerate(LENGTHS) if n]
         torch.testing.assert_close(out[live], expected[live], atol=1e-5, rtol=1e-5)
         assert torch.equal(out[3], torch.zeros_like(out[3]))  # the row without a request

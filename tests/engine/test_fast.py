@@ -145,24 +145,33 @@ async def test_greedy_equals_generate_alone_and_in_a_crowd(
     assert engine._cache.committed_pages == 0
 
 
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl-launches"])
 async def test_one_row_kernels_with_passed_norm_sums_equal_generate(
-    data_dir: Path, prompts: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch
+    pdl: bool, data_dir: Path, prompts: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A lone request's decode as a GPU runs it with folded norms: every projection of the step
     # on the one-row kernel (here in Triton's interpreter, in float32), each norm's sum of
     # squares added up by the projection that wrote its row and no norm kernel between them.
+    # With the fused RoPE too, the layers launch only the engine's kernels, and "pdl" launches
+    # them as HYMT_FAST_PDL does (the interpreter takes the launch option; the kernels' wait
+    # instructions are CUDA's, left out here).
     pytest.importorskip("triton")
     monkeypatch.setattr(gemv, "runs", lambda dtype, device: True)
     # Wide blocks: few programs, each a vectorised step for the interpreter (the GPU's block
     # sizes are swept there; they do not change the arithmetic).
     monkeypatch.setattr(gemv, "DEFAULT", gemv.GemvConfig(256, 256, 4, 2))
-    config = _config(data_dir, attention="gather", fold_norms="on", max_rows=1)
+    # (The decode attention's own PDL launch is in test_decode_kernel.py: the gathered one
+    # here, which the interpreter runs quickly.)
+    rope = "on" if pdl else "off"
+    config = _config(data_dir, attention="gather", fold_norms="on", max_rows=1, fused_rope=rope)
     reference = _uneven_norms(load_model(config))
     wanted = _wanted(reference, reference_greedy(reference, prompts[:3], MAX_NEW))
     engine = RecordingEngine(_uneven_norms(load_model(config)), config)
     try:
         sums = engine._model._sums
         assert sums is not None
+        assert not engine.plan.one_row_pdl  # a CPU has no CUDA graphs to launch them in
+        engine._model._one_row_pdl = pdl
         requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts[:3]]
         assert await _alone(engine, requests) == wanted
         # At rest every layer's sums are cleared for the next step (the first layer's input sum
@@ -170,6 +179,12 @@ async def test_one_row_kernels_with_passed_norm_sums_equal_generate(
         assert all(not bool(layer_sums.any()) for layer_sums in sums[1:-1])
     finally:
         engine.close()
+
+
+def test_pdl_on_refuses_to_start_where_the_step_cannot_take_it(data_dir: Path) -> None:
+    config = _config(data_dir, attention="gather", fold_norms="on", fused_rope="on", pdl="on")
+    with pytest.raises(RuntimeError, match="fast_pdl=on needs"):
+        FastEngine(load_model(config), config)
 
 
 async def test_fused_rope_equals_generate(

@@ -31,6 +31,7 @@ from torch.nn.attention.flex_attention import BlockMask, FlexKernelOptions, flex
 
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import PagedKVCache
+from service.engine.fast.launch import pdl_args
 from service.engine.fast.weights import Geometry
 
 # Bound at import, as ``gemv`` binds its kernel: nothing to look up inside compiled code.
@@ -59,8 +60,11 @@ class DecodeAttention(Protocol):
         values: torch.Tensor,
         meta: object,
         scale: float,
+        pdl: bool = False,
     ) -> torch.Tensor:
-        """``[batch, heads, head_dim]`` queries against one layer's cache -> the same shape."""
+        """``[batch, heads, head_dim]`` queries against one layer's cache -> the same shape
+        (``pdl``: the engine's own kernel launched with programmatic dependent launch, where
+        the backend has one; ``launch.py``)."""
         ...
 
 
@@ -121,6 +125,7 @@ class FlexDecode:
         values: torch.Tensor,
         meta: object,
         scale: float,
+        pdl: bool = False,
     ) -> torch.Tensor:
         assert isinstance(meta, BlockMask)
         out = self._attend(
@@ -205,6 +210,7 @@ class TritonDecode:
         values: torch.Tensor,
         meta: object,
         scale: float,
+        pdl: bool = False,
     ) -> torch.Tensor:
         query = query.contiguous()  # the kernel reads a head's dims one after the other
         batch, heads, dim = query.shape
@@ -234,6 +240,7 @@ class TritonDecode:
             dim=dim,
             page=self._cache.page_size,
             num_warps=4,
+            **pdl_args(pdl, query.device),
         )
         return out
 
@@ -259,9 +266,11 @@ class SmallBatchDecode:
         values: torch.Tensor,
         meta: object,
         scale: float,
+        pdl: bool = False,
     ) -> torch.Tensor:
-        chosen = self._small if isinstance(meta, _RowsTable) else self._large
-        return chosen(query, keys, values, meta, scale)
+        if isinstance(meta, _RowsTable):
+            return self._small(query, keys, values, meta, scale, pdl)
+        return self._large(query, keys, values, meta, scale)
 
 
 def _eager_flex_attention(*args: Any, **kwargs: Any) -> Any:
@@ -303,6 +312,7 @@ class GatherDecode:
         values: torch.Tensor,
         meta: object,
         scale: float,
+        pdl: bool = False,
     ) -> torch.Tensor:
         assert isinstance(meta, _Gathered)
         slots, keep, batch, width = meta.slots, meta.keep, meta.batch, meta.width

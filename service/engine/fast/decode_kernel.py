@@ -36,7 +36,11 @@ def paged_decode(  # type: ignore[no-untyped-def]
     group_pad: tl.constexpr,
     dim: tl.constexpr,
     page: tl.constexpr,
+    pdl: tl.constexpr,
 ):
+    if pdl:  # programmatic dependent launch, as in gemv_kernel.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)

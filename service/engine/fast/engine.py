@@ -47,7 +47,7 @@ from service.engine.fast.cache import (
 )
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.compile_cache import use_compile_cache
-from service.engine.fast.forward import Transformer
+from service.engine.fast.forward import Transformer, passes_norm_sums
 from service.engine.fast.graphs import DecodeGraphs, buckets_up_to
 from service.engine.fast.prefill import Piece, pack
 from service.engine.fast.sampler import RowSampling, needs_full_sort, race_noise, sample
@@ -115,6 +115,8 @@ class Plan:
     # Whether the decode layers run RoPE, the query/key norms and the cache writes as one
     # kernel (rope.py).
     fused_rope: bool
+    # Whether a lone request's layers launch with programmatic dependent launch (launch.py).
+    one_row_pdl: bool
 
 
 def plan_for(
@@ -135,6 +137,17 @@ def plan_for(
     if graphs and attention == "gather":
         raise RuntimeError("the fast engine captures graphs with the flex or triton attention only")
     return rows, prefill, graphs, compiled, attention
+
+
+def _one_row_pdl(setting: str, possible: bool) -> bool:
+    """Whether a lone request's layers launch with programmatic dependent launch: ``on`` where
+    ``possible`` (else the engine refuses to start), ``auto`` where possible."""
+    if setting == "on" and not possible:
+        raise RuntimeError(
+            "fast_pdl=on needs CUDA graphs on a GPU of compute capability 9.0+, "
+            "fast_fused_rope and fast_fold_norms on, a dense model and the triton attention"
+        )
+    return possible and setting != "off"
 
 
 class FastEngine(LoadedEngine):
@@ -184,6 +197,15 @@ class FastEngine(LoadedEngine):
         fused_rope = fast.fused_rope == "on" or (
             fast.fused_rope == "auto" and rope.runs(loaded.dtype, device)
         )
+        pdl = _one_row_pdl(
+            fast.pdl,
+            graphs
+            and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] >= 9
+            and fused_rope
+            and attention_kind == "triton"
+            and passes_norm_sums(self._weights, device),
+        )
         self._model = Transformer(
             self._weights,
             self._cache,
@@ -192,6 +214,7 @@ class FastEngine(LoadedEngine):
             scope,
             static_decode=static,
             fused_rope=fused_rope,
+            one_row_pdl=pdl,
         )
         self._choose: Callable[[torch.Tensor, torch.Tensor, int, bool], None] = (
             torch.compile(self._choose_tokens, fullgraph=True, dynamic=False if static else None)
@@ -263,6 +286,7 @@ class FastEngine(LoadedEngine):
             buckets=buckets,
             decode_shapes=fast.decode_shapes if compiled else "eager",
             fused_rope=fused_rope,
+            one_row_pdl=pdl,
         )
         self._buckets = buckets
         self._static = static and compiled

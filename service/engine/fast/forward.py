@@ -47,14 +47,19 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def qkv_projection(
-    x: torch.Tensor, layer: LayerWeights, g: Geometry, sums: torch.Tensor | None = None
+    x: torch.Tensor,
+    layer: LayerWeights,
+    g: Geometry,
+    sums: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """The fused QKV product ``[tokens, (heads + 2 * kv_heads) * head_dim]`` of the layer's
-    normed input (``sums``: the layer's sums of squares, ``_norm_sums``)."""
+    normed input (``sums``: the layer's sums of squares, ``_norm_sums``; ``pdl``: the one-row
+    kernel launched with programmatic dependent launch)."""
     if layer.input_norm is None:  # folded into the QKV weights
         norm_sum = None if sums is None else sums[0:1]
-        return project(x, layer.qkv, norm_eps=g.eps, norm_sum=norm_sum)
-    return project(rms_norm(x, layer.input_norm, g.eps), layer.qkv)
+        return project(x, layer.qkv, norm_eps=g.eps, norm_sum=norm_sum, pdl=pdl)
+    return project(rms_norm(x, layer.input_norm, g.eps), layer.qkv, pdl=pdl)
 
 
 def rotate_and_normalise(
@@ -115,29 +120,32 @@ def attention_output(
     g: Geometry,
     sums: torch.Tensor | None = None,
     next_sums: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """The residual stream after the output projection and the MLP (``sums``, ``next_sums``:
-    this layer's and the next one's sums of squares, ``_norm_sums``)."""
+    this layer's and the next one's sums of squares, ``_norm_sums``; ``pdl`` as for
+    ``qkv_projection``)."""
     attended = attended.reshape(x.shape[0], -1)
     if sums is None or next_sums is None:
-        x = project(attended, layer.o, residual=x)
+        x = project(attended, layer.o, residual=x, pdl=pdl)
     else:
         # The output projection's row is the post-attention norm's input: its squares go to
         # that norm's sum; the QKV projection has read this layer's input sum.
-        x = project(attended, layer.o, residual=x, sum_into=sums[1:2], zero=sums[0:1])
+        x = project(attended, layer.o, residual=x, sum_into=sums[1:2], zero=sums[0:1], pdl=pdl)
     if layer.moe is not None:
         return x + moe_block(rms_norm(x, layer.post_norm, g.eps), layer.moe)
     assert layer.gate_up is not None
     assert layer.down is not None
     if layer.post_norm is None:  # folded into the gate/up weights
         norm_sum = None if sums is None else sums[1:2]
-        activated = gated_product(x, layer.gate_up, norm_eps=g.eps, norm_sum=norm_sum)
+        activated = gated_product(x, layer.gate_up, g.eps, norm_sum, pdl)
     else:
-        activated = gated_product(rms_norm(x, layer.post_norm, g.eps), layer.gate_up)
+        activated = gated_product(rms_norm(x, layer.post_norm, g.eps), layer.gate_up, pdl=pdl)
     if sums is None or next_sums is None:
-        return project(activated, layer.down, residual=x)
+        return project(activated, layer.down, residual=x, pdl=pdl)
     # The layer's output is the next layer's input: its squares go to the next input sum.
-    return project(activated, layer.down, residual=x, sum_into=next_sums[0:1], zero=sums[1:2])
+    following, mine = next_sums[0:1], sums[1:2]
+    return project(activated, layer.down, residual=x, sum_into=following, zero=mine, pdl=pdl)
 
 
 class Transformer:
@@ -150,6 +158,7 @@ class Transformer:
         compile_scope: str | None,
         static_decode: bool = False,
         fused_rope: bool = False,
+        one_row_pdl: bool = False,
     ) -> None:
         self.weights = weights
         # The decode layer's RoPE, query/key norms and cache writes as one kernel (rope.py).
@@ -158,6 +167,11 @@ class Transformer:
         self.rows = rows
         self.attention = attention
         self._sums = _norm_sums(weights, rows.device)
+        if one_row_pdl and not (fused_rope and self._sums is not None):
+            raise ValueError("one-row PDL needs the fused RoPE and the passed norm sums")
+        # A lone request's layers then launch nothing but the engine's own kernels, eagerly
+        # (in the graph's capture), with programmatic dependent launch (launch.py).
+        self._one_row_pdl = one_row_pdl
         self._layer: Callable[..., torch.Tensor] = self._decode_layer
         self._stack: Callable[..., torch.Tensor] = self._decode_stack
         self._inputs: Callable[[int], tuple[torch.Tensor, ...]] = self._step_inputs
@@ -207,6 +221,8 @@ class Transformer:
         (before the final norm: ``logits`` applies it); no host sync."""
         x, cos, sin, slots = self._inputs(batch)
         meta = self.attention.prepare(batch, pages)
+        if batch == 1 and self._one_row_pdl:
+            return self._decode_stack(x, cos, sin, slots, meta, pdl=True)
         return self._stack(x, cos, sin, slots, meta)
 
     def _step_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
@@ -233,12 +249,20 @@ class Transformer:
         sin: torch.Tensor,
         slots: torch.Tensor,
         meta: object,
+        pdl: bool = False,
     ) -> torch.Tensor:
+        """The layers in turn: compiled (``_layer``), or with ``pdl`` the uncompiled layer,
+        whose kernels then launch with programmatic dependent launch."""
         w, cache, sums = self.weights, self.cache, self._sums
         for index, layer in enumerate(w.layers):
             keys, values = cache.keys[index], cache.values[index]
             mine, following = (None, None) if sums is None else (sums[index], sums[index + 1])
-            x = self._layer(x, layer, keys, values, slots, cos, sin, meta, mine, following)
+            if pdl:
+                x = self._decode_layer(
+                    x, layer, keys, values, slots, cos, sin, meta, mine, following, pdl=True
+                )
+            else:
+                x = self._layer(x, layer, keys, values, slots, cos, sin, meta, mine, following)
         return x
 
     def _decode_layer(
@@ -253,32 +277,39 @@ class Transformer:
         meta: object,
         sums: torch.Tensor | None = None,
         next_sums: torch.Tensor | None = None,
+        pdl: bool = False,
     ) -> torch.Tensor:
         g = self.weights.geometry
-        qkv = qkv_projection(x, layer, g, sums)
+        qkv = qkv_projection(x, layer, g, sums, pdl)
         if self._fused_rope:
             q = rope_and_store(
-                qkv, cos, sin, layer.query_norm, layer.key_norm, keys, values, slots, g
+                qkv, cos, sin, layer.query_norm, layer.key_norm, keys, values, slots, g, pdl
             )
         else:
             q, k, v = rotate_and_normalise(qkv, layer.query_norm, layer.key_norm, cos, sin, g)
             write_kv(keys, values, slots, k, v)
-        attended = self.attention(q, keys, values, meta, g.scale)
-        return attention_output(x, attended, layer, g, sums, next_sums)
+        attended = self.attention(q, keys, values, meta, g.scale, pdl)
+        return attention_output(x, attended, layer, g, sums, next_sums, pdl)
+
+
+def passes_norm_sums(weights: ModelWeights, device: torch.device) -> bool:
+    """Whether a lone request's decode step passes each norm's sum of squares from the one-row
+    projection that writes its row to the one that reads it: where the one-row kernel runs
+    every projection (``gemv.one_row``) and every norm of the model is folded into a dense
+    layer's projection (``fold_norms``)."""
+    folded = all(
+        layer.input_norm is None and layer.post_norm is None and layer.moe is None
+        for layer in weights.layers
+    )
+    return folded and gemv.runs(weights.embed.dtype, device)
 
 
 def _norm_sums(weights: ModelWeights, device: torch.device) -> list[torch.Tensor] | None:
     """Per layer (and one spare), the sums of squares of its input and of its post-attention
-    row, ``[2]`` in float32, for a lone request's decode step, where the one-row kernel runs
-    every projection (``gemv.one_row``): the projection that writes a row adds up its squares,
-    the one that reads it normalises with the sum, and the next projection clears it. Only for
-    a model whose norms are all folded into dense layers' projections (``fold_norms``); None
-    otherwise, and where the one-row kernel does not run."""
-    layers = weights.layers
-    folded = all(
-        layer.input_norm is None and layer.post_norm is None and layer.moe is None
-        for layer in layers
-    )
-    if not folded or not gemv.runs(weights.embed.dtype, device):
+    row, ``[2]`` in float32, where ``passes_norm_sums``: the projection that writes a row adds
+    up its squares, the one that reads it normalises with the sum, and the next projection
+    clears it. None elsewhere."""
+    if not passes_norm_sums(weights, device):
         return None
-    return [torch.zeros(2, dtype=torch.float32, device=device) for _ in range(len(layers) + 1)]
+    count = len(weights.layers) + 1
+    return [torch.zeros(2, dtype=torch.float32, device=device) for _ in range(count)]

@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from service.engine.fast.launch import pdl_args
+
 # Bound at import, as the runs on the H200 traced it: inside compiled code a module constant
 # costs dynamo nothing (no import or lookup to trace).
 _kernel: Any
@@ -100,13 +102,16 @@ def one_row(
     sum_into: torch.Tensor | None = None,
     zero: torch.Tensor | None = None,
     config: GemvConfig | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """``x @ weight.T`` (``x``: ``[1, K]``), or ``silu(gate) * up`` of the two halves when
     ``gated``, plus ``residual`` when given; with ``norm_eps``, of ``x`` RMS-normalised without
     a weight, its sum of squares read from ``norm_sum`` (float32, one element) when given and
     summed in the kernel otherwise; ``[1, N]`` in ``x``'s dtype. ``sum_into`` (float32, one
     element, zero before the call) gets the output's sum of squares added, for the norm of the
-    projection that reads it; ``zero`` (the same) is set to zero once the kernel has run."""
+    projection that reads it; ``zero`` (the same) is set to zero once the kernel has run.
+    ``pdl``: launched with programmatic dependent launch (``launch.py``; not inside
+    ``torch.compile``)."""
     outputs = weight.shape[0] // 2 if gated else weight.shape[0]
     inputs = weight.shape[1]
     chosen = config or config_for(outputs, inputs, weight)
@@ -137,5 +142,6 @@ def one_row(
         block_k=chosen.block_k,
         num_warps=chosen.warps,
         num_stages=chosen.stages,
+        **pdl_args(pdl, x.device),
     )
     return out

@@ -33,7 +33,13 @@ def gemv(  # type: ignore[no-untyped-def]
     zero_after: tl.constexpr,
     block_n: tl.constexpr,
     block_k: tl.constexpr,
+    pdl: tl.constexpr,
 ):
+    if pdl:
+        # Launched with programmatic dependent launch: wait here for the kernel before this one
+        # to finish (its writes visible), and let the next one start launching now.
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
     row_ok = rows < rows_out
     # Sums kept per column slot and reduced once at the end: no cross-lane reduction per

@@ -35,10 +35,11 @@ def project(
     norm_sum: torch.Tensor | None = None,
     sum_into: torch.Tensor | None = None,
     zero: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """``x @ p.T``, plus ``residual`` when given; with ``norm_eps``, of ``x`` RMS-normalised
-    first (the norm's weight folded into ``p``). ``norm_sum``, ``sum_into`` and ``zero`` are the
-    one-row kernel's sums of squares (``gemv.one_row``); other shapes do without them."""
+    first (the norm's weight folded into ``p``). ``norm_sum``, ``sum_into``, ``zero`` and
+    ``pdl`` are the one-row kernel's (``gemv.one_row``); other shapes do without them."""
     if _one_row(x):
         return gemv.one_row(
             x,
@@ -49,6 +50,7 @@ def project(
             norm_sum=norm_sum,
             sum_into=sum_into,
             zero=zero,
+            pdl=pdl,
         )
     h = x if norm_eps is None else rms_norm(x, None, norm_eps)
     out = linear(h, p.weight, p.scale)
@@ -60,12 +62,19 @@ def gated_product(
     gate_up: Linear,
     norm_eps: float | None = None,
     norm_sum: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """``silu(gate) * up`` of the fused gate/up projection of ``x`` (RMS-normalised first with
-    ``norm_eps``, and ``norm_sum`` on one row, as ``project``)."""
+    ``norm_eps``, and ``norm_sum`` and ``pdl`` on one row, as ``project``)."""
     if _one_row(x):
         return gemv.one_row(
-            x, gate_up.weight, gate_up.scale, gated=True, norm_eps=norm_eps, norm_sum=norm_sum
+            x,
+            gate_up.weight,
+            gate_up.scale,
+            gated=True,
+            norm_eps=norm_eps,
+            norm_sum=norm_sum,
+            pdl=pdl,
         )
     h = x if norm_eps is None else rms_norm(x, None, norm_eps)
     return swiglu(linear(h, gate_up.weight, gate_up.scale))

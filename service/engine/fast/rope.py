@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from service.engine.fast.launch import pdl_args
 from service.engine.fast.weights import Geometry
 
 # Bound at import, as ``gemv`` binds its kernel: nothing to look up inside compiled code.
@@ -51,12 +52,13 @@ def rope_and_store(
     value_cache: torch.Tensor,
     slots: torch.Tensor,
     g: Geometry,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """The queries ``[rows, heads, head_dim]`` of a fused QKV product ``[rows, (heads + 2 *
     kv_heads) * head_dim]``, rotated by ``cos`` and ``sin`` (``[rows, head_dim]``) and
     normalised per head when the model has query and key norms; the rows' keys (treated the
     same way) and values written to ``slots`` of one layer's caches (``[kv_heads, slots,
-    head_dim]``)."""
+    head_dim]``). ``pdl``: launched with programmatic dependent launch (``launch.py``)."""
     rows = qkv.shape[0]
     out = torch.empty(rows, g.heads, g.head_dim, dtype=qkv.dtype, device=qkv.device)
     normed = query_norm is not None and key_norm is not None
@@ -84,5 +86,6 @@ def rope_and_store(
         qk_norm=normed,
         norm_first=g.norm_before_rope,
         num_warps=1,
+        **pdl_args(pdl, qkv.device),
     )
     return out

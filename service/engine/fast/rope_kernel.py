@@ -54,7 +54,11 @@ def rope_store(  # type: ignore[no-untyped-def]
     half: tl.constexpr,
     qk_norm: tl.constexpr,
     norm_first: tl.constexpr,
+    pdl: tl.constexpr,
 ):
+    if pdl:  # programmatic dependent launch, as in gemv_kernel.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     head = tl.program_id(1)  # query heads, then key heads, then value heads
     lo = tl.arange(0, half)
