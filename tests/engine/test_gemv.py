@@ -57,6 +57,11 @@ def test_one_row_kernel_computes_the_projection_and_its_epilogues(
     gated = gemv.one_row(x, weight, None, gated=True, config=config)
     assert gated.shape == (1, OUTPUTS // 2)
     close(gated, _swiglu(exact))
+    # Launched for programmatic dependent launch, the first slice of the weights is read
+    # before the row (the interpreter leaves CUDA's wait out): the same results.
+    early = gemv.one_row(x, weight, None, residual=residual, config=config, pdl=True)
+    close(early, residual + exact)
+    close(gemv.one_row(x, weight, None, gated=True, config=config, pdl=True), _swiglu(exact))
     # FP8: the weights read as they are and scaled per output row at the end, the row itself
     # not quantized: the product of the dequantized weights.
     fp8 = quantize_fp8(weight)
@@ -86,6 +91,8 @@ def test_one_row_kernel_normalises_the_row_for_a_folded_norm() -> None:
         torch.testing.assert_close(out, normed @ weight.T, rtol=1e-4, atol=1e-4)
         gated = gemv.one_row(x, folded, None, gated=True, norm_eps=1e-5, config=config)
         torch.testing.assert_close(gated, _swiglu(normed @ weight.T), rtol=1e-4, atol=1e-4)
+        early = gemv.one_row(x, folded, None, norm_eps=1e-5, config=config, pdl=True)
+        torch.testing.assert_close(early, normed @ weight.T, rtol=1e-4, atol=1e-4)
     fp8 = quantize_fp8(folded)
     assert fp8.scale is not None
     out = gemv.one_row(x, fp8.weight, fp8.scale, norm_eps=1e-5, config=CONFIGS[0])

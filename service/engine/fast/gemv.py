@@ -142,6 +142,7 @@ def one_row(
         block_k=chosen.block_k,
         num_warps=chosen.warps,
         num_stages=chosen.stages,
+        early_weights=pdl,
         **pdl_args(pdl, x.device),
     )
     return out

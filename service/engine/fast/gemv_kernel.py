@@ -33,13 +33,9 @@ def gemv(  # type: ignore[no-untyped-def]
     zero_after: tl.constexpr,
     block_n: tl.constexpr,
     block_k: tl.constexpr,
+    early_weights: tl.constexpr,
     pdl: tl.constexpr,
 ):
-    if pdl:
-        # Launched with programmatic dependent launch: wait here for the kernel before this one
-        # to finish (its writes visible), and let the next one start launching now.
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
     row_ok = rows < rows_out
     # Sums kept per column slot and reduced once at the end: no cross-lane reduction per
@@ -49,7 +45,32 @@ def gemv(  # type: ignore[no-untyped-def]
     squares = tl.zeros([block_k], dtype=tl.float32)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
     up_rows = w_ptr + (rows + rows_out).to(tl.int64)[:, None] * stride_w
-    for start in range(0, inputs, block_k):
+    first = 0
+    if early_weights:
+        # The first slice of the weights is loaded before anything the kernel before this one
+        # wrote (weights are never written): with programmatic dependent launch those loads
+        # overlap that kernel's end.
+        cols = tl.arange(0, block_k)
+        col_ok = cols < inputs
+        mask = row_ok[:, None] & col_ok[None, :]
+        w = tl.load(w_rows + cols[None, :], mask=mask, other=0.0)
+        if swiglu:
+            u = tl.load(up_rows + cols[None, :], mask=mask, other=0.0)
+    if pdl:
+        # Launched with programmatic dependent launch: wait here for the kernel before this one
+        # to finish (its writes visible), and let the next one start launching now.
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    if early_weights:
+        xs = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if has_norm and not norm_from_sum:
+            squares += xs * xs
+        xs = xs[None, :]
+        acc += w.to(tl.float32) * xs
+        if swiglu:
+            acc_up += u.to(tl.float32) * xs
+        first = block_k
+    for start in range(first, inputs, block_k):
         cols = start + tl.arange(0, block_k)
         col_ok = cols < inputs
         xs = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
