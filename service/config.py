@@ -354,7 +354,8 @@ class Settings(BaseSettings):
         "off",
         description="Fast engine: auto runs each decode layer's RoPE, query/key norms and KV "
         "cache writes as one Triton kernel where it runs (bf16 or fp16 on CUDA) instead of "
-        "three compiled ones; on forces it (a CPU runs it only in Triton's interpreter); off "
+        "three compiled ones; on forces it (refusing to start without Triton; a CPU runs it only "
+        "in Triton's interpreter); off "
         "keeps the compiled torch code.",
     )
     fast_pdl: Literal["auto", "on", "off"] = Field(

@@ -26,7 +26,7 @@ from service.config import Settings
 from service.engine.config import EngineConfig, FastConfig
 from service.engine.demo import ensure_demo_model
 from service.engine.factory import engine_kind
-from service.engine.fast import gemv
+from service.engine.fast import gemv, rope
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.engine import FastEngine
 from service.engine.fast.sampler import RowSampling, first_argmax, sample
@@ -179,6 +179,15 @@ async def test_one_row_kernels_with_passed_norm_sums_equal_generate(
         assert all(not bool(layer_sums.any()) for layer_sums in sums[1:-1])
     finally:
         engine.close()
+
+
+def test_fused_rope_on_refuses_to_start_without_triton(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rope, "_kernel", None)  # what a CPU build of torch, without Triton, has
+    config = _config(data_dir, attention="gather", fused_rope="on")
+    with pytest.raises(RuntimeError, match="fast_fused_rope=on needs Triton"):
+        FastEngine(load_model(config), config)
 
 
 def test_pdl_on_refuses_to_start_where_the_step_cannot_take_it(data_dir: Path) -> None:

@@ -139,6 +139,14 @@ def plan_for(
     return rows, prefill, graphs, compiled, attention
 
 
+def _fused_rope(setting: str, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the decode layers take the fused RoPE kernel: ``on`` wherever Triton is there
+    (else the engine refuses to start), ``auto`` where it runs (``rope.runs``)."""
+    if setting == "on" and not rope.built():
+        raise RuntimeError("fast_fused_rope=on needs Triton (a CUDA build of torch)")
+    return setting == "on" or (setting == "auto" and rope.runs(dtype, device))
+
+
 def _one_row_pdl(setting: str, possible: bool) -> bool:
     """Whether a lone request's layers launch with programmatic dependent launch: ``on`` where
     ``possible`` (else the engine refuses to start), ``auto`` where possible."""
@@ -194,9 +202,7 @@ class FastEngine(LoadedEngine):
         attention = self._attention(attention_kind, geometry, compiled, fast)
         scope = fast.compile_scope if compiled else None
         static = fast.decode_shapes == "static"
-        fused_rope = fast.fused_rope == "on" or (
-            fast.fused_rope == "auto" and rope.runs(loaded.dtype, device)
-        )
+        fused_rope = _fused_rope(fast.fused_rope, loaded.dtype, device)
         pdl = _one_row_pdl(
             fast.pdl,
             graphs

@@ -25,6 +25,7 @@ Two entry points:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -254,15 +255,11 @@ class Transformer:
         """The layers in turn: compiled (``_layer``), or with ``pdl`` the uncompiled layer,
         whose kernels then launch with programmatic dependent launch."""
         w, cache, sums = self.weights, self.cache, self._sums
+        run = functools.partial(self._decode_layer, pdl=True) if pdl else self._layer
         for index, layer in enumerate(w.layers):
             keys, values = cache.keys[index], cache.values[index]
             mine, following = (None, None) if sums is None else (sums[index], sums[index + 1])
-            if pdl:
-                x = self._decode_layer(
-                    x, layer, keys, values, slots, cos, sin, meta, mine, following, pdl=True
-                )
-            else:
-                x = self._layer(x, layer, keys, values, slots, cos, sin, meta, mine, following)
+            x = run(x, layer, keys, values, slots, cos, sin, meta, mine, following)
         return x
 
     def _decode_layer(

@@ -32,14 +32,17 @@ except ImportError:  # no Triton (a CPU build of torch)
     _kernel = None
 
 
+def built() -> bool:
+    """Whether Triton is there to build the kernel (a CPU build of torch has none)."""
+    return _kernel is not None
+
+
 def runs(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether the engine takes the kernel for a model of ``dtype`` on ``device``: 16-bit on
     CUDA, with Triton present, as the one-row projections (``gemv.runs``); float32 keeps the
     torch code, which the float32 fidelity check compares token for token. (The kernel itself
     runs in any dtype, and on a CPU in Triton's interpreter, as the tests run it.)"""
-    return (
-        _kernel is not None and device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
-    )
+    return built() and device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
 
 
 def rope_and_store(
