@@ -351,31 +351,31 @@ class Settings(BaseSettings):
         "others.",
     )
     fast_fused_rope: Literal["auto", "on", "off"] = Field(
-        "off",
+        "auto",
         description="Fast engine: auto runs each decode layer's RoPE, query/key norms and KV "
         "cache writes as one Triton kernel where it runs (bf16 or fp16 on CUDA) instead of "
         "three compiled ones; on forces it (refusing to start without Triton; a CPU runs it only "
-        "in Triton's interpreter); off "
-        "keeps the compiled torch code.",
+        "in Triton's interpreter); off keeps the compiled torch code.",
     )
     fast_pdl: Literal["auto", "on", "off"] = Field(
-        "off",
+        "auto",
         description="Fast engine: a lone request's decode layers launch the engine's own "
         "kernels with programmatic dependent launch, each kernel's launch overlapping the end "
         "of the one before (inside the CUDA graph). Needs the step to run those kernels only: "
-        "HYMT_FAST_FUSED_ROPE and HYMT_FAST_FOLD_NORMS on, a dense model, the Triton decode "
-        "attention, CUDA graphs on a GPU of compute capability 9.0+ (auto: where all of that "
-        "holds; on: refuses to start otherwise).",
+        "the fused RoPE, every norm folded (HYMT_FAST_FOLD_NORMS, a dense model), the Triton "
+        "decode attention, CUDA graphs on a GPU of compute capability 9.0+ (auto: where all of "
+        "that holds; on: refuses to start otherwise).",
     )
     fast_fold_norms: Literal["auto", "on", "off"] = Field(
-        "off",
-        description="Fast engine: on folds each RMSNorm's weight into the projection after it, "
-        "so a lone request's one-row kernel applies the norm itself (bf16 or fp16 on CUDA): in "
-        "a dense model each projection that writes a norm's row adds up its squares for the "
-        "next one (no norm kernels in the step), elsewhere the reading kernel sums them. The "
-        "second way measured slower than the separate norm kernels on the H200 and the first "
-        "is not measured yet, hence off; auto (an earlier default) means off. Rounds the "
-        "folded weights once more.",
+        "auto",
+        description="Fast engine: folds each RMSNorm's weight into the projection after it, "
+        "so a lone request's one-row kernel applies the norm itself (bf16 or fp16 on CUDA). "
+        "auto: where every norm folds (a dense model, not an FP8 checkpoint) and a lone "
+        "request's layers launch with HYMT_FAST_PDL, each projection that writes a norm's row "
+        "adding up its squares for the next one (no norm kernels in the step); on: also "
+        "elsewhere (without PDL, or in a mixture-of-experts model, where the reading kernel "
+        "sums the squares itself), which measured slower than the norm kernels on the H200. "
+        "Rounds the folded weights once more.",
     )
     fast_attention: Literal["auto", "triton", "flex", "gather"] = Field(
         "auto",

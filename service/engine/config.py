@@ -59,18 +59,18 @@ class FastConfig:
     # Decode shapes compiled per batch-size bucket (static) or one graph with the batch size
     # symbolic after the first two buckets (dynamic; slower for the batches between them).
     decode_shapes: Literal["static", "dynamic"] = "static"
-    # Norm weights folded into the next projection (the in-loop sums measured slower on the
-    # H200; the sums passed between projections not measured yet: off).
-    fold_norms: Toggle = "off"  # auto (an earlier default) means off
+    # Norm weights folded into the next projection: auto where every norm folds and a lone
+    # request's layers launch with PDL, passing the sums between projections (dense 16-bit
+    # models on CUDA); the other folded steps measured slower than the norm kernels.
+    fold_norms: Toggle = "auto"
     attention: Literal["auto", "triton", "flex", "gather"] = "auto"
     # The decode layer's RoPE, query/key norms and cache writes as one Triton kernel: auto
-    # takes it where it runs (16-bit on CUDA); off until it is measured on the H200.
-    fused_rope: Toggle = "off"
+    # takes it where it runs (16-bit on CUDA).
+    fused_rope: Toggle = "auto"
     # A lone request's decode layers launched eagerly with programmatic dependent launch (in
     # the graph): auto where that step runs the engine's kernels only (fused RoPE, norms
-    # folded into a dense model, the Triton attention; compute capability 9.0+); off until it
-    # is measured on the H200.
-    pdl: Toggle = "off"
+    # folded into a dense model, the Triton attention; compute capability 9.0+).
+    pdl: Toggle = "auto"
     # Batches of up to this many rows take the Triton decode attention (``triton``).
     triton_attention_rows: int = 16
 

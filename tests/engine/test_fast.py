@@ -28,7 +28,7 @@ from service.engine.demo import ensure_demo_model
 from service.engine.factory import engine_kind
 from service.engine.fast import gemv, rope
 from service.engine.fast.checkpoint import Fp8Checkpoint
-from service.engine.fast.engine import FastEngine
+from service.engine.fast.engine import FastEngine, _fold_norms
 from service.engine.fast.sampler import RowSampling, first_argmax, sample
 from service.engine.fast.weights import fp8_linear, linear, quantize_fp8
 from service.engine.generation import eos_ids
@@ -194,6 +194,22 @@ def test_pdl_on_refuses_to_start_where_the_step_cannot_take_it(data_dir: Path) -
     config = _config(data_dir, attention="gather", fold_norms="on", fused_rope="on", pdl="on")
     with pytest.raises(RuntimeError, match="fast_pdl=on needs"):
         FastEngine(load_model(config), config)
+
+
+def test_norms_fold_by_default_only_where_a_lone_requests_layers_launch_with_pdl(
+    data_dir: Path, reference: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # auto folds a dense model's norms where PDL then runs the lone request's layers (the
+    # folded step measured faster only there); never a mixture of experts' unless asked to.
+    monkeypatch.setattr(gemv, "runs", lambda dtype, device: True)  # a GPU's 16-bit weights
+    moe = load_model(_config(data_dir, "hy-v3"))
+    assert _fold_norms("auto", reference, None, one_row_pdl=True)
+    assert not _fold_norms("auto", reference, None, one_row_pdl=False)
+    assert not _fold_norms("auto", moe, None, one_row_pdl=True)
+    assert _fold_norms("on", moe, None, one_row_pdl=False)
+    assert not _fold_norms("off", reference, None, one_row_pdl=True)
+    monkeypatch.setattr(gemv, "runs", lambda dtype, device: False)  # float32, or a CPU
+    assert not _fold_norms("auto", reference, None, one_row_pdl=True)
 
 
 async def test_fused_rope_equals_generate(

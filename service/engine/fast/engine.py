@@ -29,7 +29,7 @@ import torch
 import torch._inductor.config
 
 from service.engine.config import EngineConfig, FastConfig
-from service.engine.fast import rope
+from service.engine.fast import gemv, rope
 from service.engine.fast.attention import (
     DecodeAttention,
     FlexDecode,
@@ -51,7 +51,7 @@ from service.engine.fast.forward import Transformer, passes_norm_sums
 from service.engine.fast.graphs import DecodeGraphs, buckets_up_to
 from service.engine.fast.prefill import Piece, pack
 from service.engine.fast.sampler import RowSampling, needs_full_sort, race_noise, sample
-from service.engine.fast.weights import Geometry, take_weights
+from service.engine.fast.weights import Geometry, is_dense, take_weights
 from service.engine.generation import LoadedEngine
 from service.engine.loading import LoadedModel
 from service.engine.types import (
@@ -147,13 +147,30 @@ def _fused_rope(setting: str, dtype: torch.dtype, device: torch.device) -> bool:
     return setting == "on" or (setting == "auto" and rope.runs(dtype, device))
 
 
+def _fold_norms(
+    setting: str, loaded: LoadedModel, fp8: Fp8Checkpoint | None, one_row_pdl: bool
+) -> bool:
+    """Whether the norms fold into the projections after them: ``on`` wherever they can,
+    ``auto`` where every one of them folds and a lone request's layers then launch with PDL
+    (``one_row_pdl``: the step passes the norms' sums of squares between one-row projections,
+    ``passes_norm_sums``), which needs a dense model of 16-bit weights on CUDA, not read from an
+    FP8 checkpoint. Elsewhere the folded step measured slower than the norm kernels: where the
+    reading kernel sums the squares itself (the 30B's experts), and where the compiled layer
+    passes the sums (inductor copies the slices a kernel writes)."""
+    if setting != "auto":
+        return setting == "on"
+    dense = fp8 is None and is_dense(loaded.model)
+    return one_row_pdl and dense and gemv.runs(loaded.dtype, loaded.device)
+
+
 def _one_row_pdl(setting: str, possible: bool) -> bool:
     """Whether a lone request's layers launch with programmatic dependent launch: ``on`` where
     ``possible`` (else the engine refuses to start), ``auto`` where possible."""
     if setting == "on" and not possible:
         raise RuntimeError(
             "fast_pdl=on needs CUDA graphs on a GPU of compute capability 9.0+, "
-            "fast_fused_rope and fast_fold_norms on, a dense model and the triton attention"
+            "the fused RoPE (fast_fused_rope), every norm folded (fast_fold_norms auto or on, "
+            "a dense model) and the triton attention"
         )
     return possible and setting != "off"
 
@@ -175,7 +192,17 @@ class FastEngine(LoadedEngine):
             if hasattr(torch._inductor.config, "emulate_precision_casts"):
                 torch._inductor.config.emulate_precision_casts = True
         fp8 = None if loaded.fp8_checkpoint is None else Fp8Checkpoint.open(loaded.fp8_checkpoint)
-        fold = fast.fold_norms == "on"
+        fused_rope = _fused_rope(fast.fused_rope, loaded.dtype, device)
+        # What a lone request's layers need to launch with PDL, but for the folded norms.
+        pdl_ready = (
+            fast.pdl != "off"
+            and graphs
+            and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] >= 9
+            and fused_rope
+            and attention_kind == "triton"
+        )
+        fold = _fold_norms(fast.fold_norms, loaded, fp8, pdl_ready)
         self._weights = take_weights(loaded.model, config.quantization, fp8, fold_norms=fold)
         geometry = self._weights.geometry
         layers = len(self._weights.layers)
@@ -202,16 +229,7 @@ class FastEngine(LoadedEngine):
         attention = self._attention(attention_kind, geometry, compiled, fast)
         scope = fast.compile_scope if compiled else None
         static = fast.decode_shapes == "static"
-        fused_rope = _fused_rope(fast.fused_rope, loaded.dtype, device)
-        pdl = _one_row_pdl(
-            fast.pdl,
-            graphs
-            and device.type == "cuda"
-            and torch.cuda.get_device_capability(device)[0] >= 9
-            and fused_rope
-            and attention_kind == "triton"
-            and passes_norm_sums(self._weights, device),
-        )
+        pdl = _one_row_pdl(fast.pdl, pdl_ready and passes_norm_sums(self._weights, device))
         self._model = Transformer(
             self._weights,
             self._cache,

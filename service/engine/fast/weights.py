@@ -212,6 +212,12 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     return None
 
 
+def is_dense(model: PreTrainedModel) -> bool:
+    """Whether every layer of ``model`` has a dense MLP (no mixture-of-experts block)."""
+    inner: Any = model.model  # typed as Tensor | Module by transformers
+    return not any(hasattr(layer.mlp, "experts") for layer in inner.layers)
+
+
 def take_weights(
     model: PreTrainedModel,
     quantization: str,
