@@ -4,7 +4,7 @@
 # capped at MAX_ROWS rows (default 16: fewer graphs to compile, and a lone request's step is
 # the same). Each variant is NAME:SETTINGS, the settings space-separated NAME=VALUE pairs
 # (none for the baseline); its report lands in OUT/NAME/fast-profile.json.
-# Usage: OUT=results bash loadtests/gpu/lone-ab.sh base: "rope:HYMT_FAST_FUSED_ROPE=off" ...
+# Usage: OUT=results bash loadtests/gpu/lone-ab.sh base: no-pdl:HYMT_FAST_PDL=off ...
 set -uo pipefail
 out=${OUT:?set OUT}
 for spec in "$@"; do
