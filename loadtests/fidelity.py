@@ -18,6 +18,9 @@ same weights): transformers' reference outputs and teacher-forced logits are com
 kept on the host, its copy freed, then the engine loads its own with the memory budget a service
 would have. Holding both at once does not fit a 30B model's cache and graphs on one GPU.
 
+``--reference-cache PATH`` keeps transformers' side in a file, keyed by the engine config and
+the counts: a run cut off after it (a device call's time limit) is taken up again without it.
+
     HYMT_LOAD_FORMAT=dummy HYMT_DTYPE=float32 python -m loadtests.fidelity --report f32.json
 """
 
@@ -27,7 +30,9 @@ import argparse
 import asyncio
 import dataclasses
 import gc
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,9 +192,32 @@ def reference_side(
             torch.cuda.empty_cache()
 
 
-async def run(settings: Settings, texts: int, crowd: int, max_new: int) -> FidelityReport:
+def cached(path: Path | None, key: str, compute: Callable[[], Reference]) -> Reference:
+    """``compute()``'s reference, or the one ``path`` holds for the same ``key``; saved there."""
+    if path is not None and path.exists():
+        saved = torch.load(path, weights_only=False)  # the harness's own file
+        if saved["key"] == key:
+            print(f"reference read from {path}", file=sys.stderr, flush=True)
+            return saved["reference"]  # type: ignore[no-any-return]
+    reference = compute()
+    print(f"reference computed in {reference.seconds:.2f} s", file=sys.stderr, flush=True)
+    if path is not None:
+        torch.save({"key": key, "reference": reference}, path)
+    return reference
+
+
+async def run(
+    settings: Settings,
+    texts: int,
+    crowd: int,
+    max_new: int,
+    reference_cache: Path | None = None,
+) -> FidelityReport:
     config = dataclasses.replace(settings.engine_config(), engine="fast")
-    reference = reference_side(settings, config, texts, crowd, max_new)
+    key = f"{config!r} texts={texts} crowd={crowd} max_new={max_new}"
+    reference = cached(
+        reference_cache, key, lambda: reference_side(settings, config, texts, crowd, max_new)
+    )
     chosen, others = reference.requests[:texts], reference.requests[texts:]
     expected = reference.tokens
 
@@ -255,8 +283,12 @@ def main(argv: list[str] | None = None) -> FidelityReport:
     parser.add_argument("--crowd", type=int, default=1000)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--report", type=Path)
+    parser.add_argument("--reference-cache", type=Path, help="keep transformers' side here")
     args = parser.parse_args(argv)
-    report = asyncio.run(run(Settings(engine="fast"), args.texts, args.crowd, args.max_new_tokens))
+    settings = Settings(engine="fast")
+    report = asyncio.run(
+        run(settings, args.texts, args.crowd, args.max_new_tokens, args.reference_cache)
+    )
     emit(report, args.report)
     return report
 

@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from loadtests import baseline, bench, fidelity, ipc, kernels, loadgen, overload, profile
@@ -50,16 +51,29 @@ async def test_profile_measures_the_engine_without_http(
 
 
 async def test_fidelity_compares_the_fast_engine_with_generate(
-    make_settings: MakeSettings,
+    make_settings: MakeSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = make_settings(
         engine="fast", dtype="float32", fast_num_pages=64, fast_page_size=16, fast_max_rows=4
     )
-    report = await fidelity.run(settings, texts=2, crowd=3, max_new=4)
+    cache = tmp_path / "reference.pt"
+    report = await fidelity.run(settings, texts=2, crowd=3, max_new=4, reference_cache=cache)
     assert (report.identical_alone, report.identical_crowd) == (2, 2)
     assert report.first_difference_alone == report.gap_alone == []
     assert report.logits_positions == report.reference_tokens
     assert report.logits_argmax_agreement == 1.0
+    # Taken up again (a cut-off device call): transformers' side comes from the file, and a
+    # different count computes it anew.
+    monkeypatch.setattr(fidelity, "reference_side", _refuse)
+    again = await fidelity.run(settings, texts=2, crowd=3, max_new=4, reference_cache=cache)
+    assert again.reference_tokens == report.reference_tokens
+    assert again.identical_alone == 2
+    with pytest.raises(AssertionError, match="computed anew"):
+        await fidelity.run(settings, texts=1, crowd=3, max_new=4, reference_cache=cache)
+
+
+def _refuse(*_args: object) -> fidelity.Reference:
+    raise AssertionError("computed anew")
 
 
 def test_fidelity_measures_how_close_a_difference_was() -> None:
