@@ -363,8 +363,8 @@ class Settings(BaseSettings):
         "kernels with programmatic dependent launch, each kernel's launch overlapping the end "
         "of the one before (inside the CUDA graph). Needs the step to run those kernels only: "
         "the fused RoPE, every norm folded (HYMT_FAST_FOLD_NORMS, a dense model), the Triton "
-        "decode attention, CUDA graphs on a GPU of compute capability 9.0+ (auto: where all of "
-        "that holds; on: refuses to start otherwise).",
+        "decode attention, CUDA graphs on a GPU of compute capability 9.0+, Triton 3.4+ (auto: "
+        "where all of that holds; on: refuses to start otherwise).",
     )
     fast_fold_norms: Literal["auto", "on", "off"] = Field(
         "auto",

@@ -29,7 +29,7 @@ import torch
 import torch._inductor.config
 
 from service.engine.config import EngineConfig, FastConfig
-from service.engine.fast import gemv, rope
+from service.engine.fast import gemv, launch, rope
 from service.engine.fast.attention import (
     DecodeAttention,
     FlexDecode,
@@ -168,7 +168,7 @@ def _one_row_pdl(setting: str, possible: bool) -> bool:
     ``possible`` (else the engine refuses to start), ``auto`` where possible."""
     if setting == "on" and not possible:
         raise RuntimeError(
-            "fast_pdl=on needs CUDA graphs on a GPU of compute capability 9.0+, "
+            "fast_pdl=on needs CUDA graphs on a GPU of compute capability 9.0+, Triton 3.4+, "
             "the fused RoPE (fast_fused_rope), every norm folded (fast_fold_norms auto or on, "
             "a dense model) and the triton attention"
         )
@@ -201,6 +201,7 @@ class FastEngine(LoadedEngine):
             and torch.cuda.get_device_capability(device)[0] >= 9
             and fused_rope
             and attention_kind == "triton"
+            and launch.supported()
         )
         fold = _fold_norms(fast.fold_norms, loaded, fp8, pdl_ready)
         self._weights = take_weights(loaded.model, config.quantization, fp8, fold_norms=fold)

@@ -10,12 +10,31 @@ launch option (dynamo passes only its arguments and the block configuration), so
 kernels launched eagerly, in a CUDA graph's capture.
 
 Triton's interpreter (the tests on a CPU) takes the launch option but has no ``gdc_*``
-instructions: off CUDA the kernels are built without them.
+instructions: off CUDA the kernels are built without them. Triton has both since 3.4; with an
+older one (an older torch) the engine launches plainly.
 """
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
+
+# The first Triton with the gdc_* instructions and the launch_pdl option.
+FIRST_TRITON = (3, 4)
+
+
+def supported() -> bool:
+    """Whether this Triton builds and launches kernels with PDL."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    import triton
+    import triton.language as tl
+
+    version = tuple(int(part) for part in triton.__version__.split(".")[:2] if part.isdigit())
+    cuda = getattr(getattr(tl, "extra", None), "cuda", None)
+    instructions = all(hasattr(cuda, name) for name in ("gdc_wait", "gdc_launch_dependents"))
+    return version >= FIRST_TRITON and instructions
 
 
 def pdl_args(pdl: bool, device: torch.device) -> dict[str, bool]:
