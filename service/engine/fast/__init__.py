@@ -6,5 +6,6 @@ owns the paged KV cache and its pages, ``attention`` the prefill and paged decod
 ``gemv`` and ``rope`` the engine's own kernels for a lone request's projections and for RoPE
 with the cache writes (``launch`` how they are launched), ``forward`` the transformer itself,
 ``sampler`` the choice of tokens on the device, ``batch`` the per-row state kept on the device,
-``graphs`` the captured decode steps and ``engine`` the step loop behind the engine contract.
+``graphs`` the captured decode steps, ``plan`` what of all this the settings take on a device, and
+``engine`` the step loop behind the engine contract.
 """

@@ -29,14 +29,12 @@ import torch
 import torch._inductor.config
 
 from service.engine.config import EngineConfig, FastConfig
-from service.engine.fast import gemv, launch, rope
 from service.engine.fast.attention import (
     DecodeAttention,
     FlexDecode,
     GatherDecode,
     SmallBatchDecode,
     TritonDecode,
-    triton_runs,
 )
 from service.engine.fast.batch import DeviceRows, HostRows, Joining
 from service.engine.fast.cache import (
@@ -49,9 +47,17 @@ from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.compile_cache import use_compile_cache
 from service.engine.fast.forward import Transformer, passes_norm_sums
 from service.engine.fast.graphs import DecodeGraphs, buckets_up_to
+from service.engine.fast.plan import (
+    Plan,
+    fold_norms_for,
+    fused_rope_for,
+    one_row_pdl_for,
+    pdl_ready,
+    plan_for,
+)
 from service.engine.fast.prefill import Piece, pack
 from service.engine.fast.sampler import RowSampling, needs_full_sort, race_noise, sample
-from service.engine.fast.weights import Geometry, is_dense, take_weights
+from service.engine.fast.weights import Geometry, take_weights
 from service.engine.generation import LoadedEngine
 from service.engine.loading import LoadedModel
 from service.engine.types import (
@@ -98,83 +104,6 @@ class _Launched:
     ready: torch.cuda.Event | None
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What the engine settled on at load: the figures /health and the logs report."""
-
-    rows: int
-    page_size: int
-    pages: int
-    prefill_tokens: int
-    attention: str
-    cuda_graphs: bool
-    compiled: bool
-    buckets: tuple[int, ...]
-    # "static" (a compile per bucket) or "dynamic"; "eager" when nothing is compiled.
-    decode_shapes: str
-    # Whether the decode layers run RoPE, the query/key norms and the cache writes as one
-    # kernel (rope.py).
-    fused_rope: bool
-    # Whether a lone request's layers launch with programmatic dependent launch (launch.py).
-    one_row_pdl: bool
-
-
-def plan_for(
-    config: FastConfig, device: torch.device, dtype: torch.dtype
-) -> tuple[int, int, bool, bool, str]:
-    """Rows, prefill chunk, graphs, compile and the attention backend on ``device``."""
-    cuda = device.type == "cuda"
-    rows = config.max_rows or (1024 if cuda else 64)
-    prefill = config.prefill_tokens or (8192 if cuda else 512)
-    graphs = config.cuda_graph == "on" or (config.cuda_graph == "auto" and cuda)
-    if graphs and not cuda:
-        raise RuntimeError("fast_cuda_graph=on needs a CUDA device")
-    compiled = config.compile == "on" or (config.compile == "auto" and cuda)
-    attention = config.attention
-    if attention == "auto":
-        small = triton_runs(dtype, device, config.page_size)
-        attention = ("triton" if small else "flex") if cuda else "gather"
-    if graphs and attention == "gather":
-        raise RuntimeError("the fast engine captures graphs with the flex or triton attention only")
-    return rows, prefill, graphs, compiled, attention
-
-
-def _fused_rope(setting: str, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether the decode layers take the fused RoPE kernel: ``on`` wherever Triton is there
-    (else the engine refuses to start), ``auto`` where it runs (``rope.runs``)."""
-    if setting == "on" and not rope.built():
-        raise RuntimeError("fast_fused_rope=on needs Triton (a CUDA build of torch)")
-    return setting == "on" or (setting == "auto" and rope.runs(dtype, device))
-
-
-def _fold_norms(
-    setting: str, loaded: LoadedModel, fp8: Fp8Checkpoint | None, one_row_pdl: bool
-) -> bool:
-    """Whether the norms fold into the projections after them: ``on`` wherever they can,
-    ``auto`` where every one of them folds and a lone request's layers then launch with PDL
-    (``one_row_pdl``: the step passes the norms' sums of squares between one-row projections,
-    ``passes_norm_sums``), which needs a dense model of 16-bit weights on CUDA, not read from an
-    FP8 checkpoint. Elsewhere the folded step measured slower than the norm kernels: where the
-    reading kernel sums the squares itself (the 30B's experts), and where the compiled layer
-    passes the sums (inductor copies the slices a kernel writes)."""
-    if setting != "auto":
-        return setting == "on"
-    dense = fp8 is None and is_dense(loaded.model)
-    return one_row_pdl and dense and gemv.runs(loaded.dtype, loaded.device)
-
-
-def _one_row_pdl(setting: str, possible: bool) -> bool:
-    """Whether a lone request's layers launch with programmatic dependent launch: ``on`` where
-    ``possible`` (else the engine refuses to start), ``auto`` where possible."""
-    if setting == "on" and not possible:
-        raise RuntimeError(
-            "fast_pdl=on needs CUDA graphs on a GPU of compute capability 9.0+, Triton 3.4+, "
-            "the fused RoPE (fast_fused_rope), every norm folded (fast_fold_norms auto or on, "
-            "a dense model) and the triton attention"
-        )
-    return possible and setting != "off"
-
-
 class FastEngine(LoadedEngine):
     """Implements ``ContinuousEngine`` with the project's own paged, graph-captured decode."""
 
@@ -192,18 +121,9 @@ class FastEngine(LoadedEngine):
             if hasattr(torch._inductor.config, "emulate_precision_casts"):
                 torch._inductor.config.emulate_precision_casts = True
         fp8 = None if loaded.fp8_checkpoint is None else Fp8Checkpoint.open(loaded.fp8_checkpoint)
-        fused_rope = _fused_rope(fast.fused_rope, loaded.dtype, device)
-        # What a lone request's layers need to launch with PDL, but for the folded norms.
-        pdl_ready = (
-            fast.pdl != "off"
-            and graphs
-            and device.type == "cuda"
-            and torch.cuda.get_device_capability(device)[0] >= 9
-            and fused_rope
-            and attention_kind == "triton"
-            and launch.supported()
-        )
-        fold = _fold_norms(fast.fold_norms, loaded, fp8, pdl_ready)
+        fused_rope = fused_rope_for(fast.fused_rope, loaded.dtype, device)
+        ready = pdl_ready(fast.pdl, graphs, device, fused_rope, attention_kind)
+        fold = fold_norms_for(fast.fold_norms, loaded, fp8, ready)
         self._weights = take_weights(loaded.model, config.quantization, fp8, fold_norms=fold)
         geometry = self._weights.geometry
         layers = len(self._weights.layers)
@@ -230,7 +150,7 @@ class FastEngine(LoadedEngine):
         attention = self._attention(attention_kind, geometry, compiled, fast)
         scope = fast.compile_scope if compiled else None
         static = fast.decode_shapes == "static"
-        pdl = _one_row_pdl(fast.pdl, pdl_ready and passes_norm_sums(self._weights, device))
+        pdl = one_row_pdl_for(fast.pdl, ready and passes_norm_sums(self._weights, device))
         self._model = Transformer(
             self._weights,
             self._cache,

@@ -1,0 +1,113 @@
+"""What the fast engine runs on this device: its settings (``FastConfig``) resolved against
+the device, the dtype and the model into rows, prefill chunk, graphs, compile, the decode
+attention and the lone request's kernels (fused RoPE, folded norms, PDL), and the ``Plan`` that
+/health and the logs report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from service.engine.config import FastConfig
+from service.engine.fast import gemv, launch, rope
+from service.engine.fast.attention import triton_runs
+from service.engine.fast.checkpoint import Fp8Checkpoint
+from service.engine.fast.weights import is_dense
+from service.engine.loading import LoadedModel
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What the engine settled on at load: the figures /health and the logs report."""
+
+    rows: int
+    page_size: int
+    pages: int
+    prefill_tokens: int
+    attention: str
+    cuda_graphs: bool
+    compiled: bool
+    buckets: tuple[int, ...]
+    # "static" (a compile per bucket) or "dynamic"; "eager" when nothing is compiled.
+    decode_shapes: str
+    # Whether the decode layers run RoPE, the query/key norms and the cache writes as one
+    # kernel (rope.py).
+    fused_rope: bool
+    # Whether a lone request's layers launch with programmatic dependent launch (launch.py).
+    one_row_pdl: bool
+
+
+def plan_for(
+    config: FastConfig, device: torch.device, dtype: torch.dtype
+) -> tuple[int, int, bool, bool, str]:
+    """Rows, prefill chunk, graphs, compile and the attention backend on ``device``."""
+    cuda = device.type == "cuda"
+    rows = config.max_rows or (1024 if cuda else 64)
+    prefill = config.prefill_tokens or (8192 if cuda else 512)
+    graphs = config.cuda_graph == "on" or (config.cuda_graph == "auto" and cuda)
+    if graphs and not cuda:
+        raise RuntimeError("fast_cuda_graph=on needs a CUDA device")
+    compiled = config.compile == "on" or (config.compile == "auto" and cuda)
+    attention = config.attention
+    if attention == "auto":
+        small = triton_runs(dtype, device, config.page_size)
+        attention = ("triton" if small else "flex") if cuda else "gather"
+    if graphs and attention == "gather":
+        raise RuntimeError("the fast engine captures graphs with the flex or triton attention only")
+    return rows, prefill, graphs, compiled, attention
+
+
+def fused_rope_for(setting: str, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the decode layers take the fused RoPE kernel: ``on`` wherever Triton is there
+    (else the engine refuses to start), ``auto`` where it runs (``rope.runs``)."""
+    if setting == "on" and not rope.built():
+        raise RuntimeError("fast_fused_rope=on needs Triton (a CUDA build of torch)")
+    return setting == "on" or (setting == "auto" and rope.runs(dtype, device))
+
+
+def fold_norms_for(
+    setting: str, loaded: LoadedModel, fp8: Fp8Checkpoint | None, one_row_pdl: bool
+) -> bool:
+    """Whether the norms fold into the projections after them: ``on`` wherever they can,
+    ``auto`` where every one of them folds and a lone request's layers then launch with PDL
+    (``one_row_pdl``: the step passes the norms' sums of squares between one-row projections,
+    ``passes_norm_sums``), which needs a dense model of 16-bit weights on CUDA, not read from an
+    FP8 checkpoint. Elsewhere the folded step measured slower than the norm kernels: where the
+    reading kernel sums the squares itself (the 30B's experts), and where the compiled layer
+    passes the sums (inductor copies the slices a kernel writes)."""
+    if setting != "auto":
+        return setting == "on"
+    dense = fp8 is None and is_dense(loaded.model)
+    return one_row_pdl and dense and gemv.runs(loaded.dtype, loaded.device)
+
+
+def pdl_ready(
+    setting: str, graphs: bool, device: torch.device, fused_rope: bool, attention: str
+) -> bool:
+    """Whether a lone request's layers can launch with PDL, but for the folded norms (which
+    ``fold_norms_for`` then decides on): wanted, in CUDA graphs on a GPU of compute capability
+    9.0+ (Hopper's grid dependency control), with a Triton that has it, and with the step's
+    other kernels the engine's own (the fused RoPE, the Triton attention)."""
+    return (
+        setting != "off"
+        and graphs
+        and device.type == "cuda"
+        and torch.cuda.get_device_capability(device)[0] >= 9
+        and fused_rope
+        and attention == "triton"
+        and launch.supported()
+    )
+
+
+def one_row_pdl_for(setting: str, possible: bool) -> bool:
+    """Whether a lone request's layers launch with programmatic dependent launch: ``on`` where
+    ``possible`` (else the engine refuses to start), ``auto`` where possible."""
+    if setting == "on" and not possible:
+        raise RuntimeError(
+            "fast_pdl=on needs CUDA graphs on a GPU of compute capability 9.0+, Triton 3.4+, "
+            "the fused RoPE (fast_fused_rope), every norm folded (fast_fold_norms auto or on, "
+            "a dense model) and the triton attention"
+        )
+    return possible and setting != "off"
