@@ -6,6 +6,7 @@ import asyncio
 import logging
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -113,15 +114,24 @@ async def test_refusals_at_the_door_are_logged_as_one_line_with_their_count(
         client.http.post("/translate", json={"text": "held", "target_lang": "de"})
     )
     await until(lambda: client.runtime.in_flight == 1)
+
+    def summaries() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage() == "refused at the door"]
+
     with caplog.at_level(logging.INFO, logger="service.access"):
+        started = time.monotonic()
         refused = [
             await client.http.post("/translate", json={"text": f"x{i}", "target_lang": "de"})
             for i in range(30)
         ]
+        elapsed = time.monotonic() - started
         assert [r.status_code for r in refused] == [429] * 30
-        await until(lambda: any(r.getMessage() == "refused at the door" for r in caplog.records))
-    summaries = [r for r in caplog.records if r.getMessage() == "refused at the door"]
-    assert [(s.count, s.routes) for s in summaries] == [(30, {"/translate": 30})]  # type: ignore[attr-defined]
+        await until(lambda: sum(s.count for s in summaries()) == 30)  # type: ignore[attr-defined]
+    # One line per second of refusals (one, where the 30 take under a second; a loaded machine
+    # can take longer), each with its count and routes.
+    lines = summaries()
+    assert len(lines) <= int(elapsed) + 1
+    assert all(set(s.routes) == {"/translate"} for s in lines)  # type: ignore[attr-defined]
     assert not [r for r in caplog.records if r.getMessage() == "request"]
     # Counted one by one in the metrics all the same.
     metrics = (await client.http.get("/metrics")).text
