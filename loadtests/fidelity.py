@@ -192,6 +192,16 @@ def reference_side(
             torch.cuda.empty_cache()
 
 
+def _progress(phase: str, firsts: list[int], seconds: float) -> None:
+    """A phase's identical count on stderr as it ends: what a run cut off later still shows."""
+    identical = firsts.count(-1)
+    print(
+        f"{phase}: {identical} / {len(firsts)} identical in {seconds:.2f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def cached(path: Path | None, key: str, compute: Callable[[], Reference]) -> Reference:
     """``compute()``'s reference, or the one ``path`` holds for the same ``key``; saved there."""
     if path is not None and path.exists():
@@ -226,12 +236,13 @@ async def run(
         started = time.perf_counter()
         alone = [(await _run_fast(engine, [r], f"alone{i}"))[0] for i, r in enumerate(chosen)]
         alone_s = time.perf_counter() - started
+        firsts_alone = [_first_difference(a, b) for a, b in zip(expected, alone, strict=True)]
+        _progress("alone", firsts_alone, alone_s)
         started = time.perf_counter()
         mixed = await _run_fast(engine, [*chosen, *others], "crowd")
         crowd_s = time.perf_counter() - started
-
-        firsts_alone = [_first_difference(a, b) for a, b in zip(expected, alone, strict=True)]
         firsts_crowd = [_first_difference(a, b) for a, b in zip(expected, mixed, strict=False)]
+        _progress("crowd", firsts_crowd, crowd_s)
         max_diff, sum_diff, positions, agree = 0.0, 0.0, 0, 0
         gap_alone: list[float] = []
         gap_crowd: list[float] = []

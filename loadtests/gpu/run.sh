@@ -45,7 +45,8 @@ for variant in "$@"; do
     HYMT_DTYPE=$dtype HYMT_LOAD_FORMAT=dummy HYMT_DATA_DIR="$work/data" timeout "${VARIANT_TIMEOUT:-280}" \
       python3 -m loadtests.fidelity --texts "${TEXTS:-64}" --crowd "${CROWD:-1000}" --report "$work/$variant.json" \
       --reference-cache "$work/$variant.reference.pt" > "$work/$variant.out" 2>&1
-    rc=$?; grep -E '^reference ' "$work/$variant.out"  # a cut-off run, repeated, reads it back
+    # (a cut-off run, repeated, reads transformers' side back; each phase reports as it ends)
+    rc=$?; grep -E '^(reference|alone:|crowd:) ' "$work/$variant.out"
     echo "exit $rc"; cat "$work/$variant.json" 2>/dev/null || tail -c 3000 "$work/$variant.out"
     cp "$work/$variant.json" "$out/" 2>/dev/null; continue
   fi
