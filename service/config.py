@@ -329,7 +329,9 @@ class Settings(BaseSettings):
         "prefilled in chunks between decode steps (unset: 8,192 on CUDA, 512 elsewhere).",
     )
     fast_cuda_graph: Literal["auto", "on", "off"] = Field(
-        "auto", description="Fast engine: decode steps as CUDA graphs (auto = on CUDA)."
+        "auto",
+        description="Fast engine: decode steps as CUDA graphs (auto = on CUDA, but for a "
+        "mixture-of-experts model outside bf16, whose grouped GEMM reads back to the host).",
     )
     fast_compile: Literal["auto", "on", "off"] = Field(
         "auto",

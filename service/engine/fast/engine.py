@@ -57,7 +57,7 @@ from service.engine.fast.plan import (
 )
 from service.engine.fast.prefill import Piece, pack
 from service.engine.fast.sampler import RowSampling, needs_full_sort, race_noise, sample
-from service.engine.fast.weights import Geometry, take_weights
+from service.engine.fast.weights import Geometry, is_dense, take_weights
 from service.engine.generation import LoadedEngine
 from service.engine.loading import LoadedModel
 from service.engine.types import (
@@ -113,7 +113,8 @@ class FastEngine(LoadedEngine):
         super().__init__(loaded)
         fast = config.fast
         device = loaded.device
-        rows, prefill, graphs, compiled, attention_kind = plan_for(fast, device, loaded.dtype)
+        moe = not is_dense(loaded.model)
+        rows, prefill, graphs, compiled, attention_kind = plan_for(fast, device, loaded.dtype, moe)
         if compiled:
             use_compile_cache(config.data_dir)
             # Compiled kernels round to the model's dtype where the eager code does (inductor

@@ -9,7 +9,9 @@ Operation for operation transformers' ``HYV3MoE`` with its default ``grouped_mm`
 - the shared expert added (in float32 where the config says so).
 
 No step reads a value back to the host (expert counts go through ``histc``, as in transformers),
-so a decode step with this block can be captured in a CUDA graph.
+so in bf16 a decode step with this block can be captured in a CUDA graph. In other dtypes the
+grouped GEMM itself reads the counts back (torch has its kernel for bf16 only), so the engine
+captures no graphs there (``plan.plan_for``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ attention and the lone request's kernels (fused RoPE, folded norms, PDL), and th
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,8 @@ from service.engine.fast.attention import triton_runs
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.weights import is_dense
 from service.engine.loading import LoadedModel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,13 +43,30 @@ class Plan:
 
 
 def plan_for(
-    config: FastConfig, device: torch.device, dtype: torch.dtype
+    config: FastConfig, device: torch.device, dtype: torch.dtype, moe: bool = False
 ) -> tuple[int, int, bool, bool, str]:
-    """Rows, prefill chunk, graphs, compile and the attention backend on ``device``."""
+    """Rows, prefill chunk, graphs, compile and the attention backend on ``device``, for a
+    model with mixture-of-experts blocks where ``moe``."""
     cuda = device.type == "cuda"
     rows = config.max_rows or (1024 if cuda else 64)
     prefill = config.prefill_tokens or (8192 if cuda else 512)
-    graphs = config.cuda_graph == "on" or (config.cuda_graph == "auto" and cuda)
+    # The experts' grouped GEMM has a CUDA kernel for bf16 only; in another dtype torch (and
+    # transformers' own fallback) loops over the experts with their row counts read back to
+    # the host, which a CUDA graph cannot capture.
+    host_read = moe and dtype != torch.bfloat16
+    name = str(dtype).removeprefix("torch.")
+    if config.cuda_graph == "on" and host_read:
+        raise RuntimeError(
+            f"fast_cuda_graph=on: a mixture-of-experts model in {name} reads its experts' row "
+            "counts back to the host at every step, which a CUDA graph cannot capture; use "
+            "bfloat16, or fast_cuda_graph=auto or off"
+        )
+    graphs = config.cuda_graph == "on" or (config.cuda_graph == "auto" and cuda and not host_read)
+    if cuda and host_read and config.cuda_graph == "auto":
+        log.warning(
+            "decode graphs off: a mixture-of-experts model's grouped GEMM runs in bfloat16 only",
+            extra={"dtype": name},
+        )
     if graphs and not cuda:
         raise RuntimeError("fast_cuda_graph=on needs a CUDA device")
     compiled = config.compile == "on" or (config.compile == "auto" and cuda)

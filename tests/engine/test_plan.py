@@ -1,0 +1,37 @@
+"""What the fast engine's settings resolve to on a device (``service/engine/fast/plan.py``)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from service.engine.config import FastConfig
+from service.engine.fast.plan import plan_for
+
+CUDA = torch.device("cuda")  # only named here: resolving a plan calls nothing on the device
+
+
+def _graphs(dtype: torch.dtype, moe: bool, setting: str = "auto") -> bool:
+    config = FastConfig(cuda_graph=setting, attention="flex")  # type: ignore[arg-type]
+    _rows, _prefill, graphs, _compiled, _attention = plan_for(config, CUDA, dtype, moe)
+    return graphs
+
+
+def test_a_mixture_of_experts_is_captured_in_graphs_in_bf16_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Outside bf16 the experts' grouped GEMM reads its row counts back to the host, which a
+    # graph's capture cannot take: the engine then decodes without graphs, and says so.
+    assert _graphs(torch.bfloat16, moe=True)
+    assert _graphs(torch.float32, moe=False)
+    with caplog.at_level(logging.WARNING, logger="service.engine.fast.plan"):
+        assert not _graphs(torch.float32, moe=True)
+        assert not _graphs(torch.float16, moe=True)
+    assert [r.getMessage() for r in caplog.records].count(
+        "decode graphs off: a mixture-of-experts model's grouped GEMM runs in bfloat16 only"
+    ) == 2
+    with pytest.raises(RuntimeError, match="cannot capture; use bfloat16"):
+        _graphs(torch.float32, moe=True, setting="on")
+    assert not _graphs(torch.bfloat16, moe=True, setting="off")
