@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from service.engine.fast.cache import (
+    PAGE_QUANTUM,
     budget_pages,
     fit_rows_and_pages,
     page_bytes,
@@ -48,10 +49,26 @@ def test_reserve_comes_off_before_the_fraction(monkeypatch: pytest.MonkeyPatch) 
     reserve = workspace_bytes(GEOMETRY, 1024, 8192)
     free = 20 * GIB
     pages = _pages(monkeypatch, free, reserve)
-    assert pages == int((free - reserve) * 0.85) // page
+    exact = int((free - reserve) * 0.85) // page
+    assert pages == exact - exact % PAGE_QUANTUM
     assert pages < _pages(monkeypatch, free, 0)
     # What the cache leaves is at least the workspace: the widest step still fits.
     assert free - pages * page >= reserve
+
+
+def test_a_little_more_or_less_free_memory_gives_the_same_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The compiled kernels are specialised to the cache's size: a restart with some megabytes
+    # more or less free (here 300 MB either way) finds the same page count, hence the same
+    # compiled kernels.
+    page = page_bytes(GEOMETRY, 32, 128, torch.bfloat16)  # 16.8 MB: 300 MB is 15 pages of it
+    free = int((PAGE_QUANTUM * 100 + PAGE_QUANTUM // 2) * page / 0.85)  # between two multiples
+    counts = {_pages(monkeypatch, free + delta, 0) for delta in (-300_000_000, 0, 300_000_000)}
+    assert len(counts) == 1
+    assert counts.pop() % PAGE_QUANTUM == 0
+    # A small device keeps what it has.
+    assert _pages(monkeypatch, 10 * page, 0) == int(10 * page * 0.85) // page
 
 
 def test_a_device_without_room_keeps_the_minimum(monkeypatch: pytest.MonkeyPatch) -> None:

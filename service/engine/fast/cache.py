@@ -69,9 +69,18 @@ def budget_pages(
         raise ValueError("on a CPU the fast engine's KV cache needs an explicit page count")
     free, _total = torch.cuda.mem_get_info(device)
     usable = max(0, free - reserved) * memory_fraction
-    return max(2, int(usable) // page_bytes(geometry, layers, page_size, dtype))
+    pages = int(usable) // page_bytes(geometry, layers, page_size, dtype)
+    # The compiled decode kernels are specialised to the cache's size, and the free memory
+    # differs by some megabytes from one start to the next (another process's context, the
+    # allocator's leftovers): whole multiples of PAGE_QUANTUM let a restart find them in the
+    # compile cache instead of compiling every bucket again.
+    if pages >= PAGE_QUANTUM:
+        pages -= pages % PAGE_QUANTUM
+    return max(2, pages)
 
 
+# The KV cache's page count is rounded down to a multiple of this (``budget_pages``).
+PAGE_QUANTUM = 64
 # The fewest decode rows the engine shrinks to before it gives up on a device.
 MIN_FITTED_ROWS = 16
 
