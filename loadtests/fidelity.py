@@ -71,6 +71,8 @@ class FidelityReport:
     reference_s: float
     alone_s: float
     crowd_s: float
+    # What the engine settled on (``Plan``: rows, pages, attention, graphs, ...).
+    engine_plan: dict[str, object]
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:
@@ -285,6 +287,7 @@ async def run(
         reference_s=round(reference.seconds, 2),
         alone_s=round(alone_s, 2),
         crowd_s=round(crowd_s, 2),
+        engine_plan=dataclasses.asdict(engine.plan),
     )
 
 

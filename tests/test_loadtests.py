@@ -62,6 +62,7 @@ async def test_fidelity_compares_the_fast_engine_with_generate(
     assert report.first_difference_alone == report.gap_alone == []
     assert report.logits_positions == report.reference_tokens
     assert report.logits_argmax_agreement == 1.0
+    assert report.engine_plan["pages"] == 64  # the engine's plan, as the report gives it
     # Taken up again (a cut-off device call): transformers' side comes from the file, and a
     # different count computes it anew.
     monkeypatch.setattr(fidelity, "reference_side", _refuse)
