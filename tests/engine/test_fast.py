@@ -31,7 +31,7 @@ from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.engine import FastEngine
 from service.engine.fast.plan import fold_norms_for
 from service.engine.fast.sampler import RowSampling, first_argmax, sample
-from service.engine.fast.weights import fp8_linear, linear, quantize_fp8
+from service.engine.fast.weights import fp8_linear, is_dense, linear, quantize_fp8
 from service.engine.generation import eos_ids
 from service.engine.loading import LoadedModel, load_model
 from service.engine.types import Decoding, GenerationRequest, GenerationResult
@@ -204,13 +204,15 @@ def test_norms_fold_by_default_only_where_a_lone_requests_layers_launch_with_pdl
     # folded step measured faster only there); never a mixture of experts' unless asked to.
     monkeypatch.setattr(gemv, "runs", lambda dtype, device: True)  # a GPU's 16-bit weights
     moe = load_model(_config(data_dir, "hy-v3"))
-    assert fold_norms_for("auto", reference, None, one_row_pdl=True)
-    assert not fold_norms_for("auto", reference, None, one_row_pdl=False)
-    assert not fold_norms_for("auto", moe, None, one_row_pdl=True)
-    assert fold_norms_for("on", moe, None, one_row_pdl=False)
-    assert not fold_norms_for("off", reference, None, one_row_pdl=True)
+    assert not is_dense(moe.model)
+    assert is_dense(reference.model)
+    assert fold_norms_for("auto", reference, False, None, one_row_pdl=True)
+    assert not fold_norms_for("auto", reference, False, None, one_row_pdl=False)
+    assert not fold_norms_for("auto", moe, True, None, one_row_pdl=True)
+    assert fold_norms_for("on", moe, True, None, one_row_pdl=False)
+    assert not fold_norms_for("off", reference, False, None, one_row_pdl=True)
     monkeypatch.setattr(gemv, "runs", lambda dtype, device: False)  # float32, or a CPU
-    assert not fold_norms_for("auto", reference, None, one_row_pdl=True)
+    assert not fold_norms_for("auto", reference, False, None, one_row_pdl=True)
 
 
 async def test_fused_rope_equals_generate(

@@ -54,6 +54,10 @@ def workspace_bytes(geometry: Geometry, rows: int, prefill_tokens: int) -> int:
     return sampling + prefill
 
 
+# The KV cache's page count is rounded down to a multiple of this (``budget_pages``).
+PAGE_QUANTUM = 64
+
+
 def budget_pages(
     geometry: Geometry,
     layers: int,
@@ -79,8 +83,6 @@ def budget_pages(
     return max(2, pages)
 
 
-# The KV cache's page count is rounded down to a multiple of this (``budget_pages``).
-PAGE_QUANTUM = 64
 # The fewest decode rows the engine shrinks to before it gives up on a device.
 MIN_FITTED_ROWS = 16
 

@@ -124,7 +124,7 @@ class FastEngine(LoadedEngine):
         fp8 = None if loaded.fp8_checkpoint is None else Fp8Checkpoint.open(loaded.fp8_checkpoint)
         fused_rope = fused_rope_for(fast.fused_rope, loaded.dtype, device)
         ready = pdl_ready(fast.pdl, graphs, device, fused_rope, attention_kind)
-        fold = fold_norms_for(fast.fold_norms, loaded, fp8, ready)
+        fold = fold_norms_for(fast.fold_norms, loaded, moe, fp8, ready)
         self._weights = take_weights(loaded.model, config.quantization, fp8, fold_norms=fold)
         geometry = self._weights.geometry
         layers = len(self._weights.layers)

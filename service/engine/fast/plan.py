@@ -15,7 +15,6 @@ from service.engine.config import FastConfig
 from service.engine.fast import gemv, launch, rope
 from service.engine.fast.attention import triton_runs
 from service.engine.fast.checkpoint import Fp8Checkpoint
-from service.engine.fast.weights import is_dense
 from service.engine.loading import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -88,19 +87,18 @@ def fused_rope_for(setting: str, dtype: torch.dtype, device: torch.device) -> bo
 
 
 def fold_norms_for(
-    setting: str, loaded: LoadedModel, fp8: Fp8Checkpoint | None, one_row_pdl: bool
+    setting: str, loaded: LoadedModel, moe: bool, fp8: Fp8Checkpoint | None, one_row_pdl: bool
 ) -> bool:
     """Whether the norms fold into the projections after them: ``on`` wherever they can,
     ``auto`` where every one of them folds and a lone request's layers then launch with PDL
     (``one_row_pdl``: the step passes the norms' sums of squares between one-row projections,
-    ``passes_norm_sums``), which needs a dense model of 16-bit weights on CUDA, not read from an
-    FP8 checkpoint. Elsewhere the folded step measured slower than the norm kernels: where the
-    reading kernel sums the squares itself (the 30B's experts), and where the compiled layer
-    passes the sums (inductor copies the slices a kernel writes)."""
+    ``passes_norm_sums``), which needs a dense model (not ``moe``) of 16-bit weights on CUDA,
+    not read from an FP8 checkpoint. Elsewhere the folded step measured slower than the norm
+    kernels: where the reading kernel sums the squares itself (the 30B's experts), and where the
+    compiled layer passes the sums (inductor copies the slices a kernel writes)."""
     if setting != "auto":
         return setting == "on"
-    dense = fp8 is None and is_dense(loaded.model)
-    return one_row_pdl and dense and gemv.runs(loaded.dtype, loaded.device)
+    return one_row_pdl and not moe and fp8 is None and gemv.runs(loaded.dtype, loaded.device)
 
 
 def pdl_ready(
