@@ -213,8 +213,12 @@ class FastEngine(LoadedEngine):
                     },
                 )
             elif compiled:
-                for bucket in reversed(buckets):
-                    self._decode_and_sample(bucket, False)
+                # Under inference mode, as the step loop runs them: dynamo guards on grad mode,
+                # so a warm-up outside it would compile every bucket again while serving (past
+                # the limit above, which only holds here: every request would fail).
+                with torch.inference_mode():
+                    for bucket in reversed(buckets):
+                        self._decode_and_sample(bucket, False)
         if compiled:
             # The prefill's compiled parts, before ready: for one token (sizes 0 and 1 are
             # always specialised) and two other counts, the second of which makes the count
