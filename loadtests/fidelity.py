@@ -69,6 +69,7 @@ class FidelityReport:
     logits_mean_abs_diff: float
     logits_argmax_agreement: float
     reference_s: float
+    engine_s: float
     alone_s: float
     crowd_s: float
     # What the engine settled on (``Plan``: rows, pages, attention, graphs, ...).
@@ -233,7 +234,11 @@ async def run(
     chosen, others = reference.requests[:texts], reference.requests[texts:]
     expected = reference.tokens
 
+    started = time.perf_counter()
     engine = RecordingEngine(load_model(config), config)
+    engine_s = time.perf_counter() - started
+    # Loading and compiling before ready can take minutes (a cold compile cache, no graphs).
+    print(f"engine ready in {engine_s:.2f} s", file=sys.stderr, flush=True)
     try:
         started = time.perf_counter()
         alone = [(await _run_fast(engine, [r], f"alone{i}"))[0] for i, r in enumerate(chosen)]
@@ -285,6 +290,7 @@ async def run(
         logits_mean_abs_diff=sum_diff / max(positions, 1),
         logits_argmax_agreement=round(agree / max(positions, 1), 6),
         reference_s=round(reference.seconds, 2),
+        engine_s=round(engine_s, 2),
         alone_s=round(alone_s, 2),
         crowd_s=round(crowd_s, 2),
         engine_plan=dataclasses.asdict(engine.plan),

@@ -46,7 +46,7 @@ for variant in "$@"; do
       python3 -m loadtests.fidelity --texts "${TEXTS:-64}" --crowd "${CROWD:-1000}" --report "$work/$variant.json" \
       --reference-cache "$work/$variant.reference.pt" > "$work/$variant.out" 2>&1
     # (a cut-off run, repeated, reads transformers' side back; each phase reports as it ends)
-    rc=$?; grep -E '^(reference|alone:|crowd:) ' "$work/$variant.out"
+    rc=$?; grep -E '^(reference|engine ready|alone:|crowd:) ' "$work/$variant.out"
     echo "exit $rc"; cat "$work/$variant.json" 2>/dev/null || tail -c 3000 "$work/$variant.out"
     cp "$work/$variant.json" "$out/" 2>/dev/null; continue
   fi
@@ -56,7 +56,7 @@ for variant in "$@"; do
       python3 -m loadtests.profile --requests "$requests" --lone "${LONE:-6}" --report "$work/$variant.json" --trace "$work/$variant.kernels.json" \
       > "$work/$variant.out" 2>&1
     echo "exit $?"; cat "$work/$variant.json" 2>/dev/null || tail -c 3000 "$work/$variant.out"
-    grep -E '"(fast engine ready|decode graphs captured|kv cache allocated)"' "$work/$variant.out" | cut -c1-600
+    grep -E '"(fast engine ready|decode graphs captured|decode compiled|kv cache allocated)"' "$work/$variant.out" | cut -c1-600
     cp "$work/$variant.json" "$work/$variant.kernels.json" "$out/" 2>/dev/null; continue
   fi
   if [ "$variant" = stream ]; then  # loadtests.streaming: a 2,000-word document streamed

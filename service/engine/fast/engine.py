@@ -216,9 +216,18 @@ class FastEngine(LoadedEngine):
                 # Under inference mode, as the step loop runs them: dynamo guards on grad mode,
                 # so a warm-up outside it would compile every bucket again while serving (past
                 # the limit above, which only holds here: every request would fail).
+                started = time.perf_counter()
                 with torch.inference_mode():
                     for bucket in reversed(buckets):
                         self._decode_and_sample(bucket, False)
+                log.info(
+                    "decode compiled",
+                    extra={
+                        "buckets": len(buckets),
+                        "seconds": round(time.perf_counter() - started, 3),
+                        "decode_shapes": fast.decode_shapes,
+                    },
+                )
         if compiled:
             # The prefill's compiled parts, before ready: for one token (sizes 0 and 1 are
             # always specialised) and two other counts, the second of which makes the count
