@@ -35,7 +35,12 @@ from service.engine.fast.sampler import RowSampling, first_argmax, sample
 from service.engine.fast.weights import fp8_linear, is_dense, linear, quantize_fp8
 from service.engine.generation import eos_ids
 from service.engine.loading import LoadedModel, load_model
-from service.engine.types import Decoding, GenerationRequest, GenerationResult
+from service.engine.types import (
+    MODEL_CARD_DECODING,
+    Decoding,
+    GenerationRequest,
+    GenerationResult,
+)
 from service.errors import ServiceError
 from tests.conftest import ServiceClient, StartApp
 
@@ -254,7 +259,12 @@ async def test_compiled_step_equals_generate(
         if shapes == "static":
             # Every bucket compiled before ready, in the mode the step loop runs in: serving
             # compiles nothing (where it did, a GPU's many buckets passed dynamo's recompile
-            # limit and every request failed). Dynamic shapes compile once more, for the pages.
+            # limit and every request failed), sampled requests and the full sort (no top-k)
+            # included. Dynamic shapes compile once more, for the pages.
+            full = dataclasses.replace(MODEL_CARD_DECODING, top_k=0)
+            sampled = [GenerationRequest(p, MAX_NEW, MODEL_CARD_DECODING) for p in prompts]
+            sampled.append(GenerationRequest(prompts[0], MAX_NEW, full))
+            await _generated(engine, sampled, "sampled")
             assert counters["stats"]["unique_graphs"] == compiled
     finally:
         engine.close()
