@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -246,13 +247,17 @@ async def test_compiled_step_equals_generate(
     reference: LoadedModel,
     prompts: list[tuple[int, ...]],
     expected: list[list[int]],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # What a GPU runs, less the graphs and FlexAttention's kernel: the step's inputs, each layer
     # and the logits-and-sampling tail compiled by inductor (for this CPU), in two decode rows:
     # with the batch size symbolic after the first bucket, or compiled for each bucket.
     config = _config(data_dir, attention="gather", compile="on", max_rows=2, decode_shapes=shapes)
-    engine = RecordingEngine(load_model(config), config)
+    with caplog.at_level(logging.INFO, logger="service.engine.fast.engine"):
+        engine = RecordingEngine(load_model(config), config)
     compiled = counters["stats"]["unique_graphs"]
+    warmed = [r for r in caplog.records if r.getMessage() == "decode compiled"]
+    assert [r.buckets for r in warmed] == [2]  # type: ignore[attr-defined]
     try:
         requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
         assert await _generated(engine, requests * 2, "crowd") == _wanted(reference, expected) * 2

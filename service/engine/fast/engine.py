@@ -200,34 +200,27 @@ class FastEngine(LoadedEngine):
         kinds = len({layer.moe is None for layer in self._weights.layers})
         extra = len(buckets) * kinds if static else 0
         limit = torch._dynamo.config.recompile_limit + extra
+        started = time.perf_counter()
         with torch._dynamo.config.patch(recompile_limit=limit):
             if graphs:
-                started = time.perf_counter()
                 self._graphs = DecodeGraphs(self._decode_and_sample, buckets, device)
-                log.info(
-                    "decode graphs captured",
-                    extra={
-                        "graphs": self._graphs.count,
-                        "seconds": round(time.perf_counter() - started, 3),
-                        "decode_shapes": fast.decode_shapes,
-                    },
-                )
             elif compiled:
                 # Under inference mode, as the step loop runs them: dynamo guards on grad mode,
                 # so a warm-up outside it would compile every bucket again while serving (past
                 # the limit above, which only holds here: every request would fail).
-                started = time.perf_counter()
                 with torch.inference_mode():
                     for bucket in reversed(buckets):
                         self._decode_and_sample(bucket, False)
-                log.info(
-                    "decode compiled",
-                    extra={
-                        "buckets": len(buckets),
-                        "seconds": round(time.perf_counter() - started, 3),
-                        "decode_shapes": fast.decode_shapes,
-                    },
-                )
+        if graphs or compiled:
+            log.info(
+                "decode graphs captured" if graphs else "decode compiled",
+                extra={
+                    "buckets": len(buckets),
+                    "seconds": round(time.perf_counter() - started, 3),
+                    "decode_shapes": fast.decode_shapes,
+                    **({"graphs": self._graphs.count} if self._graphs is not None else {}),
+                },
+            )
         if compiled:
             # The prefill's compiled parts, before ready: for one token (sizes 0 and 1 are
             # always specialised) and two other counts, the second of which makes the count

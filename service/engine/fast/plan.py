@@ -42,7 +42,7 @@ class Plan:
 
 
 def plan_for(
-    config: FastConfig, device: torch.device, dtype: torch.dtype, moe: bool = False
+    config: FastConfig, device: torch.device, dtype: torch.dtype, moe: bool
 ) -> tuple[int, int, bool, bool, str]:
     """Rows, prefill chunk, graphs, compile and the attention backend on ``device``, for a
     model with mixture-of-experts blocks where ``moe``."""
