@@ -99,6 +99,7 @@ def create_app(
             yield
         finally:
             announcing.cancel()
+            door.close()
             await documents.close()
             await runtime.stop(settings.drain_timeout_s)
             glossaries.close()

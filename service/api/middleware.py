@@ -102,6 +102,7 @@ class Door:
         self._durations = Children(metrics.request_duration)
         self._logged: list[float] = []
         self._routes: Counter[str] = Counter()
+        self._summary: asyncio.TimerHandle | None = None
 
     def record(self, scope: Scope, seconds: float) -> None:
         """One request refused at the door, ``seconds`` after its first byte."""
@@ -109,11 +110,19 @@ class Door:
         self._requests(route, method, "429").inc()
         self._durations(route, method).observe(seconds)
         if not self._logged:
-            asyncio.get_running_loop().call_later(_SUMMARY_PERIOD_S, self.flush)
+            self._summary = asyncio.get_running_loop().call_later(_SUMMARY_PERIOD_S, self.flush)
         self._logged.append(seconds)
         self._routes[route] += 1
 
+    def close(self) -> None:
+        """On shutdown: the refusals of the last period logged now, not by a timer that would
+        fire after the app is gone (or never, once its loop stops)."""
+        if self._summary is not None:
+            self._summary.cancel()
+        self.flush()
+
     def flush(self) -> None:
+        self._summary = None
         durations, self._logged = sorted(self._logged), []
         routes, self._routes = dict(self._routes), Counter()
         if not durations:

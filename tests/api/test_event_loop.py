@@ -16,6 +16,8 @@ import fastapi.routing
 import pytest
 from starlette.concurrency import run_in_threadpool
 
+from service.api.middleware import Door
+from service.metrics import Metrics
 from tests.api.test_faults import until
 from tests.conftest import StartApp
 from tests.fakes import FakeControl
@@ -103,6 +105,23 @@ async def test_a_burst_is_turned_away_at_the_door_once_its_first_requests_fill_t
     assert statuses == [429] * 20
     fake.release()
     assert [(await task).status_code for task in tasks[:bound]] == [200] * bound
+
+
+async def test_the_last_refusals_are_logged_at_shutdown_not_after_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A summary still pending when the app stops is logged then, and its timer does not fire
+    # later, into whatever runs on the loop next.
+    door = Door(Metrics())
+    scope: Any = {"type": "http", "method": "POST", "path": "/translate", "headers": []}
+    with caplog.at_level(logging.INFO, logger="service.access"):
+        door.record(scope, 0.001)
+        door.record(scope, 0.002)
+        door.close()
+        lines = [r for r in caplog.records if r.getMessage() == "refused at the door"]
+        assert [line.count for line in lines] == [2]  # type: ignore[attr-defined]
+        await asyncio.sleep(1.2)  # past the summary period
+    assert len([r for r in caplog.records if r.getMessage() == "refused at the door"]) == 1
 
 
 async def test_refusals_at_the_door_are_logged_as_one_line_with_their_count(
