@@ -20,6 +20,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.access import AccessConfig
+from service.documents.formats import PackageLimits
 from service.documents.jobs import JobLimits
 from service.documents.runner import RunnerConfig
 from service.documents.service import DocumentsConfig
@@ -224,6 +225,12 @@ class Settings(BaseSettings):
     )
     max_file_chars: int = Field(
         1_000_000, ge=1, description="Most characters to translate in one uploaded document."
+    )
+    max_unpacked_bytes: int = Field(
+        100 * 1024 * 1024,
+        ge=1024,
+        description="Most bytes a zipped document (.docx) may unpack to, all parts together; "
+        "checked from its directory before anything is inflated (bigger gets 413).",
     )
     max_documents_per_key: int = Field(
         20,
@@ -668,6 +675,7 @@ class Settings(BaseSettings):
             max_file_bytes=self.max_file_bytes,
             max_file_chars=self.max_file_chars,
             chunk_chars=self.max_document_chars,
+            package=PackageLimits(max_unpacked_bytes=self.max_unpacked_bytes),
             limits=JobLimits(
                 max_jobs_per_owner=self.max_documents_per_key, ttl_s=self.document_ttl_s
             ),

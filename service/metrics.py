@@ -180,6 +180,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.watchdog_blind = Counter(
+            f"{PREFIX}_engine_watchdog_blind_total",
+            "Times the engine watchdog found the API process's event loop blocked (the engine's "
+            "heartbeats could not be read meanwhile, so that time is not held against it).",
+            registry=r,
+        )
         self.prompt_tokens = Counter(
             f"{PREFIX}_prompt_tokens_total", "Prompt tokens processed by the model.", registry=r
         )

@@ -21,11 +21,12 @@ from __future__ import annotations
 import html
 import io
 import re
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from service.errors import InvalidInput, Unsupported
+from service.errors import InvalidInput, PayloadTooLarge, Unsupported
 from service.translation.markup import INLINE
 
 UnitKind = Literal["document", "text", "markup"]
@@ -89,11 +90,26 @@ def format_of(filename: str) -> FileFormat:
     return EXTENSIONS[extension]
 
 
-def parse(data: bytes, file_format: FileFormat, chunk_chars: int) -> Parsed:
+@dataclass(frozen=True, slots=True)
+class PackageLimits:
+    """What a zipped document (``.docx``) may unpack to, checked from its directory before
+    anything is inflated: a 1 MB upload can otherwise inflate to gigabytes (a zip bomb)."""
+
+    # All its parts together, uncompressed.
+    max_unpacked_bytes: int = 100 * 1024 * 1024
+    # Parts in the package (a Word document has tens; each costs an object when loaded).
+    max_parts: int = 2_000
+    # Uncompressed to compressed size of one part (real XML parts stay far below: ~10 to 30).
+    max_ratio: int = 200
+
+
+def parse(
+    data: bytes, file_format: FileFormat, chunk_chars: int, package: PackageLimits | None = None
+) -> Parsed:
     """``data`` as units to translate; ``chunk_chars``: the most characters of one document
     unit (a paragraph longer than that is one unit of its own, cut later by the translator)."""
     if file_format == "docx":
-        return _parse_docx(data)
+        return _parse_docx(data, package or PackageLimits())
     text, bom = _decode(data)
     if file_format in ("txt", "md"):
         return _parse_text(text, bom, chunk_chars)
@@ -234,11 +250,44 @@ def _parse_subtitles(text: str, bom: bool, file_format: FileFormat) -> Parsed:
     return Parsed(units, rebuild)
 
 
-def _parse_docx(data: bytes) -> Parsed:
+def check_package(data: bytes, limits: PackageLimits) -> None:
+    """Refuse a zip whose directory says it unpacks to too much (413) or is not a zip (422).
+
+    The sizes are those the directory declares; zipfile never inflates a part beyond its
+    declared size (and fails its CRC check when it lies), so the declared sizes bound the work.
+    """
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as package:
+            members = package.infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError):
+        raise InvalidInput("file: the document is not a Word (.docx) file") from None
+    if len(members) > limits.max_parts:
+        raise PayloadTooLarge(
+            f"file: the document has {len(members)} parts, at most {limits.max_parts}"
+        )
+    unpacked = sum(member.file_size for member in members)
+    if unpacked > limits.max_unpacked_bytes:
+        raise PayloadTooLarge(
+            f"file: the document unpacks to {unpacked} bytes, at most {limits.max_unpacked_bytes}"
+        )
+    for member in members:
+        # Tiny parts compress badly or well by chance; only a large one can be a bomb.
+        if member.file_size > 1024 * 1024 and member.file_size > limits.max_ratio * max(
+            1, member.compress_size
+        ):
+            raise PayloadTooLarge(
+                f"file: the document's part {member.filename[:100]!r} unpacks "
+                f"{member.file_size // max(1, member.compress_size)} times its size, "
+                f"at most {limits.max_ratio}"
+            )
+
+
+def _parse_docx(data: bytes, limits: PackageLimits) -> Parsed:
     # Imported here: python-docx (and lxml) are needed only when a Word document comes in.
     import docx
     from docx.opc.exceptions import PackageNotFoundError
 
+    check_package(data, limits)
     try:
         document = docx.Document(io.BytesIO(data))
     except (PackageNotFoundError, KeyError, ValueError, OSError):
@@ -261,12 +310,22 @@ def _parse_docx(data: bytes) -> Parsed:
             runs = paragraph.runs
             texts = _run_texts(translated, len(runs))
             for run, text in zip(runs, texts, strict=True):
-                run.text = text
+                run.text = xml_safe(text)
         out = io.BytesIO()
         document.save(out)
         return out.getvalue()
 
     return Parsed(units, rebuild)
+
+
+# What XML 1.0 cannot carry (C0 controls but tab, newline and carriage return; surrogates;
+# U+FFFE, U+FFFF): a model can generate any of them, and one would fail the whole file.
+_NOT_XML = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_safe(text: str) -> str:
+    """``text`` without the characters an XML document cannot hold."""
+    return _NOT_XML.sub("", text)
 
 
 def _run_texts(translated: str, count: int) -> list[str]:

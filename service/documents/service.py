@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from service.documents.formats import MEDIA_TYPES, FileFormat, format_of, parse
+from service.documents.formats import MEDIA_TYPES, FileFormat, PackageLimits, format_of, parse
 from service.documents.jobs import Job, JobLimits, JobStore
 from service.documents.runner import DocumentRunner, RunnerConfig, options_json
 from service.errors import InvalidInput, PayloadTooLarge, TextTooLong
@@ -21,6 +21,7 @@ class DocumentsConfig:
     max_file_chars: int = 1_000_000
     # The most characters of one unit translated as a document (a chunk of paragraphs).
     chunk_chars: int = 50_000
+    package: PackageLimits = field(default_factory=PackageLimits)
     limits: JobLimits = field(default_factory=JobLimits)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
 
@@ -54,7 +55,9 @@ class Documents:
         file_format: FileFormat = format_of(filename)
         # Checked now, so a wrong language is a 4xx of the upload, not a failed job.
         self._translator().languages_of(target_lang, source_lang)
-        parsed = await asyncio.to_thread(parse, data, file_format, self._config.chunk_chars)
+        parsed = await asyncio.to_thread(
+            parse, data, file_format, self._config.chunk_chars, self._config.package
+        )
         characters = parsed.characters
         if characters > self._config.max_file_chars:
             raise TextTooLong(

@@ -121,6 +121,9 @@ class ContinuousBatchingEngine(LoadedEngine):
             return None
         return len(processor.scheduler.active_requests)
 
+    def steps(self) -> int | None:
+        return None  # transformers' manager does not count them
+
     def is_alive(self) -> bool:
         return bool(self._manager.is_running())
 

@@ -222,6 +222,7 @@ class EngineHost:
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
             engine, scheduler = self._engine, self._scheduler
+            steps = engine.steps() if isinstance(engine, ContinuousEngine) else None
             await self._send(
                 Stats(
                     in_flight=len(self._tasks),
@@ -229,6 +230,7 @@ class EngineHost:
                     answered=self._answered,
                     generated_tokens=self._generated,
                     memory=engine.memory_bytes() if engine is not None else {},
+                    steps=steps or 0,
                 )
             )
             await asyncio.sleep(self._config.stats_interval_s)

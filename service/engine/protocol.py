@@ -104,6 +104,9 @@ class Stats(msgspec.Struct, tag="stats", array_like=True):
     generated_tokens: int
     # Accelerator memory by kind (allocated, reserved); empty on CPU or while loading.
     memory: dict[str, int]
+    # Model steps taken since start (prefill or decode passes; 0 where the engine does not
+    # count them): progress that requests ending at their deadline cannot fake.
+    steps: int = 0
 
 
 # An API process's (requests, results) socket addresses: the engine binds the first and

@@ -152,6 +152,11 @@ class ContinuousEngine(Protocol):
         """Requests generating now, None where the engine cannot tell."""
         ...
 
+    def steps(self) -> int | None:
+        """Model steps taken since start (each prefill or decode pass), None where the engine
+        cannot tell: how the supervisor tells a working engine from a wedged one."""
+        ...
+
     def submit(
         self,
         request_id: str,

@@ -5,16 +5,23 @@ The supervisor owns the current ``EngineClient`` and the engine's state as the A
 - ``loading``: the first engine is starting (readiness and liveness differ: live, not ready);
 - ``warming``: the engine reported ready and the warm-up runs through it (still not ready);
 - ``ready``: loaded and warm;
-- ``restarting``: it died, hung (no heartbeat for ``heartbeat_timeout_s``) or stalled (busy and
-  answering nothing for ``stall_timeout_s``); a hung or stalled engine is killed first. Requests
-  in flight fail at once with a 503, new ones are refused, liveness and readiness are 503 until
-  the new engine is warm;
+- ``restarting``: it died, hung (no heartbeat for ``heartbeat_timeout_s``) or stalled (holding
+  work and generating nothing for ``stall_timeout_s``); a hung or stalled engine is killed
+  first. Requests in flight fail at once with a 503, new ones are refused, liveness and
+  readiness are 503 until the new engine is warm;
 - ``failed``: the first load failed, or the engine needed more than ``max_restarts`` restarts
   within ``restart_window_s``: ``on_fatal`` is called (the CLI exits non-zero so the
   orchestrator replaces the container).
 
 Restarting in place keeps the API process, its result cache and its open connections; exiting
 is kept for what a restart evidently does not cure.
+
+The engine is judged by what it reports, never by how late this process read it: progress is
+the engine's own counters (tokens generated and model steps, not requests that ended: a wedged
+engine still answers each request when its deadline passes), and time during which this
+process's event loop could not read the engine's heartbeats (blocked by some handler, or
+starved of CPU) does not count against the engine. A slow API process must not get a healthy
+engine killed, and each kill spends the restart budget.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ from service.policy.config import PolicyConfig
 log = logging.getLogger(__name__)
 
 _WATCH_PERIOD_S = 0.05
+# A watchdog tick this late means the event loop was blocked: heartbeats could not be read.
+_BLIND_AFTER_S = 0.25
 
 
 class EngineState(enum.Enum):
@@ -77,7 +86,11 @@ class EngineSupervisor:
         self._task: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._progress: tuple[int, int] | None = None
-        self._progress_at = time.monotonic()
+        # The watchdog's awake clock (see ``_watch``), and its reading when the engine last
+        # made progress and was last heard from.
+        self._awake = 0.0
+        self._progress_awake = 0.0
+        self._heard_awake = 0.0
         self._recorded: Stats | None = None
 
     def start(self) -> None:
@@ -208,14 +221,32 @@ class EngineSupervisor:
             self._exit.set()
 
     async def _watch(self) -> None:
-        """Hung (no heartbeat) and stalled (busy, no progress) engines are killed."""
+        """Hung (no heartbeat) and stalled (busy, no progress) engines are killed.
+
+        Both are measured on the watchdog's awake clock: the seconds this loop was free to read
+        the engine's messages. A tick that comes late (the loop was blocked: a long handler, a
+        full collection, a starved CPU) adds only the period it should have taken."""
+        woke = time.monotonic()
+        heard: tuple[EngineClient | None, float] = (None, 0.0)
         while True:
             await asyncio.sleep(_WATCH_PERIOD_S)
+            now = time.monotonic()
+            late = now - woke - _WATCH_PERIOD_S
+            woke = now
+            if late > _BLIND_AFTER_S:
+                self._metrics.watchdog_blind.inc()
+                log.warning(
+                    "event loop blocked; that time is not held against the engine",
+                    extra={"seconds": round(late, 3)},
+                )
+                late = 0.0
+            self._awake += _WATCH_PERIOD_S + max(0.0, late)
             client = self.client
             if client is None or client.exited or self.state is not EngineState.READY:
                 continue
-            now = time.monotonic()
-            if now - client.heard_at > self._policy.heartbeat_timeout_s:
+            if heard != (client, client.heard_at):
+                heard, self._heard_awake = (client, client.heard_at), self._awake
+            if self._awake - self._heard_awake > self._policy.heartbeat_timeout_s:
                 self._kill(client, "hung")
                 continue
             stats = client.stats
@@ -223,15 +254,17 @@ class EngineSupervisor:
                 if stats is not self._recorded:
                     self._recorded = stats
                     self._metrics.record_engine(stats)
-                if self._stalled(client, stats, now):
+                if self._stalled(client, stats):
                     self._kill(client, "stalled")
 
-    def _stalled(self, client: EngineClient, stats: Stats, now: float) -> bool:
-        progress = (stats.answered, stats.generated_tokens)
+    def _stalled(self, client: EngineClient, stats: Stats) -> bool:
+        """Holding work while neither a token was generated nor a model step taken for the
+        stall window (requests expiring at their deadline are not progress)."""
+        progress = (stats.generated_tokens, stats.steps)
         if progress != self._progress or not client.in_flight:
-            self._progress, self._progress_at = progress, now
+            self._progress, self._progress_awake = progress, self._awake
             return False
-        return now - self._progress_at > self._policy.stall_timeout_s
+        return self._awake - self._progress_awake > self._policy.stall_timeout_s
 
     def _kill(self, client: EngineClient, reason: str) -> None:
         log.error(f"engine {reason}; killing it", extra={"pid": client.pid})

@@ -202,6 +202,57 @@ async def test_a_stalled_engine_fails_its_requests_and_is_restarted(
     assert (await send(client, "fresh")).status_code == 200
 
 
+async def test_an_engine_wedged_while_requests_expire_is_found_stalled(
+    start_app: StartApp, fake: FakeControl
+) -> None:
+    """Requests ending at their deadline are not progress: an engine that holds work and
+    generates nothing is restarted within the stall window, not ready meanwhile."""
+    client = await start_app(
+        loader=fake.loader(), warmup=False, max_batch_size=1, stall_timeout_s=1.0
+    )
+    pid = engine_pid(client)
+    fake.hold()
+    held = send(client, "held")
+    await until(lambda: bool(fake.batches))
+    started = time.monotonic()
+    expired: list[int] = []
+    # The test process's loop is often blocked (a heap holding torch); that time does not
+    # count towards the stall window, so the bound here is loose.
+    while not held.done() and time.monotonic() - started < 15.0:
+        short = await client.http.post(
+            "/translate",
+            json={"text": f"short {len(expired)}", "target_lang": "de"},
+            headers={"X-Request-Timeout": "0.15"},
+        )
+        expired.append(short.status_code)
+    assert held.done(), "the wedged engine was never found stalled"
+    response = await held
+    assert response.json()["error"]["code"] == "engine_stalled"
+    assert 504 in expired  # requests did end meanwhile, at their deadline
+    assert (await client.http.get("/health")).status_code == 503
+    fake.release()
+    await client.runtime.wait_started()
+    assert engine_pid(client) != pid
+
+
+async def test_a_blocked_event_loop_does_not_get_a_healthy_engine_killed(
+    start_app: StartApp, fake: FakeControl
+) -> None:
+    """The engine's heartbeats wait unread while a handler blocks the loop: that time is not
+    held against the engine (a 1 GiB document once got a healthy engine killed this way)."""
+    client = await start_app(loader=fake.loader(), warmup=False, engine_heartbeat_timeout_s=0.5)
+    pid = engine_pid(client)
+    for _ in range(3):
+        time.sleep(1.5)  # noqa: ASYNC251 - the blocked loop under test
+        await asyncio.sleep(0.3)
+    assert engine_pid(client) == pid
+    assert client.runtime.failure() is None
+    assert (await send(client, "still here")).status_code == 200
+    metrics = (await client.http.get("/metrics")).text
+    assert "hymt_engine_restarts_total{" not in metrics
+    assert "hymt_engine_watchdog_blind_total 3.0" in metrics
+
+
 async def test_an_engine_that_cannot_load_turns_liveness_red(
     start_app: StartApp, fake: FakeControl
 ) -> None:

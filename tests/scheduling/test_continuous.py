@@ -58,6 +58,9 @@ class ManualEngine:
     def running(self) -> int | None:
         return None
 
+    def steps(self) -> int | None:
+        return None
+
     def close(self) -> None:
         return None
 

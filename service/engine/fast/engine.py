@@ -183,6 +183,8 @@ class FastEngine(LoadedEngine):
         self._by_id: dict[str, _Sequence] = {}
         self._wake = threading.Event()
         self._stopping = False
+        # Model steps taken (prefill or decode): the supervisor's measure of progress.
+        self._steps = 0
         self._cancelled_rows = False
         self._inflight: _Launched | None = None
         # Two host buffers: a step's tokens arrive in one while the next step fills the other.
@@ -312,6 +314,9 @@ class FastEngine(LoadedEngine):
     def running(self) -> int | None:
         return self._n + len(self._prefilling)
 
+    def steps(self) -> int | None:
+        return self._steps
+
     def is_alive(self) -> bool:
         return self._thread.is_alive() and not self._stopping
 
@@ -346,6 +351,7 @@ class FastEngine(LoadedEngine):
                     self._prefill_step()
                     if self._n or self._inflight:
                         self._decode_step()
+                self._steps += 1
             except Exception as error:
                 log.exception("fast engine step failed")
                 self._fail_all(error)
