@@ -113,7 +113,7 @@ def create_app(
         telemetry=NO_TELEMETRY,
     )
     access = AccessControl(settings.access_config(), redis)
-    glossaries = GlossaryStore(settings.data_dir / "glossaries.sqlite3")
+    glossaries = GlossaryStore(settings.data_dir / "glossaries.sqlite3", settings.glossary_limits())
     app.state.glossaries = glossaries
     documents = Documents(
         JobStore(settings.data_dir / "documents", settings.documents_config().limits),

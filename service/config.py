@@ -26,6 +26,7 @@ from service.documents.runner import RunnerConfig
 from service.documents.service import DocumentsConfig
 from service.engine.config import BatchingConfig, ContinuousConfig, EngineConfig, FastConfig
 from service.engine.types import Decoding
+from service.glossaries import GlossaryLimits
 from service.policy.config import PolicyConfig
 from service.shared import RedisConfig
 from service.translation.families import ModelSpec, resolve_model
@@ -237,6 +238,15 @@ class Settings(BaseSettings):
         ge=1,
         description="Document jobs a key may hold at once (until downloaded or expired).",
     )
+    max_glossaries_per_key: int = Field(
+        1000, ge=1, description="Glossaries a key may keep (DeepL's limit per account)."
+    )
+    max_glossary_bytes_per_key: int = Field(
+        20 * 1024 * 1024,
+        ge=1024,
+        description="Bytes of glossary entries a key may keep, all its glossaries together "
+        "(one glossary holds at most 10 MB, as at DeepL).",
+    )
     document_ttl_s: float = Field(
         86_400.0, gt=0, description="How long a document job and its files are kept."
     )
@@ -245,6 +255,13 @@ class Settings(BaseSettings):
     )
     max_input_tokens: int = Field(
         2048, ge=1, description="Most tokens of one text (the practical limit is 8k in + out)."
+    )
+    max_prompt_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Most tokens of one whole prompt: the text with the glossary terms found in "
+        "it, the context, style, preferences and the template; over it, 422 naming the largest "
+        "part (unset: max_input_tokens + 2048).",
     )
     max_batch_items: int = Field(64, ge=1, description="Most texts in one /batch_translate.")
     max_body_bytes: int = Field(
@@ -512,6 +529,8 @@ class Settings(BaseSettings):
     def _check_batch_limits(self) -> Settings:
         if self.max_input_tokens > self.max_batch_tokens:
             raise ValueError("max_input_tokens must not exceed max_batch_tokens")
+        if self.max_prompt_tokens is not None and self.max_input_tokens > self.max_prompt_tokens:
+            raise ValueError("max_input_tokens must not exceed max_prompt_tokens")
         return self
 
     @model_validator(mode="after")
@@ -653,6 +672,7 @@ class Settings(BaseSettings):
             decoding=self.decoding(),
             max_text_chars=self.max_text_chars,
             max_input_tokens=self.max_input_tokens,
+            max_prompt_tokens=self.max_prompt_tokens or self.max_input_tokens + 2048,
             max_batch_items=self.max_batch_items,
             max_new_tokens=self.max_new_tokens,
             output_tokens_ratio=self.output_tokens_ratio,
@@ -669,6 +689,12 @@ class Settings(BaseSettings):
 
     def redis_config(self) -> RedisConfig:
         return RedisConfig(url=self.redis_url, cache_ttl_s=self.cache_ttl_s)
+
+    def glossary_limits(self) -> GlossaryLimits:
+        return GlossaryLimits(
+            max_glossaries=self.max_glossaries_per_key,
+            max_bytes=self.max_glossary_bytes_per_key,
+        )
 
     def documents_config(self) -> DocumentsConfig:
         return DocumentsConfig(

@@ -102,6 +102,12 @@ class Forbidden(ServiceError):
     code = "forbidden"
 
 
+class LimitReached(ServiceError):
+    """Storing this would take the caller past what a key may keep (glossaries, their size)."""
+
+    code = "limit_reached"
+
+
 class NotReady(ServiceError):
     """The model is still loading or warming up."""
 

@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.errors import InvalidInput, NotFound
+from service.errors import InvalidInput, LimitReached, NotFound
 from service.sqlite import Database
 
 # DeepL's limit on a glossary's entries (10 MB); a term longer than this is not a term.
@@ -93,11 +93,25 @@ def to_tsv(entries: list[tuple[str, str]]) -> str:
     return "".join(f"{source}\t{target}\n" for source, target in entries)
 
 
+@dataclass(frozen=True, slots=True)
+class GlossaryLimits:
+    """What one key may store: glossaries (DeepL allows 1,000 per account) and the bytes of
+    their entries together (one glossary alone may hold DeepL's 10 MB)."""
+
+    max_glossaries: int = 1000
+    max_bytes: int = 20 * 1024 * 1024
+
+
+def entries_bytes(entries: list[tuple[str, str]]) -> int:
+    return sum(len(source.encode()) + len(target.encode()) for source, target in entries)
+
+
 class GlossaryStore:
     """The glossaries of one service, in one SQLite file."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, limits: GlossaryLimits | None = None) -> None:
         self._db = Database(path, _SCHEMA)
+        self._limits = limits or GlossaryLimits()
 
     def create(
         self,
@@ -112,7 +126,23 @@ class GlossaryStore:
         glossary = Glossary(
             str(uuid.uuid4()), name, source_lang, target_lang, time.time(), len(entries)
         )
+        size = entries_bytes(entries)
         with self._db.transaction() as db:
+            count, stored = db.execute(
+                "SELECT COUNT(DISTINCT g.id), "
+                "COALESCE(SUM(LENGTH(CAST(e.source AS BLOB)) + LENGTH(CAST(e.target AS BLOB))), 0) "
+                "FROM glossaries g LEFT JOIN entries e ON e.glossary = g.id WHERE g.owner = ?",
+                (owner,),
+            ).fetchone()
+            if count >= self._limits.max_glossaries:
+                raise LimitReached(
+                    f"Quota exceeded: at most {self._limits.max_glossaries} glossaries per key"
+                )
+            if stored + size > self._limits.max_bytes:
+                raise LimitReached(
+                    f"Quota exceeded: this key's glossaries would hold {stored + size} bytes of "
+                    f"entries, at most {self._limits.max_bytes}"
+                )
             db.execute(
                 "INSERT INTO glossaries VALUES (?, ?, ?, ?, ?, ?)",
                 (glossary.id, owner, name, source_lang, target_lang, glossary.created),

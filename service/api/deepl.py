@@ -31,6 +31,7 @@ from service.errors import (
     DeadlineExceeded,
     Forbidden,
     InvalidInput,
+    LimitReached,
     PayloadTooLarge,
     QuotaExceeded,
     ServiceError,
@@ -73,6 +74,7 @@ _STATUS = {
     Unauthenticated: 403,
     Forbidden: 403,
     QuotaExceeded: 456,
+    LimitReached: 456,  # DeepL's answer to one glossary too many
     DeadlineExceeded: 504,
 }
 DEEPL = Dialect("/v2", _STATUS, lambda error: {"message": error.message})

@@ -26,6 +26,7 @@ STATUS_BY_ERROR: tuple[tuple[type[errors.ServiceError], int], ...] = (
     (errors.InvalidInput, 422),
     (errors.Unauthenticated, 401),
     (errors.Forbidden, 403),
+    (errors.LimitReached, 403),
     (errors.NotFound, 404),
     (errors.MethodNotAllowed, 405),
     (errors.PayloadTooLarge, 413),

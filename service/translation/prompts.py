@@ -13,7 +13,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Literal
 
-from service.errors import Unsupported
+from service.errors import TextTooLong, Unsupported
 from service.translation.families import (
     HUNYUAN_MT,
     STRUCTURED_FORMATS,
@@ -60,6 +60,51 @@ class TranslationOptions:
 
 PLAIN = TranslationOptions()
 
+# DeepL's bounds on a glossary term and on custom instructions (10 of 300 characters); a
+# context or a style is bounded like a text.
+MAX_TERM_CHARS = 1024
+MAX_PREFERENCES = 10
+
+
+def check_options(options: TranslationOptions, max_part_chars: int) -> None:
+    """The checks of a request's options cheap enough for the event loop (before admission):
+    each part within its bounds, named in the error. The glossary's size is bounded where it is
+    stored or by the body's; only its terms found in a text reach that text's prompt."""
+    for name, value in (("context", options.context), ("style", options.style)):
+        if value is not None and len(value) > max_part_chars:
+            raise TextTooLong(f"{name}: {len(value)} characters, at most {max_part_chars}")
+    if len(options.preferences) > MAX_PREFERENCES:
+        raise TextTooLong(
+            f"preferences: {len(options.preferences)} given, at most {MAX_PREFERENCES}"
+        )
+    for index, preference in enumerate(options.preferences):
+        if len(preference) > max_part_chars:
+            raise TextTooLong(
+                f"preferences[{index}]: {len(preference)} characters, at most {max_part_chars}"
+            )
+    for source, target in options.glossary:
+        if len(source) > MAX_TERM_CHARS or len(target) > MAX_TERM_CHARS:
+            raise TextTooLong(f"glossary: a term over {MAX_TERM_CHARS} characters")
+
+
+def glossary_terms(glossary: tuple[tuple[str, str], ...], text: str) -> tuple[tuple[str, str], ...]:
+    """The entries whose source term occurs in ``text`` (ignoring case): what the model needs
+    to see. A glossary of thousands of terms would otherwise fill every prompt."""
+    folded = text.casefold()
+    return tuple((s, t) for s, t in glossary if s.casefold() in folded)
+
+
+def option_parts(options: TranslationOptions, text: str) -> dict[str, str]:
+    """The parts of a prompt that come from ``options`` for ``text``, by option name (what a
+    prompt-size error names)."""
+    parts = {
+        "glossary": "\n".join(f"{s} {t}" for s, t in glossary_terms(options.glossary, text)),
+        "context": options.context or "",
+        "style": options.style or "",
+        "preferences": "\n".join(options.preferences),
+    }
+    return {name: part for name, part in parts.items() if part}
+
 
 @dataclass(frozen=True, slots=True)
 class PromptFormat:
@@ -92,6 +137,9 @@ class PromptFormat:
                 f"{', '.join(asked)}: the {self.family.title} templates take one option at a time"
             )
         kind = asked[0] if asked else "default"
+        terms = glossary_terms(options.glossary, text)
+        if kind == "glossary" and not terms:
+            kind = "default"  # none of its terms is in this text
         if kind == "format":
             if options.format not in self.family.formats:
                 raise Unsupported(
@@ -107,7 +155,7 @@ class PromptFormat:
             line = self.family.term_lines[language]
             values["terms"] = "\n".join(
                 fill(line, {"source": source_term, "target": target_term})
-                for source_term, target_term in options.glossary
+                for source_term, target_term in terms
             )
         elif kind == "context":
             values["context"] = options.context or ""

@@ -49,7 +49,14 @@ from service.translation.detection import (
 from service.translation.families import FAMILIES
 from service.translation.languages import Language, LanguageTable
 from service.translation.markup import Segmented, segment, tag_sequence
-from service.translation.prompts import PLAIN, PromptFormat, TranslationOptions, looks_chinese
+from service.translation.prompts import (
+    PLAIN,
+    PromptFormat,
+    TranslationOptions,
+    check_options,
+    looks_chinese,
+    option_parts,
+)
 from service.translation.segments import Document
 from service.translation.tags import Numbered, number_tags
 from service.translation.thinking import ThoughtFilter, without_thoughts
@@ -70,6 +77,8 @@ class TranslationConfig:
     decoding: Decoding = MODEL_CARD_DECODING
     max_text_chars: int = 5000
     max_input_tokens: int = 2048
+    # Most tokens of a whole prompt: the text, the options' parts and the template together.
+    max_prompt_tokens: int = 4096
     max_batch_items: int = 64
     max_new_tokens: int = 1024
     output_tokens_ratio: float = 2.0
@@ -260,8 +269,11 @@ class PromptBuilder:
         elif source is None and looks_chinese(text):
             source = self.languages["zh"]  # without a detector, at least pick the right template
         prompt = self._format.render(text, target, source, options)
+        prompt_ids = self._encoder.encode_chat(prompt)
+        if len(prompt_ids) > self._settings.max_prompt_tokens:
+            raise self._too_long(field, len(prompt_ids), source_tokens, options, text)
         request = GenerationRequest(
-            prompt_ids=self._encoder.encode_chat(prompt),
+            prompt_ids=prompt_ids,
             max_new_tokens=token_budget(source_tokens, self._settings),
             decoding=self.decoding,
         )
@@ -276,6 +288,25 @@ class PromptBuilder:
         )
         restore = number_tags(text) if options.format == "markup" else None
         return Prepared(source, prompt, key, request, confidence, restore)
+
+    def check_options(self, options: TranslationOptions) -> None:
+        """The request's options within their bounds (cheap: before admission)."""
+        check_options(options, self._settings.max_text_chars)
+
+    def _too_long(
+        self, field: str, tokens: int, text_tokens: int, options: TranslationOptions, text: str
+    ) -> TextTooLong:
+        """The error for a prompt over the limit, naming its largest part."""
+        sizes = {"text": text_tokens} | {
+            name: self._encoder.count_tokens(part)
+            for name, part in option_parts(options, text).items()
+        }
+        largest = max(sizes, key=lambda name: sizes[name])
+        parts = ", ".join(f"{name} {size}" for name, size in sizes.items())
+        return TextTooLong(
+            f"{largest}: the prompt for {field} would be {tokens} tokens, at most "
+            f"{self._settings.max_prompt_tokens} ({parts}; the rest is the template)"
+        )
 
     def chat_text(self, prepared: Prepared) -> str:
         """What the model reads for ``prepared``: the chat format's tokens written out."""
@@ -344,6 +375,7 @@ class Translator:
             )
         target, source = self._prompts.languages_of(target_lang, source_lang)
         self._prompts.check(text, "text")
+        self._prompts.check_options(options)
         if verbatim(text):
             return _as_is(text, source, target)
         with self._admission.reserve(1, deadline) as reservation:
@@ -376,6 +408,7 @@ class Translator:
         context template and no other option is asked, each segment gets the one before it in
         its paragraph as context. Each segment is cached on its own. A failed segment fails
         the document."""
+        self._prompts.check_options(options)
         split = await self._split(text, target_lang, source_lang)
         document, segments, todo = split.document, split.segments, split.todo
         target, source, confidence = split.target, split.source, split.confidence
@@ -457,6 +490,7 @@ class Translator:
         its number of tokens, without generating: nothing is admitted or cached."""
         target, source = self._prompts.languages_of(target_lang, source_lang)
         self._prompts.check(text, "text")
+        self._prompts.check_options(options)
         prepared, chat = await self._preparer.render(text, target, source, options)
         return chat, len(prepared.request.prompt_ids)
 
@@ -486,6 +520,7 @@ class Translator:
         target, source = self._prompts.languages_of(target_lang, source_lang)
         for index, text in enumerate(texts):
             self._prompts.check(text, f"texts[{index}]")
+        self._prompts.check_options(options)
         # Every text answered as it is to begin with; those that are language replaced below.
         results: list[Translation | ServiceError] = [_as_is(text, source, target) for text in texts]
         todo = [index for index, text in enumerate(texts) if not verbatim(text)]
@@ -780,6 +815,7 @@ class Translator:
         """One translation as it is generated: pieces of text, then the ``Translation`` (whole
         text, usage, target check). Admitted as ``translate`` is; never cached or shared. Markup
         sent with numbered tags comes in one piece once its tags are restored."""
+        self._prompts.check_options(options)
         if len(text) > self._settings.max_text_chars:
             async for part in self._stream_document(
                 text, target_lang, source_lang, deadline=deadline, options=options

@@ -54,7 +54,14 @@ def hostile(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     for built in data_dir.iterdir():  # the demo model, a job store of its own
         if built.name != "documents":
             (own / built.name).symlink_to(built)
-    process = start_service(own, folder / "service.log")
+    process = start_service(
+        own,
+        folder / "service.log",
+        # The family with glossary and context templates, on its demo model.
+        HYMT_MODEL_FAMILY="hy-mt2",
+        HYMT_MODEL_SIZE="1.8b",
+        HYMT_MAX_GLOSSARY_BYTES_PER_KEY=str(2 * 1024 * 1024),
+    )
     yield process
     process.stop()
 
@@ -95,3 +102,89 @@ def test_a_zip_bomb_docx_is_refused_before_it_inflates(hostile: Process, bomb: b
     log = hostile.log.read_text()
     assert "killing it" not in log
     assert "giving up" not in log
+
+
+def _deepl(service: Process, path: str, **body: object) -> httpx.Response:
+    return httpx.post(
+        f"{service.url}{path}",
+        json=body,
+        headers={"Authorization": "DeepL-Auth-Key any"},
+        timeout=60,
+    )
+
+
+def test_glossaries_and_context_count_against_the_prompt(hostile: Process) -> None:
+    """Finding 2: a 40,000-entry glossary and a 100,000-character context. Only the glossary's
+    terms found in a text reach its prompt; a prompt over the limit, or a context over its
+    bound, is a 4xx naming the part; a key's glossaries are bounded (DeepL's 456)."""
+    entries = "".join(f"term{n}\tBegriff{n}\n" for n in range(40_000))
+    assert len(entries) > 800_000
+    created = _deepl(
+        hostile,
+        "/v2/glossaries",
+        name="huge",
+        source_lang="en",
+        target_lang="de",
+        entries=entries,
+        entries_format="tsv",
+    )
+    assert created.status_code == 201, created.text
+    glossary_id = created.json()["glossary_id"]
+    shown = httpx.post(
+        f"{hostile.url}/prompt",
+        json={
+            "text": "Replace term12 and term345.",
+            "source_lang": "en",
+            "target_lang": "de",
+            "glossary_id": glossary_id,
+        },
+    )
+    assert shown.status_code == 200, shown.text
+    assert "Begriff12" in shown.json()["prompt"]
+    assert "Begriff13" not in shown.json()["prompt"]
+    assert shown.json()["input_tokens"] < 200
+    used = _deepl(
+        hostile,
+        "/v2/translate",
+        text=["Replace term12."],
+        source_lang="EN",
+        target_lang="DE",
+        glossary_id=glossary_id,
+    )
+    assert used.status_code == 200, used.text
+    # Every term of a 3,000-character text found: the prompt outgrows its limit.
+    dense = " ".join(f"term{n}" for n in range(1000, 1350))
+    refused = httpx.post(
+        f"{hostile.url}/translate",
+        json={
+            "text": dense,
+            "source_lang": "en",
+            "target_lang": "de",
+            "glossary_id": glossary_id,
+        },
+    )
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["message"].startswith("glossary: the prompt")
+    # A context of 100,000 characters: refused before admission, naming it.
+    context = httpx.post(
+        f"{hostile.url}/translate",
+        json={"text": "Hello there.", "target_lang": "de", "context": "Earlier. " * 11_112},
+    )
+    assert context.status_code == 422
+    assert context.json()["error"]["message"].startswith("context: 100008 characters")
+    # The key's glossaries are bounded (2 MiB of entries here): the third copy is refused.
+    answers = [
+        _deepl(
+            hostile,
+            "/v2/glossaries",
+            name=f"copy {n}",
+            source_lang="en",
+            target_lang="de",
+            entries=entries,
+            entries_format="tsv",
+        )
+        for n in range(2)
+    ]
+    assert [a.status_code for a in answers] == [201, 456]
+    assert "Quota exceeded" in answers[1].json()["message"]
+    assert httpx.get(f"{hostile.url}/health").status_code == 200

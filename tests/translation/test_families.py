@@ -31,13 +31,27 @@ def test_hy_mt15_default_templates() -> None:
 
 def test_hy_mt15_terminology_with_several_terms() -> None:
     # Chinese only in Tencent's README: used for every pair, one term per line.
-    assert HY15.render("Deploy it.", DE, EN, TERMS) == (
+    text = "Deploy the Cloud Native load balancer."
+    assert HY15.render(text, DE, EN, TERMS) == (
         "参考下面的翻译：\n"
         "Cloud Native 翻译成 云原生\n"
         "Load Balancer 翻译成 负载均衡器\n"
         "\n"
         "将以下文本翻译为德语，注意只需要输出翻译后的结果，不要额外解释：\n"
-        "Deploy it."
+        f"{text}"
+    )
+
+
+def test_only_the_glossary_terms_in_the_text_reach_its_prompt() -> None:
+    """A stored glossary of thousands of terms must not fill every prompt."""
+    many = TranslationOptions(glossary=tuple((f"term{n}", f"T{n}") for n in range(40_000)))
+    prompt = HY15.render("Use TERM7 here.", DE, EN, many)
+    assert "term7 翻译成 T7" in prompt
+    assert "term8 " not in prompt
+    assert len(prompt) < 200
+    # No term in the text: the plain template.
+    assert HY15.render("Nothing to look up.", DE, EN, many) == HY15.render(
+        "Nothing to look up.", DE, EN
     )
 
 
@@ -82,15 +96,15 @@ def test_hy_mt2_default_templates() -> None:
 
 
 def test_hy_mt2_terminology_in_both_languages() -> None:
-    assert HY2.render("部署它。", EN, ZH, TERMS) == (
+    assert HY2.render("部署 Cloud Native 和 Load Balancer。", EN, ZH, TERMS) == (
         "参考下面的翻译：\n"
         "Cloud Native 翻译成 云原生\n"
         "Load Balancer 翻译成 负载均衡器\n"
         "将以下文本翻译为英语，注意只需要输出翻译后的结果，不要额外解释：\n"
         "\n"
-        "部署它。"
+        "部署 Cloud Native 和 Load Balancer。"
     )
-    assert HY2.render("Deploy it.", DE, EN, TERMS) == (
+    assert HY2.render("Deploy the Cloud Native load balancer.", DE, EN, TERMS) == (
         "Reference the following translations:\n"
         "Cloud Native translates to 云原生\n"
         "Load Balancer translates to 负载均衡器\n"
@@ -98,7 +112,7 @@ def test_hy_mt2_terminology_in_both_languages() -> None:
         "Translate the following text into German. Note that you must ONLY output the "
         "translated result without any additional explanation:\n"
         "\n"
-        "Deploy it."
+        "Deploy the Cloud Native load balancer."
     )
 
 
