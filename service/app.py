@@ -148,6 +148,7 @@ def create_app(
         door=door,
         uploads=UPLOADS,
         max_upload_bytes=settings.max_file_bytes,
+        dialects=(LIBRETRANSLATE, DEEPL, OPENAI),
     )
     return app
 

@@ -14,6 +14,8 @@
   says more than thousands of identical ones.
 - Disconnects: a client that goes away before its answer cancels its request (status 499 in
   logs and metrics), so its queued texts are dropped before they reach the model.
+- Lone surrogates: a JSON body holding a string that is not valid Unicode is answered 4xx in
+  its route's dialect before any route sees it (``service.api.surrogates``).
 - Last resort: an exception no handler took becomes a 500 in the one error shape.
 """
 
@@ -33,7 +35,9 @@ from fastapi.telemetry import TelemetryConfig
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.errors import error_response
+from service.api.errors import NATIVE, Dialect, error_response
+from service.api.surrogates import lone_surrogate
+from service.errors import InvalidInput
 from service.metrics import Children, Metrics
 
 log = logging.getLogger("service.access")
@@ -150,8 +154,11 @@ class RequestContextMiddleware:
         door: Door | None = None,
         uploads: frozenset[str] = frozenset(),
         max_upload_bytes: int = 0,
+        dialects: tuple[Dialect, ...] = (),
     ) -> None:
         self.app = app
+        # Mounted dialects, longest prefix first: whose error shape a path answers in.
+        self.dialects = tuple(sorted(dialects, key=lambda d: -len(d.prefix)))
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         # Routes that take a file: their bodies may be up to max_upload_bytes (and a form's
@@ -191,10 +198,14 @@ class RequestContextMiddleware:
                 return
             limit = self._limit(scope)
             body = await self._read_body(scope, receive, limit)
+            invalid = None if body is None else lone_surrogate(body)
             if body is None:
                 await self._reply(
                     413, "payload_too_large", self._too_large(limit), send_with_id, scope, receive
                 )
+            elif invalid is not None:
+                error = InvalidInput(f"{invalid}: not valid Unicode (a lone surrogate)")
+                await self._dialect(scope).response(error)(scope, receive, send_with_id)
             else:
                 finished = await self._call_until_disconnect(scope, body, receive, send_with_id)
                 if not finished and not response_started:
@@ -216,6 +227,13 @@ class RequestContextMiddleware:
         if path in self.uploads:
             return max(self.max_body_bytes, self.max_upload_bytes + _FORM_OVERHEAD)
         return self.max_body_bytes
+
+    def _dialect(self, scope: Scope) -> Dialect:
+        path = str(scope.get("path", "")).removeprefix(str(scope.get("root_path", "")))
+        for dialect in self.dialects:
+            if path == dialect.prefix or path.startswith(f"{dialect.prefix}/"):
+                return dialect
+        return NATIVE
 
     @staticmethod
     def _too_large(limit: int) -> str:

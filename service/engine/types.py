@@ -6,6 +6,7 @@ continuous-batching engine can replace the static one without touching the layer
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
@@ -17,15 +18,46 @@ if TYPE_CHECKING:
     from service.engine.protocol import TokenizerSpec
 
 
+# Where the sampling arithmetic stays defined in float32: logits divided by a temperature or a
+# repetition penalty below these overflow to infinity (and softmax then gives NaN); a top-k
+# beyond any vocabulary is no cut-off, and a larger integer overflows the engine's int64.
+MIN_TEMPERATURE = 1e-2
+MAX_TEMPERATURE = 100.0
+MIN_REPETITION_PENALTY = 1e-2
+MAX_REPETITION_PENALTY = 100.0
+MAX_TOP_K = 1 << 20
+
+
 @dataclass(frozen=True, slots=True)
 class Decoding:
-    """How tokens are chosen. Part of the cache key, so it is hashable."""
+    """How tokens are chosen. Part of the cache key, so it is hashable.
+
+    Values a client may send are clamped where the arithmetic is defined: a temperature below
+    ``MIN_TEMPERATURE`` is greedy decoding (which it approaches anyway), a top-k above
+    ``MAX_TOP_K`` is none (0)."""
 
     greedy: bool
     temperature: float
     top_k: int
     top_p: float
     repetition_penalty: float
+
+    def __post_init__(self) -> None:
+        clamp = functools.partial(object.__setattr__, self)
+        if not self.greedy and not self.temperature >= MIN_TEMPERATURE:
+            clamp("greedy", True)
+        if not self.temperature >= MIN_TEMPERATURE:
+            clamp("temperature", 1.0)
+        elif self.temperature > MAX_TEMPERATURE:
+            clamp("temperature", MAX_TEMPERATURE)
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            clamp("top_k", 0)
+        if not 0 < self.top_p <= 1:
+            clamp("top_p", 1.0)
+        penalty = self.repetition_penalty
+        if not MIN_REPETITION_PENALTY <= penalty <= MAX_REPETITION_PENALTY:
+            bounded = min(max(penalty, MIN_REPETITION_PENALTY), MAX_REPETITION_PENALTY)
+            clamp("repetition_penalty", bounded if penalty == penalty else 1.0)
 
 
 # Tencent's recommended sampling for the Hunyuan-MT models (their model cards).

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from service.engine.sampling import NO_TOP_K, PerRequestSampling, request_kwargs
-from service.engine.types import MODEL_CARD_DECODING, Decoding
+from service.engine.types import (
+    MAX_REPETITION_PENALTY,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+    MIN_REPETITION_PENALTY,
+    MIN_TEMPERATURE,
+    MODEL_CARD_DECODING,
+    Decoding,
+)
 
 
 def _args(rows: list[dict[str, float | int]]) -> torch.Tensor:
@@ -43,3 +53,29 @@ def test_rows_match_transformers_warpers() -> None:
             continue
         assert torch.equal(kept, torch.isfinite(expected[0])), index
         assert torch.allclose(fused[index][kept], expected[0][kept])
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(
+    temperature=st.floats(allow_nan=True, allow_infinity=True),
+    top_k=st.integers(min_value=-(10**30), max_value=10**30),
+    top_p=st.floats(allow_nan=True, allow_infinity=True),
+    penalty=st.floats(allow_nan=True, allow_infinity=True),
+    greedy=st.booleans(),
+)
+def test_any_sampling_values_are_clamped_where_the_arithmetic_is_defined(
+    temperature: float, top_k: int, top_p: float, penalty: float, greedy: bool
+) -> None:
+    """A client's temperature of 1e-300 once made the engine sample from NaN (issue 34)."""
+    decoding = Decoding(greedy, temperature, top_k, top_p, penalty)
+    assert MIN_TEMPERATURE <= decoding.temperature <= MAX_TEMPERATURE
+    assert 0 <= decoding.top_k <= MAX_TOP_K
+    assert 0 < decoding.top_p <= 1
+    assert MIN_REPETITION_PENALTY <= decoding.repetition_penalty <= MAX_REPETITION_PENALTY
+    scores = torch.tensor([[30_000.0, -30_000.0, 0.0, 1.0]])
+    kept = PerRequestSampling(decoding)(torch.zeros(1), scores, _args([request_kwargs(decoding)]))
+    assert torch.isfinite(kept).any()
+    assert not torch.isnan(kept).any()
+    probabilities = torch.softmax(kept, dim=-1)
+    assert torch.isfinite(probabilities).all()
+    torch.multinomial(probabilities, 1)  # what failed on NaN

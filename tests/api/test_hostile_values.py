@@ -1,0 +1,252 @@
+"""Every route, every dialect, fed arbitrary JSON values (hypothesis): lone surrogates, huge
+integers, NaN and infinities, nested junk, under the field names the routes read. None may be
+answered with a 5xx or anything but JSON; a lone surrogate is a 4xx in the route's own shape."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loadtests.stack import free_port
+from service.app import create_app
+from service.config import Settings
+from tests.fakes import FakeControl
+
+KEY = "hostile-key"
+# (method, path) of every route that reads a body or a query; path parameters filled in.
+ROUTES = [
+    ("POST", "/translate"),
+    ("POST", "/batch_translate"),
+    ("POST", "/translate/stream"),
+    ("POST", "/prompt"),
+    ("POST", "/detect"),
+    ("GET", "/translate"),
+    ("POST", "/libretranslate/translate"),
+    ("POST", "/libretranslate/detect"),
+    ("POST", "/libretranslate/translate_file"),
+    ("POST", "/libretranslate/suggest"),
+    ("GET", "/libretranslate/languages"),
+    ("POST", "/v2/translate"),
+    ("POST", "/v2/languages"),
+    ("POST", "/v2/usage"),
+    ("POST", "/v2/glossaries"),
+    ("GET", "/v2/glossaries/{id}"),
+    ("DELETE", "/v2/glossaries/{id}"),
+    ("GET", "/v2/glossaries/{id}/entries"),
+    ("POST", "/v2/document"),
+    ("POST", "/v2/document/{id}"),
+    ("POST", "/v2/document/{id}/result"),
+    ("GET", "/v1/models"),
+    ("POST", "/v1/chat/completions"),
+]
+# A valid body of each route that takes one (generated fields replace or join its fields).
+_TRANSLATION = {"text": "Hello there.", "target_lang": "de", "source_lang": "en"}
+VALID: dict[str, dict[str, Any]] = {
+    "/translate": _TRANSLATION,
+    "/translate/stream": _TRANSLATION,
+    "/prompt": _TRANSLATION,
+    "/batch_translate": {"texts": ["Hello.", "Bye."], "target_lang": "de"},
+    "/detect": {"texts": ["Hello there."]},
+    "/libretranslate/translate": {"q": "Hello.", "source": "en", "target": "de"},
+    "/libretranslate/detect": {"q": "Hello."},
+    "/v2/translate": {"text": ["Hello."], "target_lang": "DE"},
+    "/v2/glossaries": {
+        "name": "g",
+        "source_lang": "en",
+        "target_lang": "de",
+        "entries": "a\tb",
+        "entries_format": "tsv",
+    },
+    "/v1/chat/completions": {"model": "fake", "messages": [{"role": "user", "content": "Hi"}]},
+}
+# The names the routes read, so generated bodies reach their code, not only the validator.
+FIELDS = [
+    "text", "texts", "q", "target_lang", "source_lang", "source", "target", "format",
+    "api_key", "auth_key", "glossary_id", "glossary", "context", "style", "preferences",
+    "delimiter", "name", "entries", "entries_format", "document_key", "alternatives",
+    "model", "messages", "role", "content", "top_k", "top_p", "temperature", "max_tokens",
+    "max_completion_tokens", "repetition_penalty", "n", "stream", "stop", "formality",
+    "split_sentences", "tag_handling", "ignore_tags", "show_billed_characters", "type",
+]  # fmt: skip
+SURROGATES = st.sampled_from(["\ud800", "\udfff", "a\udc00b", "\ud83d", "x\ud800\ud800"])
+NUMBERS = st.one_of(
+    st.integers(),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.sampled_from([10**20, -(10**20), 2**63, 2**64, 1e-300, 1e300, 0, -1]),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+TEXTS = st.one_of(
+    st.text(max_size=40),
+    SURROGATES,
+    st.sampled_from(["de", "EN", "zh", "auto", "html", "user", "text", KEY, ""]),
+)
+SCALARS = st.one_of(SURROGATES, NUMBERS, TEXTS, st.none(), st.booleans())
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.one_of(st.sampled_from(FIELDS), TEXTS), inner, max_size=4),
+    ),
+    max_leaves=12,
+)
+BODIES = st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=8)
+
+
+@pytest.fixture(scope="module")
+def hostile(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """A keyed service of the family with every option (Hy-MT2) on a fake engine, served by
+    uvicorn on loopback from a thread of its own (hypothesis drives it synchronously)."""
+    fake = FakeControl(tmp_path_factory.mktemp("hostile-fake"))
+    own = tmp_path_factory.mktemp("hostile-data")
+    for built in data_dir.iterdir():
+        if built.name not in ("documents", "glossaries.sqlite3"):
+            (own / built.name).symlink_to(built)
+    configured = Settings(
+        _env_file=None,
+        data_dir=own,
+        warmup=False,
+        api_keys=[KEY],
+        model_family="hy-mt2",
+        model_size="1.8b",
+    )
+    port = free_port()
+    app = create_app(configured, loader=fake.loader())
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
+    thread = threading.Thread(target=server.run, name="hostile-server", daemon=True)
+    thread.start()
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if client.get("/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the service did not become ready"
+        time.sleep(0.1)
+    yield client
+    client.close()
+    server.should_exit = True
+    thread.join(60)
+
+
+def _encoded(body: dict[str, Any]) -> bytes:
+    # As a client's JSON library writes it: NaN and Infinity as such, surrogates as escapes.
+    return json.dumps(body, allow_nan=True).encode()
+
+
+@pytest.mark.parametrize(("method", "path"), ROUTES)
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(body=BODIES, keyed=st.sampled_from(["header", "body", "none"]))
+def test_no_route_fails_on_arbitrary_json(
+    hostile: httpx.Client, method: str, path: str, body: dict[str, Any], keyed: str
+) -> None:
+    headers = {"content-type": "application/json"}
+    if keyed == "header":
+        headers["authorization"] = f"Bearer {KEY}"
+    elif keyed == "body":  # where DeepL and LibreTranslate clients send it
+        body = {"auth_key": KEY, "api_key": KEY, **body}
+    # Over a valid request of the route's own, so the generated values get past its shape.
+    body = {**VALID.get(path, {}), **body}
+    url = path.replace("{id}", "0123")
+    response = hostile.request(method, url, content=_encoded(body), headers=headers)
+    assert response.status_code < 500, (method, path, body, response.text)
+    kind = response.headers.get("content-type", "")
+    assert kind.startswith(("application/json", "text/event-stream")), (body, kind)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v2/translate", {"text": ["hi"], "target_lang": "de", "auth_key": "\ud800"}),
+        ("/v2/translate", {"text": ["hi"], "target_lang": "de", "glossary_id": "\ud800"}),
+        ("/v2/translate", {"text": ["hi"], "target_lang": "de", "context": "\ud800"}),
+        ("/libretranslate/translate", {"q": "hi", "target": "de", "api_key": "\ud800"}),
+        ("/v1/chat/completions", {"model": "\ud800", "messages": [{"role": "user"}]}),
+        ("/translate", {"text": "hi", "target_lang": "de", "glossary": {"\ud800": "x"}}),
+        ("/v2/glossaries", {"name": "\ud800", "target_lang": "de", "entries": "a\tb"}),
+        ("/v2/glossaries", {"name": "n", "target_lang": "de", "entries": "a\ud800\tb"}),
+    ],
+)
+def test_the_probe_s_surrogates_are_4xx(
+    hostile: httpx.Client, path: str, body: dict[str, Any]
+) -> None:
+    """The attacker's requests (issue 34, finding 4): each was a 500, some text/plain."""
+    keyed = {"source_lang": "en", "auth_key": KEY, **body}
+    response = hostile.post(
+        path,
+        content=_encoded(keyed),
+        headers={"content-type": "application/json", "authorization": f"Bearer {KEY}"}
+        if path in ("/v1/chat/completions", "/translate")
+        else {"content-type": "application/json"},
+    )
+    assert 400 <= response.status_code < 500, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    assert "lone surrogate" in response.text
+
+
+@pytest.mark.parametrize(("method", "path"), [r for r in ROUTES if r[0] != "GET"])
+@pytest.mark.parametrize("field", ["text", "auth_key", "api_key", "model", "glossary_id", "name"])
+def test_a_lone_surrogate_is_a_4xx_in_the_route_s_shape(
+    hostile: httpx.Client, method: str, path: str, field: str
+) -> None:
+    body = {field: "\ud800", "target_lang": "de", "text": "hello", "q": "hi", "target": "de"}
+    body[field] = "\ud800"
+    response = hostile.request(
+        method,
+        path.replace("{id}", "0123"),
+        content=_encoded(body),
+        headers={"content-type": "application/json", "authorization": f"Bearer {KEY}"},
+    )
+    assert 400 <= response.status_code < 500, response.text
+    error = response.json()
+    if path.startswith("/v2/"):
+        assert "lone surrogate" in error["message"]  # DeepL's {"message"}
+    elif path.startswith("/libretranslate/"):
+        assert "lone surrogate" in error["error"]  # LibreTranslate's {"error": "..."}
+    else:
+        assert "lone surrogate" in error["error"]["message"]
+    assert field in json.dumps(error)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"top_k": 10**20},
+        {"temperature": 1e-300},
+        {"top_p": 1e-300, "temperature": 1e-300},
+        {"repetition_penalty": 1e-300},
+        {"max_tokens": 10**20},
+        {"n": 10**20},
+    ],
+)
+def test_extreme_sampling_values_are_clamped_or_refused(
+    hostile: httpx.Client, sampling: dict[str, float]
+) -> None:
+    auth = {"authorization": f"Bearer {KEY}"}
+    model = hostile.get("/v1/models", headers=auth).json()["data"][0]["id"]
+    response = hostile.post(
+        "/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "Hello"}], **sampling},
+        headers={"authorization": f"Bearer {KEY}"},
+    )
+    assert response.status_code in (200, 400, 422), response.text
+    if response.status_code == 200:
+        assert not math.isnan(response.json()["usage"]["completion_tokens"])
