@@ -11,15 +11,19 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
+from loadtests.stack import free_port
 from service.app import create_app
 from service.config import Settings
 from service.engine.demo import ensure_demo_model
@@ -115,6 +119,42 @@ async def started(
             client = ServiceClient(app, http)
             await asyncio.wait_for(client.runtime.wait_started(), 120)
             yield client
+
+
+@contextlib.contextmanager
+def served(settings: Settings, loader: EngineLoader) -> Iterator[httpx.Client]:
+    """An app on ``settings`` served by uvicorn on loopback from a thread of its own, ready, and
+    a synchronous client to it: for tests that drive it from synchronous code (hypothesis, the
+    official clients)."""
+    port = free_port()
+    app = create_app(settings, loader=loader)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
+    thread = threading.Thread(target=server.run, name="served-app", daemon=True)
+    thread.start()
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if client.get("/health").status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "the service did not become ready"
+            time.sleep(0.1)
+        yield client
+    finally:
+        client.close()
+        server.should_exit = True
+        thread.join(60)
+
+
+def own_data(data_dir: Path, folder: Path) -> Path:
+    """A data directory of a test's own (empty job and glossary stores) sharing the demo
+    models."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for built in data_dir.iterdir():
+        if built.name not in ("documents", "glossaries.sqlite3"):
+            (folder / built.name).symlink_to(built)
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -97,8 +97,8 @@ def install_deepl_document_routes(
             target.code,
             source.code if source else None,
             options,
+            charge=context.charge,
         )
-        context.charge(job.characters)
         return JSONResponse({"document_id": job.id, "document_key": job.key})
 
     app.add_api_route("/document", upload, methods=["POST"])
@@ -131,8 +131,9 @@ def install_libretranslate_file_routes(
             raise InvalidInput("Invalid request: missing target parameter")
         source = params.get("source")
         source_lang = None if not isinstance(source, str) or source == "auto" else source
-        job = await documents.upload(context.owner, filename, data, target, source_lang)
-        context.charge(job.characters)
+        job = await documents.upload(
+            context.owner, filename, data, target, source_lang, charge=context.charge
+        )
         # LibreTranslate answers once the file is translated.
         job = await documents.wait(job)
         if job.state != "done":

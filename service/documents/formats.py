@@ -57,6 +57,7 @@ MEDIA_TYPES: dict[str, str] = {
 _LINE_BREAK = re.compile(r"(\n(?:[ \t]*\n)*)")
 _BLOCK_BREAK = re.compile(r"(\r?\n(?:[ \t]*\r?\n)+)")
 _RUN = re.compile(r"<r(\d+)>(.*?)</r\1>", re.S)
+_TAG = re.compile(r"<[^<>]*>")
 # The tags a subtitle cue may hold (WebVTT's and SubRip's): kept, not splitting a sentence.
 _CUE_INLINE = INLINE | {"c", "v", "ruby", "rt", "lang", "font"}
 
@@ -70,6 +71,14 @@ class Unit:
     kind: UnitKind
     inline: frozenset[str] = field(default=frozenset())
 
+    @property
+    def characters(self) -> int:
+        """The characters of the source text it holds (what is billed): markup's tags and
+        escapes, the service's own run tags included, are not text."""
+        if self.kind == "markup":
+            return len(html.unescape(_TAG.sub("", self.text)))
+        return len(self.text)
+
 
 @dataclass(frozen=True, slots=True)
 class Parsed:
@@ -78,7 +87,7 @@ class Parsed:
 
     @property
     def characters(self) -> int:
-        return sum(len(unit.text) for unit in self.units)
+        return sum(unit.characters for unit in self.units)
 
 
 def format_of(filename: str) -> FileFormat:

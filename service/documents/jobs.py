@@ -144,15 +144,19 @@ class JobStore:
         folder.mkdir(parents=True)
         self.source_path(job).write_bytes(data)
         with self._db.transaction() as db:
-            (held,) = db.execute(
-                "SELECT COUNT(*) FROM jobs WHERE owner = ? AND state != 'downloaded'", (owner,)
+            # Queued, translating and done jobs hold a slot; failed and downloaded ones do not.
+            held, first_expiry = db.execute(
+                "SELECT COUNT(*), MIN(expires) FROM jobs WHERE owner = ? "
+                "AND state IN ('queued', 'translating', 'done')",
+                (owner,),
             ).fetchone()
             if held >= self._limits.max_jobs_per_owner:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise TooManyDocuments(
                     f"too many documents: at most {self._limits.max_jobs_per_owner} held at "
-                    "once; download or wait for the earlier ones to expire",
-                    retry_after_s=60.0,
+                    "once; download the finished ones, or wait for the earliest to expire",
+                    # The time a slot frees by itself; a download frees one at once.
+                    retry_after_s=max(1.0, first_expiry - now),
                 )
             db.execute(
                 f"INSERT INTO jobs ({_COLUMNS}) VALUES ({', '.join('?' * 16)})",

@@ -112,7 +112,7 @@ class DocumentRunner:
                 )
             for index, text in zip(indexes, texts, strict=True):
                 out[index] = text
-            done += sum(len(units[i].text) for i in indexes)
+            done += sum(units[i].characters for i in indexes)
             await asyncio.to_thread(self._store.progress, job.id, done)
 
         await asyncio.gather(*(run(group) for group in groups))
@@ -126,7 +126,12 @@ class DocumentRunner:
         if kind == "document":
             (unit,) = units
             translation = await translator.document(
-                unit.text, job.target_lang, job.source_lang, deadline=deadline, options=options
+                unit.text,
+                job.target_lang,
+                job.source_lang,
+                deadline=deadline,
+                options=options,
+                paced=True,
             )
             return [translation.text]
         if kind == "text":
@@ -144,6 +149,7 @@ class DocumentRunner:
                 job.source_lang,
                 deadline=deadline,
                 inline=frozenset().union(*(unit.inline for unit in units)),
+                paced=True,
             )
         return [_text(outcome) for outcome in outcomes]
 

@@ -45,9 +45,11 @@ class Documents:
         target_lang: str,
         source_lang: str | None,
         options: TranslationOptions = PLAIN,
+        charge: Callable[[int], None] = lambda characters: None,
     ) -> Job:
         """A job for the file, translating in the background; the file is refused (4xx) before
-        any job exists when it is too large, of an unknown type, or cannot be read."""
+        any job exists when it is too large, of an unknown type, or cannot be read, or when
+        ``charge`` refuses its characters (the caller's quota)."""
         if len(data) > self._config.max_file_bytes:
             raise PayloadTooLarge(f"file: over {self._config.max_file_bytes} bytes")
         if not data:
@@ -63,6 +65,7 @@ class Documents:
             raise TextTooLong(
                 f"file: {characters} characters to translate, at most {self._config.max_file_chars}"
             )
+        charge(characters)
         job = await asyncio.to_thread(
             self._store.create,
             owner,

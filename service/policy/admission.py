@@ -137,6 +137,11 @@ class Admission:
         self._capacity = max(1, capacity // self._processes)
 
     @property
+    def limit(self) -> int:
+        """Most texts this process admits at once."""
+        return self._max
+
+    @property
     def full(self) -> bool:
         """Whether any request would be refused for the in-flight bound right now, counting
         the requests on their way here (``arrive``) as one text each."""

@@ -17,9 +17,10 @@ import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from service.engine.types import (
     MODEL_CARD_DECODING,
@@ -32,6 +33,7 @@ from service.engine.types import (
 from service.errors import (
     BatchTooLarge,
     InvalidInput,
+    Overloaded,
     ServiceError,
     TextTooLong,
 )
@@ -64,6 +66,11 @@ from service.translation.verbatim import verbatim
 
 log = logging.getLogger(__name__)
 
+# An uploaded document's share of the admission bound (see ``Translator._pace``).
+_PACE_SHARE = 4
+_T = TypeVar("_T")
+# A placeholder outcome, replaced before it is returned.
+_NOT_YET = ServiceError("not translated")
 # The longest segment of a document (a line, or a run of a long line's sentences).
 _SEGMENT_CHARS = 1000
 # The start of a document its source language is detected from.
@@ -401,9 +408,12 @@ class Translator:
         *,
         deadline: float | None = None,
         options: TranslationOptions = PLAIN,
+        paced: bool = False,
     ) -> Translation:
         """A long text translated segment by segment (``segments.split_document``: its lines,
         long lines cut between sentences) as one batch, and joined back with its structure.
+        ``paced`` (an uploaded file's text): the segments go in slices the queue has room
+        for, each waiting while the queue is full, instead of being admitted all at once.
         The source language is detected once for the whole text; where the family has a
         context template and no other option is asked, each segment gets the one before it in
         its paragraph as context. Each segment is cached on its own. A failed segment fails
@@ -412,12 +422,19 @@ class Translator:
         split = await self._split(text, target_lang, source_lang)
         document, segments, todo = split.document, split.segments, split.todo
         target, source, confidence = split.target, split.source, split.confidence
-        with self._admission.reserve(len(todo), deadline) as reservation:
-            prepared = await self._prepare_segments(split, options)
-            outcomes = await asyncio.gather(
-                *(self._run(item, target, deadline, reservation) for item in prepared),
-                return_exceptions=True,
-            )
+        outcomes: list[Translation | BaseException] = []
+        slices = [todo[i : i + self._pace()] for i in range(0, len(todo), self._pace())]
+        for part in slices if paced else [todo]:
+
+            async def attempt(part: list[int] = part) -> list[Translation | BaseException]:
+                with self._admission.reserve(len(part), deadline) as reservation:
+                    prepared = await self._prepare_segments(split, options, part)
+                    return await asyncio.gather(
+                        *(self._run(item, target, deadline, reservation) for item in prepared),
+                        return_exceptions=True,
+                    )
+
+            outcomes += await (self._patiently(attempt, deadline) if paced else attempt())
         done: list[Translation] = []
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
@@ -449,13 +466,15 @@ class Translator:
         todo = [index for index, segment in enumerate(segments) if not verbatim(segment)]
         return _Split(document, segments, todo, target, source, confidence)
 
-    async def _prepare_segments(self, split: _Split, options: TranslationOptions) -> list[Prepared]:
-        """The requests for the segments to translate: each with the segment before it in its
+    async def _prepare_segments(
+        self, split: _Split, options: TranslationOptions, todo: Sequence[int]
+    ) -> list[Prepared]:
+        """The requests for the segments ``todo``: each with the segment before it in its
         paragraph as context where the family has a context template and no option is asked,
         else all with ``options`` in one call."""
-        fields = [f"text (segment {i + 1})" for i in split.todo]
+        fields = [f"text (segment {i + 1})" for i in todo]
         if not ("context" in self.options and not options.asked()):
-            texts = [split.segments[i] for i in split.todo]
+            texts = [split.segments[i] for i in todo]
             return await self._preparer.prepare(texts, split.target, split.source, fields, options)
         batches = await asyncio.gather(
             *(
@@ -466,7 +485,7 @@ class Translator:
                     [field],
                     self._chained(split.document, split.segments, i),
                 )
-                for i, field in zip(split.todo, fields, strict=True)
+                for i, field in zip(todo, fields, strict=True)
             )
         )
         return [item for batch in batches for item in batch]
@@ -578,16 +597,18 @@ class Translator:
         deadline: float | None = None,
         ignore: Sequence[str] = (),
         inline: Iterable[str] = (),
+        paced: bool = False,
     ) -> list[Translation | ServiceError]:
         """Translate HTML or XML documents: tags kept, the text between them translated, the
         contents of the ``ignore`` elements and of those marked ``translate="no"`` kept. A run
         through ``inline`` elements is translated whole, tags included; where its translation
-        does not keep those tags in order, its pieces between the tags are translated instead."""
+        does not keep those tags in order, its pieces between the tags are translated instead.
+        ``paced``: the runs go in slices the queue has room for (as ``document``'s)."""
         target, _ = self._prompts.languages_of(target_lang, source_lang)
         segmented = [segment(document, ignore, inline) for document in documents]
         runs = [s.parts[i] for s in segmented for i in s.texts]
-        outcomes = await self._in_batches(runs, target_lang, source_lang, deadline)
-        await self._untangle(segmented, outcomes, target_lang, source_lang, deadline)
+        outcomes = await self._in_batches(runs, target_lang, source_lang, deadline, paced)
+        await self._untangle(segmented, outcomes, target_lang, source_lang, deadline, paced)
         results: list[Translation | ServiceError] = []
         position = 0
         for document in segmented:
@@ -617,6 +638,7 @@ class Translator:
         target_lang: str,
         source_lang: str | None,
         deadline: float | None,
+        paced: bool = False,
     ) -> None:
         """Where a run translated whole lost or reordered its inline tags, translate its pieces
         between the tags instead and put them back around the original tags (in place)."""
@@ -636,7 +658,7 @@ class Translator:
         if not redo:
             return
         pieces = [split.parts[i] for _, split in redo for i in split.texts]
-        again = await self._in_batches(pieces, target_lang, source_lang, deadline)
+        again = await self._in_batches(pieces, target_lang, source_lang, deadline, paced)
         start = 0
         for position, split in redo:
             mine = again[start : start + len(split.texts)]
@@ -661,10 +683,42 @@ class Translator:
         target_lang: str,
         source_lang: str | None,
         deadline: float | None,
+        paced: bool = False,
     ) -> list[Translation | ServiceError]:
         """``translate_batch`` for any number of texts (a document's runs): batches of the
-        largest size, all admitted at once."""
+        largest size, all admitted at once; ``paced``, slices the queue has room for, one after
+        the other, each waiting while the queue is full."""
         size = self._settings.max_batch_items
+        long = [i for i, text in enumerate(texts) if len(text) > self._settings.max_text_chars]
+        if long:  # a run longer than a text may be (a long paragraph): cut at its sentences
+            short = [i for i in range(len(texts)) if i not in set(long)]
+            merged: list[Translation | ServiceError] = [_NOT_YET] * len(texts)
+            done = await self._in_batches(
+                [texts[i] for i in short], target_lang, source_lang, deadline, paced
+            )
+            for index, outcome in zip(short, done, strict=True):
+                merged[index] = outcome
+            for index in long:
+                try:
+                    merged[index] = await self.document(
+                        texts[index], target_lang, source_lang, deadline=deadline, paced=paced
+                    )
+                except ServiceError as error:
+                    merged[index] = error
+            return merged
+        if paced:
+            pace = self._pace()
+            paced_outcomes: list[Translation | ServiceError] = []
+            for start in range(0, len(texts), pace):
+                part = texts[start : start + pace]
+
+                async def attempt(
+                    part: Sequence[str] = part,
+                ) -> list[Translation | ServiceError]:
+                    return await self._in_batches(part, target_lang, source_lang, deadline)
+
+                paced_outcomes += await self._patiently(attempt, deadline)
+            return paced_outcomes
         if len(texts) <= size:
             return await self.translate_batch(texts, target_lang, source_lang, deadline=deadline)
         batches = await asyncio.gather(
@@ -676,6 +730,25 @@ class Translator:
             )
         )
         return [outcome for batch in batches for outcome in batch]
+
+    def _pace(self) -> int:
+        """Texts of one uploaded document in flight at once: a quarter of what this process
+        admits, so live requests and a second document still find room."""
+        return max(1, self._admission.limit // _PACE_SHARE)
+
+    async def _patiently(
+        self, attempt: Callable[[], Awaitable[list[_T]]], deadline: float | None
+    ) -> list[_T]:
+        """``attempt`` until the queue has room for it (waiting as long as ``Retry-After``
+        says), or the deadline would pass first."""
+        while True:
+            try:
+                return await attempt()
+            except Overloaded as full:
+                wait = min(max(full.retry_after_s, 0.2), 5.0)
+                if deadline is not None and time.monotonic() + wait > deadline:
+                    raise
+                await asyncio.sleep(wait)
 
     async def _keep_delimiters(
         self,
@@ -894,7 +967,7 @@ class Translator:
                 out.put_nowait(error)
 
         with self._admission.reserve(len(todo), deadline) as reservation:
-            prepared_all = await self._prepare_segments(split, options)
+            prepared_all = await self._prepare_segments(split, options, todo)
             for index, prepared in zip(todo, prepared_all, strict=True):
                 streams[index] = asyncio.Queue()
                 tasks.append(asyncio.ensure_future(pump(prepared, streams[index])))

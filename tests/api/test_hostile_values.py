@@ -6,21 +6,17 @@ from __future__ import annotations
 
 import json
 import math
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loadtests.stack import free_port
-from service.app import create_app
 from service.config import Settings
+from tests.conftest import own_data, served
 from tests.fakes import FakeControl
 
 KEY = "hostile-key"
@@ -105,40 +101,18 @@ BODIES = st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=8)
 
 @pytest.fixture(scope="module")
 def hostile(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    """A keyed service of the family with every option (Hy-MT2) on a fake engine, served by
-    uvicorn on loopback from a thread of its own (hypothesis drives it synchronously)."""
+    """A keyed service of the family with every option (Hy-MT2) on a fake engine."""
     fake = FakeControl(tmp_path_factory.mktemp("hostile-fake"))
-    own = tmp_path_factory.mktemp("hostile-data")
-    for built in data_dir.iterdir():
-        if built.name not in ("documents", "glossaries.sqlite3"):
-            (own / built.name).symlink_to(built)
     configured = Settings(
         _env_file=None,
-        data_dir=own,
+        data_dir=own_data(data_dir, tmp_path_factory.mktemp("hostile") / "data"),
         warmup=False,
         api_keys=[KEY],
         model_family="hy-mt2",
         model_size="1.8b",
     )
-    port = free_port()
-    app = create_app(configured, loader=fake.loader())
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
-    thread = threading.Thread(target=server.run, name="hostile-server", daemon=True)
-    thread.start()
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if client.get("/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "the service did not become ready"
-        time.sleep(0.1)
-    yield client
-    client.close()
-    server.should_exit = True
-    thread.join(60)
+    with served(configured, fake.loader()) as client:
+        yield client
 
 
 def _encoded(body: dict[str, Any]) -> bytes:
