@@ -295,3 +295,21 @@ def test_the_page_is_revalidated_its_files_cached_and_uploads_pass(nginx: Proces
         timeout=60,
     )
     assert too_big.status_code == 413
+
+
+def test_a_limit_req_storm_logs_no_key_and_no_text(nginx: Process) -> None:
+    """Issue 34, finding 6: rejections were logged at error level with the request line."""
+    url = f"{nginx.url}/v2/translate?auth_key=StormKey&text=StormText&target_lang=DE"
+    with httpx.Client(timeout=30) as client:
+        token = client.get(f"{nginx.url}/libretranslate/download_file/TokenSecret.k/a.txt")
+        statuses = [client.get(url).status_code for _ in range(120)]
+    assert token.status_code == 404
+    assert 429 in statuses
+    time.sleep(0.5)  # nginx writes its logs as it goes; give the last lines a moment
+    folder = Path(nginx.log).parent
+    logs = [folder / "access.log", folder / "error.log", Path(nginx.log)]
+    for log in logs:
+        text = log.read_text() if log.exists() else ""
+        for secret in ("StormKey", "StormText", "TokenSecret"):
+            assert secret not in text, (log, secret)
+    assert "/libretranslate/download_file/[token]" in (folder / "access.log").read_text()
