@@ -454,8 +454,8 @@ class Settings(BaseSettings):
     stall_timeout_s: float = Field(
         300.0,
         gt=0,
-        description="An engine that holds work and answers nothing for this long is stalled: "
-        "requests in it fail with 503, it is killed and restarted.",
+        description="An engine that holds work and generates nothing (no token, no model step) "
+        "for this long is stalled: requests in it fail with 503, it is killed and restarted.",
     )
     engine_heartbeat_timeout_s: float = Field(
         1.0,
