@@ -156,11 +156,20 @@ def install_libretranslate_file_routes(
     )
 
 
+# Longest file name given back: a name of thousands of characters made a header so large that
+# nginx refused the answer (502/503) after the result had been served once.
+_MAX_NAME_CHARS = 120
+
+
 def _translated_name(job: Job) -> str:
-    stem, dot, extension = job.filename.rpartition(".")
-    return (
-        f"{stem}_{job.target_lang}{dot}{extension}" if dot else f"{job.filename}_{job.target_lang}"
-    )
+    """The result's file name: the upload's last path part (no ``../``), cut to a length any
+    proxy passes, with the target language before the extension."""
+    name = job.filename.replace("\\", "/").rsplit("/", 1)[-1].strip(". ") or "document"
+    stem, dot, extension = name.rpartition(".")
+    if not dot:
+        stem, extension = name, ""
+    stem = stem[: _MAX_NAME_CHARS - len(extension) - 8]
+    return f"{stem}_{job.target_lang}{dot}{extension[:8]}"
 
 
 def _file(job: Job, data: bytes, documents: Documents) -> Response:

@@ -313,3 +313,23 @@ def test_a_limit_req_storm_logs_no_key_and_no_text(nginx: Process) -> None:
         for secret in ("StormKey", "StormText", "TokenSecret"):
             assert secret not in text, (log, secret)
     assert "/libretranslate/download_file/[token]" in (folder / "access.log").read_text()
+
+
+def test_a_result_with_a_huge_file_name_downloads_through_nginx(nginx: Process) -> None:
+    """Issue 34: a 6,004-character file name made a header nginx refused, after the one-time
+    result had been marked downloaded. The name given back is the upload's last path part, cut."""
+    name = "../" + "n" * 6000 + ".txt"
+    upload = httpx.post(
+        f"{nginx.url}/libretranslate/translate_file",
+        data={"source": "en", "target": "de", "filename": name},
+        files={"file": ("short.txt", b"Hello there.")},
+        timeout=120,
+    )
+    assert upload.status_code == 200, upload.text
+    link = upload.json()["translatedFileUrl"]
+    path = link.split("/libretranslate/", 1)[1]
+    result = httpx.get(f"{nginx.url}/libretranslate/{path}", timeout=30)
+    assert result.status_code == 200
+    disposition = result.headers["content-disposition"]
+    assert len(disposition) < 300
+    assert ".." not in disposition
