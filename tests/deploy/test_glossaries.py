@@ -58,7 +58,7 @@ def test_glossaries_persist_belong_to_their_key_and_reach_the_prompt(
         shown = httpx.post(
             f"{service.url}/prompt",
             json={
-                "text": "Restart the node.",
+                "text": "Restart the node of the cluster.",
                 "source_lang": "en",
                 "target_lang": "de",
                 "glossary_id": glossary.glossary_id,
