@@ -3,8 +3,9 @@
 JSON may write any UTF-16 code unit as an escape, so ``"\\ud800"`` decodes to a Python string
 that cannot be encoded as UTF-8: it reaches hashing, SQLite, logs, msgspec or a tokenizer and
 fails there, as a 500 and often before authentication. A surrogate pair (``"\\ud83d\\ude00"``)
-is one character and stays. Only bodies holding an escape in the surrogate range are decoded
-here: the check costs one regular-expression search on every other body.
+is one character and stays (and Python's ``json.dumps`` writes every emoji as such a pair).
+Only a body that still holds a surrogate escape once its pairs are taken out is decoded here:
+the check costs one regular-expression search on every other body.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import json
 import re
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+# A pair's two escapes, after an even run of backslashes (an odd one escapes the first ``\``).
+_PAIR = re.compile(rb"(?<!\\)((?:\\\\)*)\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 
 
 def lone_surrogate(body: bytes) -> str | None:
     """Where a JSON ``body`` holds a string with a lone surrogate (``texts[2]``, ``key``), or
     None when it holds none (or is not JSON at all: the route says what is wrong with it)."""
-    if not _SURROGATE_ESCAPE.search(body):
+    if not _SURROGATE_ESCAPE.search(body) or not _SURROGATE_ESCAPE.search(_PAIR.sub(rb"\1", body)):
         return None
     try:
         value = json.loads(body)

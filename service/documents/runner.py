@@ -13,12 +13,13 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from service.documents.formats import Parsed, Unit
 from service.documents.jobs import HEARTBEAT_S, Job, JobStore
-from service.errors import Overloaded, ServiceError
+from service.errors import ServiceError
+from service.policy.admission import patiently
 from service.translation.prompts import TranslationOptions
 from service.translation.translator import Translation, Translator
 
@@ -107,8 +108,10 @@ class DocumentRunner:
         async def run(indexes: list[int]) -> None:
             nonlocal done
             async with gate:
-                texts = await self._patiently(
-                    lambda: self._once(translator, job, [units[i] for i in indexes], options)
+                deadline = time.monotonic() + self._config.unit_timeout_s
+                texts = await patiently(
+                    lambda: self._once(translator, job, [units[i] for i in indexes], options),
+                    deadline,
                 )
             for index, text in zip(indexes, texts, strict=True):
                 out[index] = text
@@ -152,18 +155,6 @@ class DocumentRunner:
                 paced=True,
             )
         return [_text(outcome) for outcome in outcomes]
-
-    async def _patiently(self, attempt: Callable[[], Awaitable[list[str]]]) -> list[str]:
-        """``attempt`` until the engine has room: a full queue is waited out (for as long as a
-        unit may take)."""
-        give_up = time.monotonic() + self._config.unit_timeout_s
-        while True:
-            try:
-                return await attempt()
-            except Overloaded as full:
-                if time.monotonic() > give_up:
-                    raise
-                await asyncio.sleep(min(max(full.retry_after_s, 0.2), 5.0))
 
 
 def _text(outcome: Translation | ServiceError) -> str:

@@ -40,8 +40,9 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
+from typing import TypeVar
 
 from service.errors import DeadlineExceeded, EngineUnavailable, Overloaded, ServiceError
 from service.metrics import Children, Metrics
@@ -257,3 +258,20 @@ class Admission:
 
     def _reject(self, reason: str, texts: int = 1) -> None:
         self._rejections(reason).inc(texts)
+
+
+_T = TypeVar("_T")
+
+
+async def patiently(attempt: Callable[[], Awaitable[_T]], deadline: float | None) -> _T:
+    """``attempt`` until admission has room for it, waiting as long as each refusal's
+    ``Retry-After`` says (between 0.2 and 5 s), or until the deadline would pass first: for
+    work that may wait (an uploaded document), not for a live request, which is refused."""
+    while True:
+        try:
+            return await attempt()
+        except Overloaded as full:
+            wait = min(max(full.retry_after_s, 0.2), 5.0)
+            if deadline is not None and time.monotonic() + wait > deadline:
+                raise
+            await asyncio.sleep(wait)

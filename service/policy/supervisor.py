@@ -239,8 +239,7 @@ class EngineSupervisor:
                     "event loop blocked; that time is not held against the engine",
                     extra={"seconds": round(late, 3)},
                 )
-                late = 0.0
-            self._awake += _WATCH_PERIOD_S + max(0.0, late)
+            self._awake += _WATCH_PERIOD_S + (0.0 if late > _BLIND_AFTER_S else max(0.0, late))
             client = self.client
             if client is None or client.exited or self.state is not EngineState.READY:
                 continue

@@ -17,10 +17,9 @@ import contextlib
 import dataclasses
 import logging
 import math
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from service.engine.types import (
     MODEL_CARD_DECODING,
@@ -33,12 +32,11 @@ from service.engine.types import (
 from service.errors import (
     BatchTooLarge,
     InvalidInput,
-    Overloaded,
     ServiceError,
     TextTooLong,
 )
 from service.metrics import Metrics
-from service.policy.admission import Admission, Reservation
+from service.policy.admission import Admission, Reservation, patiently
 from service.scheduling.types import Scheduled
 from service.translation.cache import ResultCache
 from service.translation.detection import (
@@ -68,9 +66,6 @@ log = logging.getLogger(__name__)
 
 # An uploaded document's share of the admission bound (see ``Translator._pace``).
 _PACE_SHARE = 4
-_T = TypeVar("_T")
-# A placeholder outcome, replaced before it is returned.
-_NOT_YET = ServiceError("not translated")
 # The longest segment of a document (a line, or a run of a long line's sentences).
 _SEGMENT_CHARS = 1000
 # The start of a document its source language is detected from.
@@ -423,8 +418,8 @@ class Translator:
         document, segments, todo = split.document, split.segments, split.todo
         target, source, confidence = split.target, split.source, split.confidence
         outcomes: list[Translation | BaseException] = []
-        slices = [todo[i : i + self._pace()] for i in range(0, len(todo), self._pace())]
-        for part in slices if paced else [todo]:
+        pace = self._pace() if paced else max(1, len(todo))
+        for part in [todo[i : i + pace] for i in range(0, len(todo), pace)] or [todo]:
 
             async def attempt(part: list[int] = part) -> list[Translation | BaseException]:
                 with self._admission.reserve(len(part), deadline) as reservation:
@@ -434,7 +429,7 @@ class Translator:
                         return_exceptions=True,
                     )
 
-            outcomes += await (self._patiently(attempt, deadline) if paced else attempt())
+            outcomes += await (patiently(attempt, deadline) if paced else attempt())
         done: list[Translation] = []
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
@@ -689,22 +684,30 @@ class Translator:
         largest size, all admitted at once; ``paced``, slices the queue has room for, one after
         the other, each waiting while the queue is full."""
         size = self._settings.max_batch_items
-        long = [i for i, text in enumerate(texts) if len(text) > self._settings.max_text_chars]
+        long = {i for i, text in enumerate(texts) if len(text) > self._settings.max_text_chars}
         if long:  # a run longer than a text may be (a long paragraph): cut at its sentences
-            short = [i for i in range(len(texts)) if i not in set(long)]
-            merged: list[Translation | ServiceError] = [_NOT_YET] * len(texts)
-            done = await self._in_batches(
-                [texts[i] for i in short], target_lang, source_lang, deadline, paced
+            short = iter(
+                await self._in_batches(
+                    [t for i, t in enumerate(texts) if i not in long],
+                    target_lang,
+                    source_lang,
+                    deadline,
+                    paced,
+                )
             )
-            for index, outcome in zip(short, done, strict=True):
-                merged[index] = outcome
-            for index in long:
+            merged: list[Translation | ServiceError] = []
+            for index, text in enumerate(texts):
+                if index not in long:
+                    merged.append(next(short))
+                    continue
                 try:
-                    merged[index] = await self.document(
-                        texts[index], target_lang, source_lang, deadline=deadline, paced=paced
+                    merged.append(
+                        await self.document(
+                            text, target_lang, source_lang, deadline=deadline, paced=paced
+                        )
                     )
                 except ServiceError as error:
-                    merged[index] = error
+                    merged.append(error)
             return merged
         if paced:
             pace = self._pace()
@@ -717,7 +720,7 @@ class Translator:
                 ) -> list[Translation | ServiceError]:
                     return await self._in_batches(part, target_lang, source_lang, deadline)
 
-                paced_outcomes += await self._patiently(attempt, deadline)
+                paced_outcomes += await patiently(attempt, deadline)
             return paced_outcomes
         if len(texts) <= size:
             return await self.translate_batch(texts, target_lang, source_lang, deadline=deadline)
@@ -735,20 +738,6 @@ class Translator:
         """Texts of one uploaded document in flight at once: a quarter of what this process
         admits, so live requests and a second document still find room."""
         return max(1, self._admission.limit // _PACE_SHARE)
-
-    async def _patiently(
-        self, attempt: Callable[[], Awaitable[list[_T]]], deadline: float | None
-    ) -> list[_T]:
-        """``attempt`` until the queue has room for it (waiting as long as ``Retry-After``
-        says), or the deadline would pass first."""
-        while True:
-            try:
-                return await attempt()
-            except Overloaded as full:
-                wait = min(max(full.retry_after_s, 0.2), 5.0)
-                if deadline is not None and time.monotonic() + wait > deadline:
-                    raise
-                await asyncio.sleep(wait)
 
     async def _keep_delimiters(
         self,

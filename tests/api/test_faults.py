@@ -250,7 +250,9 @@ async def test_a_blocked_event_loop_does_not_get_a_healthy_engine_killed(
     assert (await send(client, "still here")).status_code == 200
     metrics = (await client.http.get("/metrics")).text
     assert "hymt_engine_restarts_total{" not in metrics
-    assert "hymt_engine_watchdog_blind_total 3.0" in metrics
+    blind = [ln for ln in metrics.splitlines() if ln.startswith("hymt_engine_watchdog_blind_total")]
+    # The three blocks, and any collector pause of this test process's heap besides.
+    assert float(blind[0].split()[1]) >= 3
 
 
 async def test_an_engine_that_cannot_load_turns_liveness_red(

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from service.api.surrogates import _encodable, lone_surrogate
 from service.config import Settings
 from tests.conftest import own_data, served
 from tests.fakes import FakeControl
@@ -75,7 +76,18 @@ FIELDS = [
     "max_completion_tokens", "repetition_penalty", "n", "stream", "stop", "formality",
     "split_sentences", "tag_handling", "ignore_tags", "show_billed_characters", "type",
 ]  # fmt: skip
-SURROGATES = st.sampled_from(["\ud800", "\udfff", "a\udc00b", "\ud83d", "x\ud800\ud800"])
+SURROGATES = st.sampled_from(
+    [
+        "\ud800",
+        "\udfff",
+        "a\udc00b",
+        "\ud83d",
+        "x\ud800\ud800",
+        "\U0001f600",
+        "\\\ud83d",
+        "\\ud83d\ude00",
+    ]
+)
 NUMBERS = st.one_of(
     st.integers(),
     st.integers(min_value=-(10**30), max_value=10**30),
@@ -224,3 +236,18 @@ def test_extreme_sampling_values_are_clamped_or_refused(
     assert response.status_code in (200, 400, 422), response.text
     if response.status_code == 200:
         assert not math.isnan(response.json()["usage"]["completion_tokens"])
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(st.recursive(st.one_of(st.text(), SURROGATES, st.just("\\")), st.lists, max_leaves=8))
+def test_lone_surrogates_are_found_exactly(value: object) -> None:
+    """Pairs (every emoji Python's json writes) pass; a lone one anywhere is found, escaped
+    backslashes before it or not."""
+
+    def strings(item: object) -> list[str]:
+        return (
+            [t for child in item for t in strings(child)] if isinstance(item, list) else [str(item)]
+        )
+
+    lone = any(not _encodable(text) for text in strings(value))
+    assert (lone_surrogate(json.dumps(value).encode()) is not None) == lone
