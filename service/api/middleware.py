@@ -14,6 +14,11 @@
   says more than thousands of identical ones.
 - Disconnects: a client that goes away before its answer cancels its request (status 499 in
   logs and metrics), so its queued texts are dropped before they reach the model.
+- Response headers every answer carries unless its route set its own: ``X-Content-Type-Options:
+  nosniff``, ``X-Frame-Options: DENY`` and ``Content-Security-Policy: frame-ancestors 'none'``
+  (no answer of this service is meant to be sniffed into a page or framed), and
+  ``Cache-Control: no-store`` (an answer no route marked cacheable is not kept by any cache:
+  keyed answers, documents, usage).
 - Lone surrogates: a JSON body holding a string that is not valid Unicode is answered 4xx in
   its route's dialect before any route sees it (``service.api.surrogates``).
 - Last resort: an exception no handler took becomes a 500 in the one error shape.
@@ -43,6 +48,13 @@ from service.metrics import Children, Metrics
 log = logging.getLogger("service.access")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# Headers added to every response that does not set them itself (see the module's docstring).
+_DEFAULT_HEADERS = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"content-security-policy", b"frame-ancestors 'none'"),
+    (b"cache-control", b"no-store"),
+)
 
 
 class Gate(Protocol):
@@ -186,6 +198,8 @@ class RequestContextMiddleware:
                 response_started = True
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id.encode()))
+                present = {name.lower() for name, _ in headers}
+                headers.extend(h for h in _DEFAULT_HEADERS if h[0] not in present)
                 message = {**message, "headers": headers}
             await send(message)
 

@@ -94,6 +94,10 @@ class Documents:
 
     @staticmethod
     def media_type(job: Job) -> str:
+        """The type a result is served with: its own, but never one a browser renders as a
+        page from the service's origin (a translated HTML file is served as text)."""
+        if job.format == "html":
+            return MEDIA_TYPES["txt"]
         return MEDIA_TYPES.get(job.format, "application/octet-stream")
 
     async def recover(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -251,3 +252,56 @@ def test_lone_surrogates_are_found_exactly(value: object) -> None:
 
     lone = any(not _encodable(text) for text in strings(value))
     assert (lone_surrogate(json.dumps(value).encode()) is not None) == lone
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/health", None),
+        ("GET", "/no/such/route", None),
+        ("POST", "/translate", {"text": "Hello.", "target_lang": "de"}),
+        ("POST", "/v2/usage", {}),
+        ("GET", "/v1/models", None),
+        ("POST", "/libretranslate/translate", {"q": "Hi.", "source": "en", "target": "de"}),
+        ("GET", "/v2/glossaries", None),
+    ],
+)
+def test_every_answer_is_neither_sniffed_framed_nor_stored(
+    hostile: httpx.Client, method: str, path: str, body: dict[str, Any] | None
+) -> None:
+    """Issue 34, finding 7: no answer carried nosniff or frame-ancestors, and keyed answers
+    other than GET /translate no Cache-Control."""
+    response = hostile.request(
+        method, path, json=body, headers={"authorization": f"DeepL-Auth-Key {KEY}"}
+    )
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert response.headers["x-frame-options"] == "DENY"
+    assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+    assert response.headers["cache-control"] == "no-store"
+
+
+def test_the_page_has_a_strict_policy_and_html_results_are_not_pages(
+    hostile: httpx.Client,
+) -> None:
+    page = hostile.get("/")
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self'" in policy
+    assert "frame-ancestors 'none'" in policy
+    auth = {"authorization": f"DeepL-Auth-Key {KEY}"}
+    job = hostile.post(
+        "/v2/document",
+        data={"target_lang": "DE"},
+        files={"file": ("page.html", b"<p>Hello <b>there</b>.</p>")},
+        headers=auth,
+    ).json()
+    key = {"document_key": job["document_key"]}
+    deadline = time.monotonic() + 60
+    while hostile.post(f"/v2/document/{job['document_id']}", json=key, headers=auth).json()[
+        "status"
+    ] not in ("done", "error"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    result = hostile.post(f"/v2/document/{job['document_id']}/result", json=key, headers=auth)
+    assert result.status_code == 200
+    assert result.headers["content-type"].startswith("text/plain")
+    assert result.headers["content-disposition"].startswith("attachment")

@@ -333,3 +333,10 @@ def test_a_result_with_a_huge_file_name_downloads_through_nginx(nginx: Process) 
     disposition = result.headers["content-disposition"]
     assert len(disposition) < 300
     assert ".." not in disposition
+
+
+def test_nginx_answers_carry_one_nosniff(nginx: Process) -> None:
+    """Its own answers (403 for /metrics) and the API's alike, the header once."""
+    for path in ("/metrics", "/health", "/languages"):
+        answer = httpx.get(f"{nginx.url}{path}", timeout=30)
+        assert answer.headers.get_list("x-content-type-options") == ["nosniff"], path
