@@ -9,6 +9,7 @@ The routes read the upload, authenticate and charge the caller, and hand the res
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -16,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.datastructures import UploadFile
+from starlette.types import Receive, Scope, Send
 
 from service.api.context import RequestContext
 from service.api.params import Params, read_params
@@ -58,7 +60,9 @@ def deepl_status(job: Job, now: float) -> dict[str, object]:
     remaining = job.seconds_remaining(now)
     if remaining is not None:
         status["seconds_remaining"] = remaining
-    if job.state in ("done", "downloaded"):
+    if job.state == "sending":  # on its way to a client: still done, to DeepL's clients
+        status["status"] = "done"
+    if job.state in ("done", "sending", "downloaded"):
         status["billed_characters"] = job.characters
     if job.state == "error":
         status["error_message"] = job.error or "error"
@@ -114,10 +118,18 @@ def install_deepl_document_routes(
     async def result(request: Request, document_id: str) -> Response:
         params = await read_params(request)
         context = context_of(request, params)
-        job, data = await documents.take(context.owner, document_id, key_of(params))
+        job, data = await documents.result(context.owner, document_id, key_of(params))
         return _file(job, data, documents)
 
     app.add_api_route("/document/{document_id}/result", result, methods=["POST", "GET"])
+
+    async def delete(request: Request, document_id: str) -> Response:
+        params = await read_params(request)
+        context = context_of(request, params)
+        await documents.delete(context.owner, document_id, key_of(params))
+        return Response(status_code=204)
+
+    app.add_api_route("/document/{document_id}", delete, methods=["DELETE"])
 
 
 def install_libretranslate_file_routes(
@@ -148,7 +160,7 @@ def install_libretranslate_file_routes(
         job_id, _, key = token.partition(".")
         if not key:
             raise NotFound("file not found")
-        job, data = await documents.take(None, job_id, key)
+        job, data = await documents.result(None, job_id, key)
         return _file(job, data, documents)
 
     app.add_api_route(
@@ -172,10 +184,31 @@ def _translated_name(job: Job) -> str:
     return f"{stem}_{job.target_lang}{dot}{extension[:8]}"
 
 
+class _Download(Response):
+    """A result claimed for sending, marked downloaded only once its last byte was handed to
+    the server: a response that fails, or a client that leaves on the way (the request is then
+    cancelled), gives it back to be asked for again."""
+
+    def __init__(self, job: Job, data: bytes, documents: Documents) -> None:
+        quoted = urllib.parse.quote(_translated_name(job))
+        super().__init__(
+            data,
+            media_type=documents.media_type(job),
+            headers={"Content-Disposition": f"attachment; filename*=UTF-8''{quoted}"},
+        )
+        self._job = job
+        self._documents = documents
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        arrived = False
+        try:
+            await super().__call__(scope, receive, send)
+            arrived = True
+        finally:
+            # Shielded: a client that leaves (even right after the last byte) cancels this
+            # request, and the job must still say how its result went.
+            await asyncio.shield(self._documents.downloaded(self._job, arrived))
+
+
 def _file(job: Job, data: bytes, documents: Documents) -> Response:
-    quoted = urllib.parse.quote(_translated_name(job))
-    return Response(
-        data,
-        media_type=documents.media_type(job),
-        headers={"Content-Disposition": f"attachment; filename*=UTF-8''{quoted}"},
-    )
+    return _Download(job, data, documents)

@@ -2,11 +2,11 @@
 
 A job belongs to the owner that uploaded it (an API key, or the one owner of an open service;
 another owner's job is "not found"). States: ``queued``, ``translating``, ``done``, ``error``
-and ``downloaded`` (the result is served once, then deleted). The file of a result is written
-beside its final name and renamed into place before the job says ``done``, so a job never says
-done over a half-written file. A job that is running has a heartbeat; one whose heartbeat
-stopped (its process crashed or the service restarted) reads as failed. Jobs expire
-``ttl_s`` after their upload: expired ones are removed with their files.
+and ``downloaded`` (the result is served once: marked, and deleted, once it was sent whole).
+The file of a result is written beside its final name and renamed into place before the job
+says ``done``, so a job never says done over a half-written file. A job that is running has a
+heartbeat; one whose heartbeat stopped (its process crashed or the service restarted) reads as
+failed. Jobs expire ``ttl_s`` after their upload: expired ones are removed with their files.
 
 The store is synchronous and small; callers in the event loop use ``asyncio.to_thread``. The
 SQLite file is shared by the API processes of one service.
@@ -26,10 +26,14 @@ from typing import Literal
 from service.errors import NotFound, TooManyDocuments
 from service.sqlite import Database
 
-JobState = Literal["queued", "translating", "done", "error", "downloaded"]
+# ``sending``: a done job's result on its way to a client (done again if it does not arrive).
+JobState = Literal["queued", "translating", "done", "sending", "error", "downloaded"]
 # A running job's heartbeat is refreshed this often; one older than HEARTBEAT_LOST_S is dead.
 HEARTBEAT_S = 2.0
 HEARTBEAT_LOST_S = 15.0
+# A result claimed for sending this long ago by a process that never said how it went (it
+# crashed) may be claimed again.
+SENDING_LOST_S = 600.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -144,10 +148,10 @@ class JobStore:
         folder.mkdir(parents=True)
         self.source_path(job).write_bytes(data)
         with self._db.transaction() as db:
-            # Queued, translating and done jobs hold a slot; failed and downloaded ones do not.
+            # Unfinished and undownloaded jobs hold a slot; failed and downloaded ones do not.
             held, first_expiry = db.execute(
                 "SELECT COUNT(*), MIN(expires) FROM jobs WHERE owner = ? "
-                "AND state IN ('queued', 'translating', 'done')",
+                "AND state IN ('queued', 'translating', 'done', 'sending')",
                 (owner,),
             ).fetchone()
             if held >= self._limits.max_jobs_per_owner:
@@ -233,33 +237,62 @@ class JobStore:
             )
 
     def fail_unfinished(self, message: str) -> int:
-        """Every queued or translating job failed: for a service starting, whose processes
-        run none of them yet. The number failed."""
+        """Every queued or translating job failed, and every result left on its way done
+        again: for a service starting, whose processes run or send none of them yet. The
+        number failed."""
         with self._db.transaction() as db:
+            db.execute("UPDATE jobs SET state = 'done' WHERE state = 'sending'")
             return db.execute(
                 "UPDATE jobs SET state = 'error', error = ? "
                 "WHERE state IN ('queued', 'translating')",
                 (message,),
             ).rowcount
 
-    def take_result(
-        self, owner: str | None, job_id: str, key: str | None = None
-    ) -> tuple[Job, bytes]:
-        """The done job's result, once: the job becomes ``downloaded`` and its files go."""
+    def result(self, owner: str | None, job_id: str, key: str | None = None) -> tuple[Job, bytes]:
+        """The done job's result, claimed for sending (``sending``): ``downloaded`` once it
+        arrived, ``released`` back to ``done`` if it did not, so it is served once and never
+        lost on the way."""
         job = self.get(owner, job_id, key)
-        if job.state == "downloaded":
-            raise NotFound("Document already downloaded: a result is served once")
-        if job.state != "done":
-            raise NotFound(f"Document not ready: its translation is {job.state}")
+        now = time.time()
         with self._db.transaction() as db:
-            taken = db.execute(
-                "UPDATE jobs SET state = 'downloaded' WHERE id = ? AND state = 'done'", (job.id,)
+            claimed = db.execute(
+                "UPDATE jobs SET state = 'sending', heartbeat = ? WHERE id = ? "
+                "AND (state = 'done' OR (state = 'sending' AND heartbeat < ?))",
+                (now, job.id, now - SENDING_LOST_S),
             ).rowcount
-        if not taken:  # another request took it first
-            raise NotFound("Document already downloaded: a result is served once")
-        data = self.result_path(job).read_bytes()
+        if not claimed:
+            if job.state in ("downloaded", "sending"):
+                raise NotFound("Document already downloaded: a result is served once")
+            raise NotFound(f"Document not ready: its translation is {job.state}")
+        try:
+            return job, self.result_path(job).read_bytes()
+        except OSError:
+            self.released(job)
+            raise
+
+    def downloaded(self, job: Job) -> None:
+        """The result was sent whole: the job becomes ``downloaded`` and its files go."""
+        with self._db.transaction() as db:
+            db.execute(
+                "UPDATE jobs SET state = 'downloaded' WHERE id = ? AND state = 'sending'",
+                (job.id,),
+            )
         shutil.rmtree(self._files(job.id), ignore_errors=True)
-        return job, data
+
+    def released(self, job: Job) -> None:
+        """The result did not arrive: ``done`` again, to be asked for again."""
+        with self._db.transaction() as db:
+            db.execute(
+                "UPDATE jobs SET state = 'done' WHERE id = ? AND state = 'sending'", (job.id,)
+            )
+
+    def delete(self, owner: str, job_id: str, key: str) -> Job:
+        """The owner's job and its files gone, whatever its state (its slot is free)."""
+        job = self.get(owner, job_id, key)
+        with self._db.transaction() as db:
+            db.execute("DELETE FROM jobs WHERE id = ?", (job.id,))
+        shutil.rmtree(self._files(job.id), ignore_errors=True)
+        return job
 
     def purge(self) -> None:
         """Expired jobs removed with their files."""

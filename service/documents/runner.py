@@ -59,6 +59,12 @@ class DocumentRunner:
         if self._heart is None or self._heart.done():
             self._heart = asyncio.create_task(self._beat(), name="document-heartbeat")
 
+    def cancel(self, job_id: str) -> None:
+        """Stop translating ``job_id`` if it runs here (its job was deleted)."""
+        task = self._tasks.get(job_id)
+        if task is not None:
+            task.cancel()
+
     async def wait(self, job_id: str) -> None:
         """Until the job's translation ends here (at once when it does not run here)."""
         task = self._tasks.get(job_id)

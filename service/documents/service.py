@@ -83,9 +83,18 @@ class Documents:
     async def status(self, owner: str | None, job_id: str, key: str | None) -> Job:
         return await asyncio.to_thread(self._store.get, owner, job_id, key)
 
-    async def take(self, owner: str | None, job_id: str, key: str | None) -> tuple[Job, bytes]:
-        """The result, once."""
-        return await asyncio.to_thread(self._store.take_result, owner, job_id, key)
+    async def result(self, owner: str | None, job_id: str, key: str | None) -> tuple[Job, bytes]:
+        """The result to serve; ``downloaded`` once it was sent whole (served once)."""
+        return await asyncio.to_thread(self._store.result, owner, job_id, key)
+
+    async def downloaded(self, job: Job, arrived: bool) -> None:
+        """How sending ``job``'s result went: arrived (served once), or not (served again)."""
+        await asyncio.to_thread(self._store.downloaded if arrived else self._store.released, job)
+
+    async def delete(self, owner: str, job_id: str, key: str) -> None:
+        """The job stopped where it runs here, and gone with its files."""
+        self._runner.cancel(job_id)
+        await asyncio.to_thread(self._store.delete, owner, job_id, key)
 
     async def wait(self, job: Job) -> Job:
         """The job once its translation in this process has ended."""

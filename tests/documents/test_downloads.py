@@ -1,0 +1,105 @@
+"""A result is served once, counted only when it arrived; a job can be deleted (issue 34)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+from starlette.types import Message
+
+from tests.conftest import ServiceClient, StartApp
+from tests.fakes import FakeControl
+
+AUTH = {"Authorization": "DeepL-Auth-Key k"}
+
+
+async def _done_job(client: ServiceClient) -> dict[str, str]:
+    upload = await client.http.post(
+        "/v2/document",
+        data={"target_lang": "DE"},
+        files={"file": ("a.txt", b"Hello there.")},
+        headers=AUTH,
+    )
+    assert upload.status_code == 200, upload.text
+    job: dict[str, str] = upload.json()
+    deadline = time.monotonic() + 30
+    while (await _status(client, job)).json()["status"] != "done":
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    return job
+
+
+async def _status(client: ServiceClient, job: dict[str, str]) -> httpx.Response:
+    return await client.http.post(
+        f"/v2/document/{job['document_id']}",
+        json={"document_key": job["document_key"]},
+        headers=AUTH,
+    )
+
+
+async def test_a_download_that_fails_on_its_way_can_be_asked_for_again(
+    start_app: StartApp, fake: FakeControl
+) -> None:
+    client = await start_app(loader=fake.loader(), warmup=False)
+    job = await _done_job(client)
+    body = f'{{"document_key": "{job["document_key"]}"}}'.encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": f"/v2/document/{job['document_id']}/result",
+        "raw_path": b"",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"authorization", b"DeepL-Auth-Key k"),
+        ],
+        "client": ("127.0.0.1", 1),
+        "server": ("service", 80),
+    }
+    sent: list[Message] = []
+    reads = 0
+
+    async def receive() -> Message:
+        nonlocal reads
+        reads += 1
+        if reads > 1:  # the client stays connected
+            await asyncio.Event().wait()
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            raise OSError("the connection broke")  # as a proxy refusing the answer does
+        sent.append(message)
+
+    await client.app(scope, receive, send)
+    assert sent[0]["status"] == 200
+    assert (await _status(client, job)).json()["status"] == "done"
+    again = await client.http.post(
+        f"/v2/document/{job['document_id']}/result",
+        json={"document_key": job["document_key"]},
+        headers=AUTH,
+    )
+    assert again.status_code == 200
+    assert again.text
+    assert (await _status(client, job)).json()["status"] == "downloaded"
+
+
+async def test_a_deleted_job_is_gone_and_frees_its_slot(
+    start_app: StartApp, fake: FakeControl
+) -> None:
+    client = await start_app(loader=fake.loader(), warmup=False, max_documents_per_key=1)
+    job = await _done_job(client)
+    deleted = await client.http.request(
+        "DELETE",
+        f"/v2/document/{job['document_id']}",
+        json={"document_key": job["document_key"]},
+        headers=AUTH,
+    )
+    assert deleted.status_code == 204
+    assert (await _status(client, job)).status_code == 404
+    await _done_job(client)  # the one slot is free again
