@@ -144,10 +144,11 @@ def create_openai_app(runtime: Runtime, access: AccessControl) -> FastAPI:
 
     @app.post("/chat/completions", response_model=None)
     async def chat(request: Request) -> JSONResponse | StreamingResponse:
+        # The key first, as OpenAI does: a caller without one learns nothing about bodies.
+        context = RequestContext.build(request, request.headers.get("authorization"))
         params = await read_params(request)
         body = parse(ChatRequest, params)
         _refuse_unsupported(body, params)
-        context = RequestContext.build(request, request.headers.get("authorization"))
         if body.model != model_id():
             raise NotFound(f"The model `{body.model}` does not exist.")
         translator = context.translator

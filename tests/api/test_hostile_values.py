@@ -305,3 +305,10 @@ def test_the_page_has_a_strict_policy_and_html_results_are_not_pages(
     assert result.status_code == 200
     assert result.headers["content-type"].startswith("text/plain")
     assert result.headers["content-disposition"].startswith("attachment")
+
+
+def test_the_openai_route_checks_the_key_before_the_body(hostile: httpx.Client) -> None:
+    """Issue 34, finding 7: a malformed body without a key was a 400, telling its schema."""
+    answer = hostile.post("/v1/chat/completions", json={"messages": 3})
+    assert answer.status_code == 401
+    assert answer.json()["error"]["code"] in ("invalid_api_key", "unauthenticated")
