@@ -76,6 +76,18 @@ class Settings(BaseSettings):
         "header was read in full while /health waited 8.5 s.",
     )
     max_headers: int = Field(100, ge=10, description="Most headers a request may have (431).")
+    request_head_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Longest a client may take to send a request's head; then 408 and the "
+        "connection closed (a client sending a byte now and then held it open for ever).",
+    )
+    request_body_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Longest a client may pause between two reads of a request's body (as "
+        "nginx's client_body_timeout); then 408 and the connection closed.",
+    )
     listen_backlog: int = Field(
         4096,
         ge=1,

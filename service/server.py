@@ -158,7 +158,12 @@ class ServiceHttpProtocol(HttpToolsProtocol):
         self._head_open = True
         self._head_bytes = 0
         self._headers = 0
+        # Bytes of the request line and headers parsed (a head read in one piece is counted
+        # here, where the bytes read so far are not).
+        self._parsed_head = 0
         self._head_too_large = False
+        # The read timeout running: the whole head's, or the body's between two reads.
+        self._read_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw = transport
@@ -168,27 +173,70 @@ class ServiceHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         self._mid_message = True
         self._headers = 0
+        self._parsed_head = 0
         super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers += 1
         if self._headers > self._limits.max_headers:
             self._head_too_large = True
             raise ValueError("too many headers")  # httptools ends the parse: send_400_response
+        self._count_head(len(name) + len(value) + 4)
         super().on_header(name, value)
+
+    def _count_head(self, size: int) -> None:
+        self._parsed_head += size
+        if self._parsed_head > self._limits.max_header_bytes:
+            self._head_too_large = True
+            raise ValueError("head too large")  # as above: 431
 
     def on_headers_complete(self) -> None:
         self._head_open, self._head_bytes = False, 0
+        self._time_reads(self._limits.body_timeout_s)
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._mid_message = False
         self._head_open, self._head_bytes = True, 0
+        self._time_reads(None)
         super().on_message_complete()
+
+    def _time_reads(self, seconds: float | None) -> None:
+        """Start (or stop, with None) the read timeout: a client that sends a head or a body
+        too slowly (slowloris) is answered 408 and its connection closed."""
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+        self._read_timer = None if seconds is None else self.loop.call_later(seconds, self._slow)
+
+    def _slow(self) -> None:
+        self._read_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and self.cycle.response_started:
+            self.transport.close()
+            return
+        body = b'{"error":{"code":"request_timeout","message":"the request was sent too slowly"}}'
+        self.transport.write(
+            b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body
+        )
+        self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._time_reads(None)
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._head_open:
+            if self._head_bytes == 0:  # a new request's head begins: it has this long
+                self._time_reads(self._limits.head_timeout_s)
             self._head_bytes += len(data)
+        elif self._mid_message:  # more of a body: the next read has this long again
+            self._time_reads(self._limits.body_timeout_s)
         door = self._door
         if (
             door is not None
@@ -270,6 +318,7 @@ class ServiceHttpProtocol(HttpToolsProtocol):
             self._unset_keepalive_if_required()
             self._raw.write(b"".join(answers))
             if not data:
+                self._time_reads(None)  # answered whole: idle again, under keep-alive's timer
                 self.timeout_keep_alive_task = self.loop.call_later(
                     self.timeout_keep_alive, self.timeout_keep_alive_handler
                 )
@@ -411,10 +460,13 @@ class _Starts:
 
 @dataclass(frozen=True, slots=True)
 class HeadLimits:
-    """The most a request's head may hold: bytes (request line and headers) and headers."""
+    """The most a request's head may hold (bytes of request line and headers, headers), and how
+    long a client may take to send it, and between two reads of its body."""
 
     max_header_bytes: int = 32 * 1024
     max_headers: int = 100
+    head_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
 
 
 class ServiceConfig(uvicorn.Config):
@@ -440,7 +492,12 @@ def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
     return ServiceConfig(
         app,
         door=getattr(app.state, "door", None),
-        head_limits=HeadLimits(settings.max_header_bytes, settings.max_headers),
+        head_limits=HeadLimits(
+            settings.max_header_bytes,
+            settings.max_headers,
+            settings.request_head_timeout_s,
+            settings.request_body_timeout_s,
+        ),
         host=settings.host,
         port=settings.port,
         timeout_keep_alive=settings.timeout_keep_alive_s,

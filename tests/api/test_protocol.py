@@ -291,3 +291,40 @@ async def test_a_request_that_is_not_http_gets_a_json_400() -> None:
     assert answer.endswith(b'{"error": {"code": "bad_request", "message": "invalid HTTP request"}}')
     assert transport.closed
     assert reached == []
+
+
+async def test_a_head_over_the_byte_limit_read_in_one_piece_is_431() -> None:
+    """Issue 34, finding 7: a head between the limit and twice it, in one read, passed."""
+    server = Server(Door(Metrics(), OpenGate()))
+    server.config.head_limits = HeadLimits(max_header_bytes=4096, max_headers=100)
+    protocol, transport = server.connect()
+    protocol.data_received(
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 6000 + b"\r\n\r\n"
+    )
+    assert transport.writes[-1].startswith(b"HTTP/1.1 431 ")
+    assert transport.closed
+    assert server.reached == []
+
+
+async def test_a_head_or_a_body_sent_too_slowly_is_408_and_closed() -> None:
+    """Issue 34, finding 7: a client sending a byte now and then held its connection for ever."""
+    server = Server(Door(Metrics(), OpenGate()))
+    server.config.head_limits = HeadLimits(head_timeout_s=0.2, body_timeout_s=0.2)
+    protocol, transport = server.connect()
+    for byte in b"GET /hea":  # a byte every 50 ms: never 200 ms apart, but the head takes long
+        protocol.data_received(bytes([byte]))
+        await asyncio.sleep(0.05)
+    assert transport.closed
+    assert transport.writes[-1].startswith(b"HTTP/1.1 408 ")
+    protocol, transport = server.connect()
+    protocol.data_received(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab")
+    await asyncio.sleep(0.3)  # the rest of the body never comes
+    assert transport.closed
+    assert transport.writes[-1].startswith(b"HTTP/1.1 408 ")
+    assert b'"request_timeout"' in transport.writes[-1]
+    # A request sent at once is answered, and its connection then idles under keep-alive.
+    protocol, transport = server.connect()
+    protocol.data_received(request("/translate"))
+    await asyncio.sleep(0.3)
+    assert transport.writes[0].startswith(b"HTTP/1.1 200 ")
+    assert not transport.closed
