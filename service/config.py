@@ -245,6 +245,13 @@ class Settings(BaseSettings):
         description="Most bytes a zipped document (.docx) may unpack to, all parts together; "
         "checked from its directory before anything is inflated (bigger gets 413).",
     )
+    public_origin: str | None = Field(
+        None,
+        pattern=r"^https?://[^/?#\s]+$",
+        description="Where clients reach the service, as scheme://host[:port] (e.g. "
+        "https://mt.example.com): links to translated files are built on it. Unset: on the "
+        "request's Host header.",
+    )
     max_documents_per_key: int = Field(
         20,
         ge=1,
@@ -714,6 +721,7 @@ class Settings(BaseSettings):
             max_file_chars=self.max_file_chars,
             chunk_chars=self.max_document_chars,
             package=PackageLimits(max_unpacked_bytes=self.max_unpacked_bytes),
+            public_origin=self.public_origin,
             limits=JobLimits(
                 max_jobs_per_owner=self.max_documents_per_key, ttl_s=self.document_ttl_s
             ),

@@ -152,7 +152,7 @@ def install_libretranslate_file_routes(
             raise InvalidInput(f"Cannot translate file: {job.error or job.state}")
         name = urllib.parse.quote(_translated_name(job))
         link = request.url_for("download_file", token=f"{job.id}.{job.key}", name=name)
-        return JSONResponse({"translatedFileUrl": str(link)})
+        return JSONResponse({"translatedFileUrl": documents.public_link(str(link))})
 
     app.add_api_route("/translate_file", translate_file, methods=["POST"])
 

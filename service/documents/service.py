@@ -4,6 +4,7 @@ status, the one download, and waiting for a job; the API dialects call only this
 from __future__ import annotations
 
 import asyncio
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +25,9 @@ class DocumentsConfig:
     package: PackageLimits = field(default_factory=PackageLimits)
     limits: JobLimits = field(default_factory=JobLimits)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
+    # The scheme and host (and port) clients reach the service at, for links to results; None:
+    # the request's own (its Host header).
+    public_origin: str | None = None
 
 
 class Documents:
@@ -100,6 +104,16 @@ class Documents:
         """The job once its translation in this process has ended."""
         await self._runner.wait(job.id)
         return await self.status(job.owner, job.id, job.key)
+
+    def public_link(self, url: str) -> str:
+        """``url`` (built from the request) on the service's public origin, where one is set:
+        neither a port a proxy dropped nor a ``Host`` header a client made up ends up in it."""
+        if self._config.public_origin is None:
+            return url
+        origin = urllib.parse.urlsplit(self._config.public_origin)
+        return (
+            urllib.parse.urlsplit(url)._replace(scheme=origin.scheme, netloc=origin.netloc).geturl()
+        )
 
     @staticmethod
     def media_type(job: Job) -> str:

@@ -103,3 +103,21 @@ async def test_a_deleted_job_is_gone_and_frees_its_slot(
     assert deleted.status_code == 204
     assert (await _status(client, job)).status_code == 404
     await _done_job(client)  # the one slot is free again
+
+
+async def test_links_to_results_are_built_on_the_public_origin(
+    start_app: StartApp, fake: FakeControl
+) -> None:
+    """Issue 34, finding 7: the link reflected whatever Host header the client sent."""
+    client = await start_app(
+        loader=fake.loader(), warmup=False, public_origin="https://mt.example.com:8443"
+    )
+    upload = await client.http.post(
+        "/libretranslate/translate_file",
+        data={"source": "en", "target": "de"},
+        files={"file": ("a.txt", b"Hello there.")},
+        headers={"Host": "attacker.example"},
+    )
+    assert upload.status_code == 200, upload.text
+    link = upload.json()["translatedFileUrl"]
+    assert link.startswith("https://mt.example.com:8443/libretranslate/download_file/")
