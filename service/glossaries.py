@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from service.sqlite import Database
 # DeepL's limit on a glossary's entries (10 MB); a term longer than this is not a term.
 MAX_ENTRIES_BYTES = 10 * 1024 * 1024
 _MAX_TERM_CHARS = 1024
+# C0 and C1 control characters (tab and line breaks among them): no term holds one.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS glossaries (
@@ -78,6 +81,10 @@ def parse_entries(text: str, entries_format: str) -> list[tuple[str, str]]:
         source, target = row[0].strip(), row[1].strip()
         if not source or not target:
             raise InvalidInput(f"entries: line {number} has an empty term")
+        if _CONTROL.search(source) or _CONTROL.search(target):
+            # A tab or a line break inside a term (a quoted CSV field may hold one) would come
+            # back as another entry from the TSV the entries are served as.
+            raise InvalidInput(f"entries: line {number} has a control character in a term")
         if len(source) > _MAX_TERM_CHARS or len(target) > _MAX_TERM_CHARS:
             raise InvalidInput(f"entries: line {number} has a term over {_MAX_TERM_CHARS} chars")
         if source in seen:
