@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Sequence
 
@@ -74,6 +75,13 @@ def run_engine(config: EngineConfig, loader: EngineLoader, peers: Sequence[Peer]
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.nice(_NICENESS)
     asyncio.run(EngineHost(config, loader, peers).serve())
+    # Everything is closed and logged by now. The interpreter's own finalization would only
+    # make Triton's bindings print reference-leak reports on stderr (lines that are not JSON,
+    # in a log that is); the process ends here instead.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class EngineHost:

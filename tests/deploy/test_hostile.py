@@ -4,6 +4,7 @@ demo model): each test sends the finding's own request and checks the service st
 from __future__ import annotations
 
 import io
+import json
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -188,3 +189,22 @@ def test_glossaries_and_context_count_against_the_prompt(hostile: Process) -> No
     assert [a.status_code for a in answers] == [201, 456]
     assert "Quota exceeded" in answers[1].json()["message"]
     assert httpx.get(f"{hostile.url}/health").status_code == 200
+
+
+def test_the_service_s_output_is_json_lines_only(
+    data_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Issue 34, finding 7: non-JSON lines on stderr (the engine process's interpreter shutdown
+    printed Triton's reference-leak reports) break a log pipeline that parses every line."""
+    folder = tmp_path_factory.mktemp("json-lines")
+    process = start_service(data_dir, folder / "service.log")
+    answer = httpx.post(
+        f"{process.url}/translate", json={"text": "Hello there.", "target_lang": "de"}, timeout=60
+    )
+    assert answer.status_code == 200
+    process.stop()
+    assert process.popen.returncode == 0
+    lines = process.log.read_text().splitlines()
+    assert any("engine process stopped" in line for line in lines)
+    for line in lines:
+        json.loads(line)
