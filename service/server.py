@@ -216,8 +216,9 @@ class ServiceHttpProtocol(HttpToolsProtocol):
         self._read_timer = None
         if self.transport.is_closing():
             return
-        if self.cycle is not None and self.cycle.response_started:
-            self.transport.close()
+        cycle = self.cycle
+        if cycle is not None and cycle.response_started and not cycle.response_complete:
+            self.transport.close()  # an answer is half sent: no room for another
             return
         body = b'{"error":{"code":"request_timeout","message":"the request was sent too slowly"}}'
         self.transport.write(
@@ -226,13 +227,21 @@ class ServiceHttpProtocol(HttpToolsProtocol):
         )
         self.transport.close()
 
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        partial_head = self._head_open and (self._mid_message or self._head_bytes > 0)
+        if partial_head and not self.transport.is_closing():
+            # Part of the next head came while this request was answered: its time starts now.
+            self._time_reads(self._limits.head_timeout_s)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._time_reads(None)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._head_open:
-            if self._head_bytes == 0:  # a new request's head begins: it has this long
+            idle = self.cycle is None or self.cycle.response_complete
+            if self._head_bytes == 0 and idle:  # a new request's head begins: it has this long
                 self._time_reads(self._limits.head_timeout_s)
             self._head_bytes += len(data)
         elif self._mid_message:  # more of a body: the next read has this long again

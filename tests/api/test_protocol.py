@@ -328,3 +328,34 @@ async def test_a_head_or_a_body_sent_too_slowly_is_408_and_closed() -> None:
     await asyncio.sleep(0.3)
     assert transport.writes[0].startswith(b"HTTP/1.1 200 ")
     assert not transport.closed
+
+
+async def test_a_head_begun_while_the_last_answer_was_pending_is_timed_from_that_answer() -> None:
+    """A slow answer is not the client's delay (no 408 over it); the next head's is, once the
+    answer has gone."""
+    answer = asyncio.Event()
+
+    async def slow(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await answer.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    config = ServiceConfig(
+        slow, door=Door(Metrics(), OpenGate()), log_config=None, http=ServiceHttpProtocol
+    )
+    config.load()
+    config.head_limits = HeadLimits(head_timeout_s=0.2, body_timeout_s=0.2)
+    protocol = ServiceHttpProtocol(config=config, server_state=ServerState(), app_state={})
+    transport = Transport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    protocol.data_received(request("/translate") + b"GET /hea")  # the next head, begun
+    await asyncio.sleep(0.4)
+    assert not transport.closed  # the answer is still being worked on
+    answer.set()
+    await asyncio.sleep(0.05)
+    assert b"HTTP/1.1 200 " in b"".join(transport.writes)
+    assert not transport.closed
+    await asyncio.sleep(0.3)
+    assert transport.closed
+    assert transport.writes[-1].startswith(b"HTTP/1.1 408 ")

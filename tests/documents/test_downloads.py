@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import httpx
 from starlette.types import Message
 
-from tests.conftest import ServiceClient, StartApp
+from tests.conftest import ServiceClient, StartApp, own_data
 from tests.fakes import FakeControl
 
 AUTH = {"Authorization": "DeepL-Auth-Key k"}
+
+
+def _own(data_dir: Path, tmp_path: Path) -> Path:
+    """A job store of the test's own: other tests' jobs hold the open service's slots."""
+    return own_data(data_dir, tmp_path / "data")
 
 
 async def _done_job(client: ServiceClient) -> dict[str, str]:
@@ -39,9 +45,9 @@ async def _status(client: ServiceClient, job: dict[str, str]) -> httpx.Response:
 
 
 async def test_a_download_that_fails_on_its_way_can_be_asked_for_again(
-    start_app: StartApp, fake: FakeControl
+    start_app: StartApp, fake: FakeControl, data_dir: Path, tmp_path: Path
 ) -> None:
-    client = await start_app(loader=fake.loader(), warmup=False)
+    client = await start_app(loader=fake.loader(), warmup=False, data_dir=_own(data_dir, tmp_path))
     job = await _done_job(client)
     body = f'{{"document_key": "{job["document_key"]}"}}'.encode()
     scope = {
@@ -90,9 +96,14 @@ async def test_a_download_that_fails_on_its_way_can_be_asked_for_again(
 
 
 async def test_a_deleted_job_is_gone_and_frees_its_slot(
-    start_app: StartApp, fake: FakeControl
+    start_app: StartApp, fake: FakeControl, data_dir: Path, tmp_path: Path
 ) -> None:
-    client = await start_app(loader=fake.loader(), warmup=False, max_documents_per_key=1)
+    client = await start_app(
+        loader=fake.loader(),
+        warmup=False,
+        max_documents_per_key=1,
+        data_dir=_own(data_dir, tmp_path),
+    )
     job = await _done_job(client)
     deleted = await client.http.request(
         "DELETE",
@@ -106,11 +117,14 @@ async def test_a_deleted_job_is_gone_and_frees_its_slot(
 
 
 async def test_links_to_results_are_built_on_the_public_origin(
-    start_app: StartApp, fake: FakeControl
+    start_app: StartApp, fake: FakeControl, data_dir: Path, tmp_path: Path
 ) -> None:
     """Issue 34, finding 7: the link reflected whatever Host header the client sent."""
     client = await start_app(
-        loader=fake.loader(), warmup=False, public_origin="https://mt.example.com:8443"
+        loader=fake.loader(),
+        warmup=False,
+        public_origin="https://mt.example.com:8443",
+        data_dir=_own(data_dir, tmp_path),
     )
     upload = await client.http.post(
         "/libretranslate/translate_file",
