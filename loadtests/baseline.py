@@ -22,13 +22,14 @@ import torch
 
 from loadtests.loadgen import emit
 from loadtests.texts import make_jobs
-from service.config import Settings
-from service.engine.encoding import ChatPromptEncoder
+from service.config.settings import Settings
+from service.contract.encoding import ChatPromptEncoder
+from service.contract.types import GenerationRequest
 from service.engine.generation import eos_ids, generation_config, pad_token_id
 from service.engine.loading import LoadedModel, load_model
 from service.engine.tokenization import tokenizer_spec
-from service.engine.types import GenerationRequest
-from service.translation.translator import PromptBuilder
+from service.frontend import layers
+from service.frontend.translation.translator import PromptBuilder
 
 
 @dataclass
@@ -46,7 +47,7 @@ def service_requests(
 ) -> list[GenerationRequest]:
     """The engine requests the service builds for the load generator's first ``count`` texts."""
     encoder = ChatPromptEncoder(tokenizer_spec(loaded.tokenizer))
-    prompts = PromptBuilder(settings.translation_config(), encoder, "baseline")
+    prompts = PromptBuilder(layers.translation_config(settings), encoder, "baseline")
     prepared = []
     for job in make_jobs(count, seed=seed):
         target, source = prompts.languages_of(job.target_lang, None)
@@ -89,7 +90,7 @@ class NaiveGenerator:
 
 
 def run(settings: Settings, requests: int, seed: int) -> BaselineReport:
-    loaded = load_model(settings.model_copy(update={"compile_norms": "off"}).engine_config())
+    loaded = load_model(settings.engine_config())
     prepared = service_requests(settings, loaded, requests + 1, seed)
     naive = NaiveGenerator(loaded)
     naive(prepared[0])  # warm-up, as the article does

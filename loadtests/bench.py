@@ -150,7 +150,7 @@ def stalls(url: str) -> dict[str, float]:
 
 
 def stalls_of(text: str) -> dict[str, float]:
-    """The API process's stall counters in a /metrics text (``service.stalls``): loop-lag
+    """The API process's stall counters in a /metrics text (``service.frontend.stalls``): loop-lag
     samples, those over 20/50/100 ms, and collector passes and seconds by generation."""
     figures: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
@@ -267,7 +267,7 @@ def refusal_times(log: Path) -> dict[str, object]:
     by_process: dict[str, int] = {}
     door: list[dict[str, object]] = []
     for line in log.read_text(errors="replace").splitlines():
-        if '"service.access"' not in line:
+        if '"service.frontend.access"' not in line:
             continue
         try:
             entry = json.loads(line)

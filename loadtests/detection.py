@@ -19,8 +19,8 @@ from pathlib import Path
 
 from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
-from service.translation.detection import LanguageDetector
-from service.translation.languages import LanguageTable
+from service.frontend.translation.detection import LanguageDetector
+from service.frontend.translation.languages import LanguageTable
 
 SHORT_TEXTS = Path(__file__).parent / "data" / "short-texts.tsv"
 CORPUS = Path(__file__).parents[1] / "service" / "engine" / "corpus"

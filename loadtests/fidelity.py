@@ -40,13 +40,13 @@ import torch
 
 from loadtests.baseline import service_requests
 from loadtests.loadgen import emit
-from service.config import Settings
-from service.engine.config import EngineConfig
+from service.config.engine import EngineConfig
+from service.config.settings import Settings
+from service.contract.errors import ServiceError
+from service.contract.types import Decoding, Engine, GenerationRequest, GenerationResult
 from service.engine.fast.engine import FastEngine, _Sequence
 from service.engine.generation import eos_ids, generation_config, pad_token_id
 from service.engine.loading import LoadedModel, load_model
-from service.engine.types import Decoding, GenerationRequest, GenerationResult
-from service.errors import ServiceError
 
 GREEDY = Decoding(greedy=True, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
 
@@ -107,7 +107,7 @@ class RecordingEngine(FastEngine):
 
 
 async def submit_all(
-    engine: FastEngine, requests: list[GenerationRequest], prefix: str
+    engine: Engine, requests: list[GenerationRequest], prefix: str
 ) -> list[GenerationResult | ServiceError]:
     """Submit ``requests`` at once (ids ``{prefix}-{index}``); their outcomes, in order."""
     loop = asyncio.get_running_loop()
@@ -226,7 +226,7 @@ async def run(
     max_new: int,
     reference_cache: Path | None = None,
 ) -> FidelityReport:
-    config = dataclasses.replace(settings.engine_config(), engine="fast")
+    config = settings.engine_config()
     key = f"{config!r} texts={texts} crowd={crowd} max_new={max_new}"
     reference = cached(
         reference_cache, key, lambda: reference_side(settings, config, texts, crowd, max_new)

@@ -12,27 +12,57 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from loadtests.loadgen import emit, percentile
-from service.engine.client import EngineClient
-from service.engine.config import BatchingConfig, EngineConfig
-from service.engine.protocol import TokenizerSpec
-from service.engine.types import Decoding, EngineInfo, GenerationRequest, GenerationResult
+from service.config.engine import EngineConfig
+from service.contract.tokenizer import TokenizerSpec
+from service.contract.types import (
+    Completion,
+    Decoding,
+    EngineInfo,
+    GenerationRequest,
+    GenerationResult,
+    TextSink,
+)
+from service.frontend.engine_link.client import EngineClient
+from service.wiring import engine_entry
 
 DECODING = Decoding(greedy=True, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
 
 
 class EchoEngine:
-    """A static engine whose batches cost nothing: every answer is ready at once."""
+    """An engine whose steps cost nothing: every answer is ready at once."""
 
+    kind = "echo"
     info = EngineInfo("echo", None, "float32", "none", "cpu", 0.0, 0)
     tokenizer = TokenizerSpec(tokenizer_json="{}", before=[], after=[])
 
-    def generate(self, batch: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        return [GenerationResult("ok", len(r.prompt_ids), 1, "stop") for r in batch]
+    def submit(
+        self,
+        request_id: str,
+        request: GenerationRequest,
+        on_done: Completion,
+        on_text: TextSink | None = None,
+    ) -> None:
+        result = GenerationResult("ok", len(request.prompt_ids), 1, "stop")
+        asyncio.get_running_loop().call_soon(on_done, result, 0.0, 0.0)
+
+    def cancel(self, request_id: str) -> None:
+        return None
+
+    def capacity(self) -> int | None:
+        return 4096
+
+    def running(self) -> int | None:
+        return 0
+
+    def steps(self) -> int | None:
+        return 0
+
+    def is_alive(self) -> bool:
+        return True
 
     def memory_bytes(self) -> dict[str, int]:
         return {}
@@ -56,9 +86,8 @@ class IpcReport:
 
 
 async def measure(lone: int, burst: int) -> IpcReport:
-    # Batches flush at once and are large: the engine side adds no waiting of its own.
-    config = EngineConfig(batching=BatchingConfig(max_batch_size=4096, max_wait_s=0.0))
-    client = EngineClient(config, load_echo)
+    config = EngineConfig()
+    client = EngineClient(config, engine_entry(load_echo))
     await client.start()
     request = GenerationRequest(tuple(range(60)), 64, DECODING)
     try:

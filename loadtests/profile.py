@@ -9,7 +9,7 @@ exact requests the load generator's texts become, and measures, in one process:
 - ``throughput``: all requests submitted at once: output tokens/s of the engine alone. Set beside
   the HTTP figure of ``loadtests.bench`` for the same requests, the difference is what HTTP, JSON,
   the translator and the scheduler cost.
-- kernels launched per token in the profiled request: what ``HYMT_COMPILE_NORMS`` fuses away.
+- kernels launched per token in the profiled request.
 - the profile's top kernels by GPU time and by launches per token, for the report; ``--trace``
   also writes the kernels of two decode steps in launch order.
 
@@ -33,12 +33,12 @@ from torch.profiler import ProfilerActivity, profile
 from loadtests.baseline import service_requests
 from loadtests.loadgen import emit
 from loadtests.timeline import summarize
-from service.config import Settings
+from service.config.settings import Settings
+from service.contract.errors import ServiceError
+from service.contract.types import Engine, GenerationRequest, GenerationResult
 from service.engine.continuous import ContinuousBatchingEngine
 from service.engine.fast.engine import FastEngine
 from service.engine.loading import load_model
-from service.engine.types import ContinuousEngine, GenerationRequest, GenerationResult
-from service.errors import ServiceError
 
 
 @dataclass
@@ -46,7 +46,6 @@ class ProfileReport:
     engine: str
     engine_build_s: float
     attention: str
-    compiled_norms: int
     lone_requests: int
     lone_output_tokens: int
     lone_wall_ms_per_token: float
@@ -74,9 +73,7 @@ def _resolver(
     return resolve
 
 
-async def _generate(
-    engine: ContinuousEngine, requests: list[GenerationRequest], prefix: str
-) -> int:
+async def _generate(engine: Engine, requests: list[GenerationRequest], prefix: str) -> int:
     """Submit ``requests`` at once; the output tokens of all of them."""
     loop = asyncio.get_running_loop()
     futures: list[asyncio.Future[GenerationResult | ServiceError]] = []
@@ -100,9 +97,9 @@ async def run(
     # Prepared before the fast engine takes the weights out of the model.
     prepared = service_requests(settings, loaded, requests + lone + 2, seed)
     built = time.perf_counter()
-    engine: ContinuousEngine = (
+    engine: Engine = (
         FastEngine(loaded, config)
-        if settings.engine == "fast"
+        if config.kind() == "fast"
         else ContinuousBatchingEngine(loaded, config)
     )
     build_s = time.perf_counter() - built
@@ -145,7 +142,6 @@ async def run(
         engine="fast" if isinstance(engine, FastEngine) else "continuous",
         engine_build_s=round(build_s, 2),
         attention=engine.info.attention,
-        compiled_norms=engine.info.compiled_norms,
         lone_requests=lone,
         lone_output_tokens=tokens,
         lone_wall_ms_per_token=round(1000 * lone_wall / max(tokens, 1), 2),
@@ -178,9 +174,7 @@ def _write_step_kernels(trace: profile, per_token: float, path: Path) -> None:
     )
 
 
-async def _sample(
-    engine: ContinuousEngine, started: float, samples: list[tuple[float, int]]
-) -> None:
+async def _sample(engine: Engine, started: float, samples: list[tuple[float, int]]) -> None:
     while True:
         samples.append((time.perf_counter() - started, engine.running() or 0))
         await asyncio.sleep(0.05)

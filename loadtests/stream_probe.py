@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from loadtests.baseline import service_requests
-from service.config import Settings
+from service.config.settings import Settings
+from service.contract.errors import ServiceError
+from service.contract.types import GenerationResult
 from service.engine.continuous import ContinuousBatchingEngine
 from service.engine.loading import load_model
-from service.engine.types import GenerationResult
-from service.errors import ServiceError
 
 
 async def probe(settings: Settings, repeats: int) -> dict[str, object]:
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--report", default=None)
     args = parser.parse_args(argv)
-    settings = Settings(engine="continuous")
+    settings = Settings()
     report = asyncio.run(probe(settings, args.repeats))
     text = json.dumps(report, indent=2)
     if args.report is not None:

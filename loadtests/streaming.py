@@ -7,7 +7,7 @@ The service is started as ``loadtests.bench`` starts it (``--env`` settings, e.g
 are latencies of one person's request on an otherwise idle service.
 
     python -m loadtests.streaming --out results/ --env HYMT_LOAD_FORMAT=dummy \\
-        --env HYMT_ENGINE=continuous --env HYMT_CACHE_SIZE=0
+        --env HYMT_CACHE_SIZE=0
 """
 
 from __future__ import annotations

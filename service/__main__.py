@@ -3,7 +3,7 @@
 Every setting is a flag (``--max-batch-size 16``) and an environment variable
 (``HYMT_MAX_BATCH_SIZE=16``); ``--help`` lists them all. With ``HYMT_API_PROCESSES`` above 1 this
 process becomes the launcher of that many API processes in front of one engine process
-(``service.launcher``); otherwise it is the one API process (``service.server``).
+(``service.launcher``); otherwise it is the one API process (``service.frontend.server``).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import sys
 
-from service.app import create_app
-from service.config import Settings
+from service.config.settings import Settings
+from service.frontend.server import serve
 from service.launcher import Launcher
 from service.logs import configure_logging
-from service.server import serve
+from service.wiring import create_service
 
 log = logging.getLogger("service")
 
@@ -23,17 +23,18 @@ log = logging.getLogger("service")
 def main(argv: list[str] | None = None) -> None:
     settings = Settings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
     configure_logging(
-        settings.log_level, process="launcher" if settings.api_processes > 1 else "api"
+        settings.observability.log_level,
+        process="launcher" if settings.server.api_processes > 1 else "api",
     )
     if settings.uses_demo_model:
         log.warning(
             "no model configured: serving the demo model (random weights, built here); its "
             "translations are noise. Set HYMT_MODEL_ID=tencent/Hunyuan-MT-7B to translate."
         )
-    if settings.api_processes > 1:
+    if settings.server.api_processes > 1:
         sys.exit(Launcher(settings).run())
     sys.exit(
-        serve(settings, lambda on_fatal: create_app(settings, on_fatal=on_fatal, tune_gc=True))
+        serve(settings, lambda on_fatal: create_service(settings, on_fatal=on_fatal, tune_gc=True))
     )
 
 

@@ -7,7 +7,7 @@ kernel spreads connections evenly over them:
 
 - process 0 is the **leader**: it starts and supervises the engine process as a lone API
   process would, and has the engine serve the followers' sockets as well;
-- the others are **followers** (``service.policy.following``): they reach the leader's engine
+- the others are **followers** (``policy.following``): they reach the leader's engine
   over their own ZeroMQ sockets and follow it through restarts. A follower listens only once it
   and the leader serve: while the model loads only the leader answers (``/live`` 200,
   ``/health`` 503), and the first ``/health`` 200 comes from a group whose every listening
@@ -50,12 +50,12 @@ from types import FrameType
 from fastapi import FastAPI
 from prometheus_client import multiprocess
 
-from service.app import create_app
-from service.config import Settings
-from service.engine.protocol import Peer
+from service.config.settings import Settings
+from service.contract.protocol import Peer
+from service.frontend.metrics import Metrics
+from service.frontend.server import serve, shared_port_socket
 from service.logs import configure_logging
-from service.metrics import Metrics
-from service.server import serve, shared_port_socket
+from service.wiring import create_service
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +89,9 @@ def run_member(
 ) -> None:
     """The body of one API process (runs in the spawned child)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    configure_logging(settings.log_level, process=f"api-{member.index}")
+    configure_logging(settings.observability.log_level, process=f"api-{member.index}")
     parent = multiprocessing.parent_process()
-    timeout_s = settings.drain_timeout_s + _STOP_GRACE_S
+    timeout_s = settings.reliability.drain_timeout_s + _STOP_GRACE_S
 
     async def wait_followers() -> None:
         # The followers send work to the engine until they have drained and exited.
@@ -107,7 +107,7 @@ def run_member(
     def make_app(on_fatal: Callable[[], None]) -> FastAPI:
         metrics = Metrics(shared_dir=member.metrics_dir)
         if member.leads:
-            return create_app(
+            return create_service(
                 settings,
                 metrics=metrics,
                 on_fatal=on_fatal,
@@ -116,7 +116,7 @@ def run_member(
                 before_engine_stop=wait_followers,
                 on_serving=leader_serving.set,
             )
-        return create_app(
+        return create_service(
             settings,
             metrics=metrics,
             on_fatal=on_fatal,
@@ -145,7 +145,7 @@ class Launcher:
         self._folder = Path(tempfile.mkdtemp(prefix="hymt-api-"))
         self._metrics_dir = self._folder / "metrics"
         self._metrics_dir.mkdir()
-        count = settings.api_processes
+        count = settings.server.api_processes
         self._peers = tuple(
             (f"ipc://{self._folder}/api-{i}-requests", f"ipc://{self._folder}/api-{i}-results")
             for i in range(1, count)
@@ -162,11 +162,14 @@ class Launcher:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._signalled)
         try:
-            for index in range(self._settings.api_processes):
+            for index in range(self._settings.server.api_processes):
                 self._start(index)
             log.info(
                 "API processes started",
-                extra={"processes": self._settings.api_processes, "port": self._settings.port},
+                extra={
+                    "processes": self._settings.server.api_processes,
+                    "port": self._settings.server.port,
+                },
             )
             return self._watch()
         finally:
@@ -241,7 +244,7 @@ class Launcher:
                     return 0 if code == 0 and self._signals else (code or 1)
             if stopping_since is not None:
                 overdue = time.monotonic() - stopping_since
-                if overdue > self._settings.drain_timeout_s + 2 * _STOP_GRACE_S:
+                if overdue > self._settings.reliability.drain_timeout_s + 2 * _STOP_GRACE_S:
                     log.error("API processes did not stop in time; killing them")
                     for process in self._processes.values():
                         process.kill()

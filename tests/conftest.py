@@ -8,6 +8,10 @@ import os
 # (tests/engine/test_gemv.py, test_decode_kernel.py, test_fast.py) run them through the
 # interpreter on the CPU.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# Every engine the tests start, in this process or in a service process they spawn (which
+# inherits the environment), gets an explicit KV-cache budget: 128 pages of 16 tokens.
+os.environ.setdefault("HYMT_FAST_NUM_PAGES", "128")
+os.environ.setdefault("HYMT_FAST_PAGE_SIZE", "16")
 
 import asyncio
 import contextlib
@@ -24,11 +28,11 @@ from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
 from loadtests.stack import free_port
-from service.app import create_app
-from service.config import Settings
+from service.config.engine import EngineLoader
+from service.config.settings import Settings
 from service.engine.demo import ensure_demo_model
-from service.engine.types import EngineLoader
-from service.runtime import Runtime
+from service.frontend.runtime import Runtime
+from service.wiring import create_service
 from tests.fakes import FakeControl
 
 MakeSettings = Callable[..., Settings]
@@ -43,18 +47,11 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def make_settings(data_dir: Path) -> MakeSettings:
-    """Settings for tests: the session's demo model, greedy decoding, no .env file, and an
-    explicit KV-cache budget for the continuous engine (transformers would size it from free
-    RAM)."""
+    """Settings for tests: the session's demo model, greedy decoding, no .env file (the KV
+    cache's budget comes from the environment set above)."""
 
     def make(**overrides: Any) -> Settings:
         values: dict[str, Any] = {"data_dir": data_dir, "greedy": True}
-        if overrides.get("engine") == "continuous":
-            values |= {"cb_num_blocks": 32, "cb_max_batch_tokens": 512}
-        elif overrides.get("engine") == "fast":
-            values |= {"fast_num_pages": 128, "fast_page_size": 16}
-        else:
-            values["max_wait_ms"] = 2.0
         values.update(overrides)
         return Settings(_env_file=None, **values)
 
@@ -86,7 +83,7 @@ async def start_app(make_settings: MakeSettings) -> AsyncIterator[StartApp]:
         *, loader: EngineLoader | None = None, wait: bool = True, **overrides: Any
     ) -> ServiceClient:
         settings = make_settings(**overrides)
-        app = create_app(settings) if loader is None else create_app(settings, loader=loader)
+        app = create_service(settings, loader)
         manager = LifespanManager(app, startup_timeout=120, shutdown_timeout=60)
         await manager.__aenter__()
         http = httpx.AsyncClient(
@@ -109,10 +106,10 @@ async def started(
     settings: Settings, loader: EngineLoader | None = None, **options: Any
 ) -> AsyncIterator[ServiceClient]:
     """An app started on ``settings`` (demo model unless ``loader``), for wider-scoped fixtures;
-    ``options`` go to ``create_app``."""
+    ``options`` go to ``create_service``."""
     if loader is not None:
         options["loader"] = loader
-    app = create_app(settings, **options)
+    app = create_service(settings, **options)
     async with LifespanManager(app, startup_timeout=120, shutdown_timeout=60) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://service") as http:
@@ -127,7 +124,7 @@ def served(settings: Settings, loader: EngineLoader) -> Iterator[httpx.Client]:
     a synchronous client to it: for tests that drive it from synchronous code (hypothesis, the
     official clients)."""
     port = free_port()
-    app = create_app(settings, loader=loader)
+    app = create_service(settings, loader)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
     thread = threading.Thread(target=server.run, name="served-app", daemon=True)
     thread.start()
@@ -161,7 +158,7 @@ def own_data(data_dir: Path, folder: Path) -> Path:
 async def demo(data_dir: Path) -> AsyncIterator[ServiceClient]:
     """One started service on the demo model, shared by the tests that only read from it (its
     cache and counters are shared too: such tests use texts of their own)."""
-    settings = Settings(_env_file=None, data_dir=data_dir, greedy=True, max_wait_ms=2.0)
+    settings = Settings(_env_file=None, data_dir=data_dir, greedy=True)
     async with started(settings) as client:
         yield client
 

@@ -1,27 +1,36 @@
 """A fake engine for tests where only timing, batching or faults matter.
 
 It runs where the real one runs, in the engine process, so it is configured by a picklable
-``FakeOptions`` and observed through files: every batch it receives is appended to ``record``
-as a JSON line of prompt lengths, and while the ``gate`` file exists batches wait. ``FakeControl``
-is the test's side of those files. The fake never imports torch, so its process starts fast.
+``FakeOptions`` and observed through files: every step it takes (the requests waiting when its
+thread woke, at most ``capacity`` of them) is appended to ``record`` as a JSON line of prompt
+lengths, and while the ``gate`` file exists steps wait. ``FakeControl`` is the test's side of
+those files. The fake never imports torch, so its process starts fast.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import functools
 import json
 import os
+import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
-from service.engine.config import EngineConfig
-from service.engine.protocol import TokenizerSpec
-from service.engine.types import EngineInfo, EngineLoader, GenerationRequest, GenerationResult
-from service.errors import OutOfMemory
+from service.config.engine import EngineConfig, EngineLoader
+from service.contract.errors import GenerationFailed, OutOfMemory, ServiceError
+from service.contract.tokenizer import TokenizerSpec
+from service.contract.types import (
+    Completion,
+    EngineInfo,
+    GenerationRequest,
+    GenerationResult,
+    TextSink,
+)
 
 _BEFORE, _AFTER = 1, 2
 
@@ -41,10 +50,13 @@ class FakeOptions:
     delay_s: float = 0.0
     gate: Path | None = None
     record: Path | None = None
-    # Out of memory for batches of more than this many texts, or holding a prompt of this length.
+    # Requests per step (the engine's rows).
+    capacity: int = 32
+    # Out of memory for steps of more than this many requests, or holding a prompt of this
+    # length: every request of that step fails, as the fast engine fails what it holds.
     oom_above: int | None = None
     oom_prompt_length: int | None = None
-    # Every batch raises (the message must never reach a client).
+    # Every step raises (the message must never reach a client).
     error: str | None = None
     # Seconds to sleep while loading; a negative value makes the load fail.
     load_s: float = 0.0
@@ -52,13 +64,35 @@ class FakeOptions:
     answer: str | None = None
 
 
+@dataclass(slots=True)
+class _Held:
+    request_id: str
+    request: GenerationRequest
+    on_done: Completion
+    on_text: TextSink | None
+    loop: asyncio.AbstractEventLoop
+    submitted: float
+    cancelled: bool = False
+
+
 class FakeEngine:
-    """Echoes each prompt's length (implements the static ``Engine``)."""
+    """Echoes each prompt's length (implements ``Engine``) on a thread of its own."""
+
+    kind = "fake"
 
     def __init__(self, options: FakeOptions) -> None:
         self._options = options
         self._tokenizer = char_tokenizer()
         self._info = EngineInfo("fake", None, "float32", "none", "cpu", 0.0, 0)
+        self._waiting: collections.deque[_Held] = collections.deque()
+        self._by_id: dict[str, _Held] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._running = 0
+        self._steps = 0
+        self._thread = threading.Thread(target=self._loop, name="fake-engine", daemon=True)
+        self._thread.start()
 
     @property
     def info(self) -> EngineInfo:
@@ -71,12 +105,77 @@ class FakeEngine:
     def memory_bytes(self) -> dict[str, int]:
         return {}
 
-    def close(self) -> None:
-        return None
+    def capacity(self) -> int | None:
+        return self._options.capacity
 
-    def generate(self, batch: Sequence[GenerationRequest]) -> list[GenerationResult]:
+    def running(self) -> int | None:
+        return self._running
+
+    def steps(self) -> int | None:
+        return self._steps
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopping
+
+    def close(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def submit(
+        self,
+        request_id: str,
+        request: GenerationRequest,
+        on_done: Completion,
+        on_text: TextSink | None = None,
+    ) -> None:
+        held = _Held(
+            request_id, request, on_done, on_text, asyncio.get_running_loop(), time.monotonic()
+        )
+        with self._lock:
+            self._waiting.append(held)
+            self._by_id[request_id] = held
+        self._wake.set()
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            held = self._by_id.pop(request_id, None)
+            if held is not None:
+                held.cancelled = True
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            with self._lock:
+                count = min(len(self._waiting), self._options.capacity)
+                step = [self._waiting.popleft() for _ in range(count)]
+            step = [held for held in step if not held.cancelled]
+            if not step:
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            self._running = len(step)
+            started = time.monotonic()
+            try:
+                outcomes = self._run([held.request for held in step])
+            except Exception:  # as the fast engine: logged there, never shown to a client
+                outcomes = [GenerationFailed("the model failed to generate")] * len(step)
+            self._running = 0
+            self._steps += 1
+            ended = time.monotonic()
+            for held, outcome in zip(step, outcomes, strict=True):
+                with self._lock:
+                    self._by_id.pop(held.request_id, None)
+                if held.cancelled:
+                    continue
+                if held.on_text is not None and isinstance(outcome, GenerationResult):
+                    held.loop.call_soon_threadsafe(held.on_text, outcome.text)
+                held.loop.call_soon_threadsafe(
+                    held.on_done, outcome, started - held.submitted, ended - started
+                )
+
+    def _run(self, step: list[GenerationRequest]) -> list[GenerationResult | ServiceError]:
         options = self._options
-        lengths = [len(request.prompt_ids) for request in batch]
+        lengths = [len(request.prompt_ids) for request in step]
         if options.record is not None:
             with options.record.open("a") as file:
                 file.write(json.dumps(lengths) + "\n")
@@ -88,9 +187,9 @@ class FakeEngine:
             time.sleep(options.delay_s)
         if options.error is not None:
             raise RuntimeError(options.error)
-        too_many = options.oom_above is not None and len(batch) > options.oom_above
+        too_many = options.oom_above is not None and len(step) > options.oom_above
         if too_many or options.oom_prompt_length in lengths:
-            raise OutOfMemory(f"out of memory generating a batch of {len(batch)}")
+            return [OutOfMemory("out of memory while generating")] * len(step)
         return [
             GenerationResult(
                 text=options.answer if options.answer is not None else f"out:{length}",
@@ -98,7 +197,7 @@ class FakeEngine:
                 completion_tokens=min(3, request.max_new_tokens),
                 finish_reason="stop",
             )
-            for length, request in zip(lengths, batch, strict=True)
+            for length, request in zip(lengths, step, strict=True)
         ]
 
 
@@ -122,7 +221,7 @@ class FakeControl:
         return functools.partial(load_fake, fake)
 
     def hold(self) -> None:
-        """Batches wait from now on (until ``release``)."""
+        """Steps wait from now on (until ``release``)."""
         self.gate.touch()
 
     def release(self) -> None:

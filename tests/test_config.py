@@ -2,36 +2,65 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
-from service.config import Settings
+from service.config.settings import Settings
+from service.frontend import layers
 
 
-def test_flags_in_kebab_case_set_every_field() -> None:
-    settings = Settings(
+def test_flags_in_kebab_case_set_every_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HYMT_PORT", "9000")
+    settings = Settings.from_flags(
+        ["--port", "9001", "--fast-max-rows", "4", "--quantization", "nf4", "--no-warmup"],
         _env_file=None,
-        _cli_parse_args=["--port", "9001", "--max-batch-size", "4", "--quantization", "nf4"],
     )
-    assert settings.port == 9001
-    assert settings.max_batch_size == 4
-    assert settings.quantization == "nf4"
+    assert settings.server.port == 9001  # a flag over the environment
+    assert settings.engine.max_rows == 4
+    assert settings.model.quantization == "nf4"
+    assert settings.model.warmup is False
 
 
-def test_environment_uses_the_hymt_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_environment_uses_the_hymt_prefix_and_the_flat_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("HYMT_MODEL_ID", "tencent/Hunyuan-MT-7B")
-    monkeypatch.setenv("HYMT_MAX_WAIT_MS", "12.5")
+    monkeypatch.setenv("HYMT_FAST_PAGE_SIZE", "64")
+    monkeypatch.setenv("hymt_cors_origins", '["https://a.example"]')
     settings = Settings(_env_file=None)
-    assert settings.model_id == "tencent/Hunyuan-MT-7B"
-    assert settings.max_wait_ms == 12.5
+    assert settings.model.model_id == "tencent/Hunyuan-MT-7B"
+    assert settings.engine.page_size == 64
+    assert settings.server.cors_origins == ["https://a.example"]
     assert not settings.uses_demo_model
+    # Arguments come first; the engine receives its sub-model as it is.
+    given = Settings(_env_file=None, fast_page_size=32)
+    assert given.engine_config().fast is given.engine
+    assert given.engine_config().fast.page_size == 32
+
+
+def test_a_dotenv_file_is_read_below_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env_file = tmp_path / ".env"
+    env_file.write_text("HYMT_PORT=9100\nHYMT_MAX_QUEUE_SIZE=7\nOTHER=1\n")
+    monkeypatch.setenv("HYMT_PORT", "9200")
+    settings = Settings(_env_file=env_file)
+    assert settings.server.port == 9200
+    assert settings.limits.max_queue_size == 7
+
+
+def test_an_unknown_setting_is_refused() -> None:
+    with pytest.raises(ValidationError, match="unknown setting 'max_batch_size'"):
+        Settings(_env_file=None, max_batch_size=4)
 
 
 def test_invalid_values_are_refused() -> None:
     with pytest.raises(ValidationError):
         Settings(_env_file=None, quantization="int4")
     with pytest.raises(ValidationError, match="max_input_tokens"):
-        Settings(_env_file=None, max_input_tokens=4096, max_batch_tokens=1024)
+        Settings(_env_file=None, max_input_tokens=4096, max_prompt_tokens=1024)
 
 
 def test_several_api_processes_refuse_limits_each_would_count_alone() -> None:
@@ -43,14 +72,14 @@ def test_several_api_processes_refuse_limits_each_would_count_alone() -> None:
     shared = Settings(
         _env_file=None, api_processes=2, char_quota="1000/hour", redis_url="redis://x:6379/0"
     )
-    assert shared.redis_config().url == "redis://x:6379/0"
-    policy = Settings(_env_file=None, api_processes=4, max_queue_size=512).policy_config()
+    assert layers.redis_config(shared).url == "redis://x:6379/0"
+    policy = layers.policy_config(Settings(_env_file=None, api_processes=4, max_queue_size=512))
     assert (policy.max_in_flight, policy.processes) == (512, 4)
 
 
 def test_only_the_30b_a3b_has_its_think_blocks_taken_out() -> None:
     def think(**given: str) -> bool:
-        return Settings(_env_file=None, **given).translation_config().think_tags  # type: ignore[arg-type]
+        return layers.translation_config(Settings(_env_file=None, **given)).think_tags
 
     assert think(model_family="hy-mt2", model_size="30b-a3b")
     assert not think(model_family="hy-mt2", model_size="7b")

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.errors import InvalidInput
-from service.glossaries import parse_entries, to_tsv
+from service.contract.errors import InvalidInput
+from service.frontend.glossaries import parse_entries, to_tsv
 
 TERMS = st.text(min_size=1, max_size=12)
 

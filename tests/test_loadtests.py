@@ -16,8 +16,8 @@ import torch
 
 from loadtests import baseline, bench, fidelity, ipc, kernels, loadgen, overload, profile
 from loadtests.timeline import summarize
-from service.metrics import Metrics
-from service.stalls import StallMonitor
+from service.frontend.metrics import Metrics
+from service.frontend.stalls import StallMonitor
 from tests.conftest import MakeSettings
 
 
@@ -33,7 +33,7 @@ def test_baseline_does_the_work_the_service_would(make_settings: MakeSettings) -
 async def test_profile_measures_the_engine_without_http(
     make_settings: MakeSettings, tmp_path: Path
 ) -> None:
-    settings = make_settings(engine="continuous", max_new_tokens=8)
+    settings = make_settings(max_new_tokens=8)
     steps = tmp_path / "kernels.json"
     report = await profile.run(settings, requests=6, lone=2, seed=0, trace_path=steps)
     assert json.loads(steps.read_text()) == []  # a step's kernels, in order: none on a CPU
@@ -41,7 +41,7 @@ async def test_profile_measures_the_engine_without_http(
     assert 6 <= report.throughput_output_tokens <= 48
     assert report.lone_output_tokens > 0
     assert report.lone_wall_ms_per_token > 0
-    assert report.attention == "sdpa"  # the CPU default
+    assert report.attention == "paged-gather"  # the CPU default
     assert report.profiled_gpu_busy_ms_per_token == 0.0  # no CUDA kernels on a CPU
     # Sampled every 50 ms: on a busy 2-core machine six short requests can all finish between
     # two samples, so only the timeline's shape is certain here.

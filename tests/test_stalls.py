@@ -6,8 +6,8 @@ import asyncio
 import gc
 import time
 
-from service.metrics import Metrics
-from service.stalls import StallMonitor
+from service.frontend.metrics import Metrics
+from service.frontend.stalls import StallMonitor
 
 
 def _sample(metrics: Metrics, name: str, **labels: str) -> float:

@@ -1,4 +1,5 @@
-"""The continuous-batching engine on transformers' own ``ContinuousBatchingManager``.
+"""The engine of bitsandbytes weights (nf4, int8) until the fast engine reads them: transformers'
+own ``ContinuousBatchingManager``, sized by the fast engine's settings.
 
 Requests join and leave the running batch at every decode step (paged KV cache, no padding to the
 longest member), so a short translation never waits for a long one. The manager runs its own
@@ -22,29 +23,32 @@ import logging
 from transformers import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.requests import GenerationOutput
 
-from service.engine.attention import use_varlen_attention, wants_varlen
-from service.engine.config import EngineConfig
-from service.engine.generation import LoadedEngine, generation_config
-from service.engine.loading import LoadedModel
-from service.engine.sampling import PerRequestSampling, request_kwargs
-from service.engine.types import (
+from service.config.engine import EngineConfig
+from service.contract.errors import EngineUnavailable, GenerationFailed, OutOfMemory, ServiceError
+from service.contract.types import (
     MODEL_CARD_DECODING,
     Completion,
     GenerationRequest,
     GenerationResult,
     TextSink,
 )
-from service.errors import EngineUnavailable, GenerationFailed, OutOfMemory, ServiceError
+from service.engine.attention import use_varlen_attention, wants_varlen
+from service.engine.generation import LoadedEngine, generation_config
+from service.engine.loading import LoadedModel
+from service.engine.sampling import PerRequestSampling, request_kwargs
 
 log = logging.getLogger(__name__)
 
+# transformers' KV-cache block, in tokens.
+_BLOCK_SIZE = 256
+
 
 class ContinuousBatchingEngine(LoadedEngine):
-    """Implements ``ContinuousEngine`` with transformers' continuous batching manager."""
+    """Implements ``Engine`` with transformers' continuous batching manager."""
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
-        settings = config.continuous
-        if wants_varlen(settings.attention, loaded.device, loaded.dtype):
+        fast = config.fast
+        if wants_varlen("auto", loaded.device, loaded.dtype):
             use_varlen_attention(loaded.model)
         super().__init__(loaded)
         generation = generation_config(
@@ -56,15 +60,21 @@ class ContinuousBatchingEngine(LoadedEngine):
             self._pad_id,
             tuple(sorted(self._eos_ids)),
         )
-        cuda_graph = {"auto": None, "on": True, "off": False}[settings.cuda_graph]
+        # The fast engine's budget, in transformers' terms: its cache in blocks of the
+        # manager's size, its rows, its prefill chunk and its share of the free memory.
+        cuda_graph = {"auto": None, "on": True, "off": False}[fast.cuda_graph]
+        blocks = (
+            None
+            if fast.num_pages is None
+            else max(1, -(-fast.num_pages * fast.page_size // _BLOCK_SIZE))
+        )
         batching_config = ContinuousBatchingConfig(
-            num_blocks=settings.num_blocks,
-            max_batch_tokens=settings.max_batch_tokens,
-            kv_padding_interval_size=settings.kv_padding or 0,
-            max_requests_per_batch=settings.max_requests_per_batch,
+            num_blocks=blocks,
+            page_size=_BLOCK_SIZE,
+            max_batch_tokens=fast.prefill_tokens,
+            max_requests_per_batch=fast.max_rows,
             use_cuda_graph=cuda_graph,
-            default_compile_level=settings.compile_level,
-            max_memory_percent=settings.max_memory_percent,
+            max_memory_percent=fast.memory_fraction,
         )
         self._manager = loaded.model.init_continuous_batching(  # type: ignore[operator]
             generation_config=generation, continuous_batching_config=batching_config

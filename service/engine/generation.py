@@ -8,11 +8,11 @@ from functools import lru_cache
 
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from service.engine.encoding import ChatPromptEncoder
+from service.contract.encoding import ChatPromptEncoder
+from service.contract.tokenizer import TokenizerSpec
+from service.contract.types import Decoding, EngineInfo, GenerationResult
 from service.engine.loading import LoadedModel, engine_info, memory_by_kind
-from service.engine.protocol import TokenizerSpec
 from service.engine.tokenization import tokenizer_spec
-from service.engine.types import Decoding, EngineInfo, GenerationResult
 
 
 def eos_ids(model: PreTrainedModel) -> frozenset[int]:

@@ -24,14 +24,12 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from service.engine.compilation import compile_norms, wants_compiled_norms
-from service.engine.config import EngineConfig
+from service.config.engine import EngineConfig
+from service.contract.types import EngineInfo
 from service.engine.demo import demo_name, ensure_demo_model
 from service.engine.dummy import dummy_config, materialized_checkpoint, random_model
-from service.engine.factory import engine_kind
 from service.engine.output_layer import prepare_output_layer
 from service.engine.quantization import quantization_config, quantization_label
-from service.engine.types import EngineInfo
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +46,6 @@ class LoadedModel:
     dtype: torch.dtype
     quantization: str
     load_seconds: float
-    compiled_norms: int = 0
     # Whether prompts end with the chat template's generation prompt (the family's way).
     add_generation_prompt: bool = False
     # A compressed-tensors FP8 checkpoint's folder: the model's projections were loaded cast
@@ -76,16 +73,18 @@ def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
 def load_model(settings: EngineConfig) -> LoadedModel:
     """Load tokenizer and model as ``settings`` say; builds the demo model first if none is set."""
     started = time.perf_counter()
-    device = resolve_device(settings.device)
-    dtype = resolve_dtype(settings.dtype, device)
-    quantization = quantization_config(settings.quantization, dtype)
-    label = quantization_label(settings.quantization, settings.quantize_lm_head)
-    revision = settings.model_revision
-    if settings.load_format == "dummy" or settings.model_id is None:
-        tokenizer_source: str | Path = ensure_demo_model(settings.data_dir, settings.chat_format)
+    device = resolve_device(settings.model.device)
+    dtype = resolve_dtype(settings.model.dtype, device)
+    quantization = quantization_config(settings.model.quantization, dtype)
+    label = quantization_label(settings.model.quantization, settings.model.quantize_lm_head)
+    revision = settings.model.model_revision
+    if settings.model.load_format == "dummy" or settings.model.model_id is None:
+        tokenizer_source: str | Path = ensure_demo_model(
+            settings.model.data_dir, settings.chat_format
+        )
         tokenizer_revision = None
     else:
-        tokenizer_source, tokenizer_revision = settings.model_id, revision
+        tokenizer_source, tokenizer_revision = settings.model.model_id, revision
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_source, revision=tokenizer_revision)
     if not tokenizer.is_fast:
         raise RuntimeError(
@@ -94,30 +93,30 @@ def load_model(settings: EngineConfig) -> LoadedModel:
 
     model: PreTrainedModel
     fp8_checkpoint: Path | None = None
-    if settings.load_format == "dummy":
+    if settings.model.load_format == "dummy":
         config, name = dummy_config(
-            settings.model_id, _special_ids(tokenizer), settings.shipped_config
+            settings.model.model_id, _special_ids(tokenizer), settings.shipped_config
         )
         revision = None
         _log_loading(name, device, dtype, label)
         if quantization is None:
             model = random_model(config, dtype, device)
         else:
-            checkpoint = materialized_checkpoint(config, dtype, device, settings.data_dir)
+            checkpoint = materialized_checkpoint(config, dtype, device, settings.model.data_dir)
             model = _from_pretrained(checkpoint, None, dtype, quantization, device)
     else:
         source: str | Path
-        if settings.model_id is None:
+        if settings.model.model_id is None:
             source, name, revision = tokenizer_source, demo_name(settings.shipped_config), None
         else:
-            source, name = settings.model_id, settings.model_id
+            source, name = settings.model.model_id, settings.model.model_id
         config = AutoConfig.from_pretrained(source, revision=revision)
         if _is_compressed_fp8(config):
             # Its projections are read by the fast engine itself (fast/checkpoint.py).
-            if engine_kind(settings, device.type) != "fast":
+            if settings.kind() != "fast":
                 raise RuntimeError(
-                    f"{name} is an FP8 (compressed-tensors) checkpoint: serve it with "
-                    "HYMT_ENGINE=fast"
+                    f"{name} is an FP8 (compressed-tensors) checkpoint, which only the fast "
+                    "engine reads: leave HYMT_QUANTIZATION unset for it"
                 )
             del config.quantization_config
             label = "fp8"
@@ -126,9 +125,8 @@ def load_model(settings: EngineConfig) -> LoadedModel:
         model = _from_pretrained(source, revision, dtype, quantization, device, config)
     model.eval()
     # The output layer stays in the model's dtype unless quantize_lm_head asks otherwise.
-    head = settings.quantization if settings.quantize_lm_head else "none"
+    head = settings.model.quantization if settings.model.quantize_lm_head else "none"
     prepare_output_layer(model, head, dtype)
-    norms = compile_norms(model) if wants_compiled_norms(settings.compile_norms, device) else 0
     seconds = time.perf_counter() - started
     log.info(
         "model loaded",
@@ -147,7 +145,6 @@ def load_model(settings: EngineConfig) -> LoadedModel:
         dtype=dtype,
         quantization=label,
         load_seconds=seconds,
-        compiled_norms=norms,
         add_generation_prompt=settings.add_generation_prompt,
         fp8_checkpoint=fp8_checkpoint,
     )
@@ -224,7 +221,6 @@ def engine_info(loaded: LoadedModel) -> EngineInfo:
         load_seconds=loaded.load_seconds,
         weights_bytes=int(loaded.model.get_memory_footprint()),
         attention=str(loaded.model.config._attn_implementation),
-        compiled_norms=loaded.compiled_norms,
     )
 
 

@@ -13,7 +13,6 @@ as they are, since padding would untie them and add a copy of the matrix.
 
 from __future__ import annotations
 
-import bitsandbytes as bnb
 import torch
 from transformers import PreTrainedModel
 
@@ -58,6 +57,10 @@ def prepare_output_layer(model: PreTrainedModel, quantization: str, dtype: torch
         inner = torch.nn.Linear(columns, padded.shape[0], bias=False, dtype=dtype, device="meta")
         inner.weight = torch.nn.Parameter(padded, requires_grad=False)
     elif quantization == "nf4":
+        # Imported only for quantized weights: bitsandbytes logs warnings about its own
+        # kernels when imported, which a service without quantization should not print.
+        import bitsandbytes as bnb
+
         inner = bnb.nn.Linear4bit(
             columns,
             padded.shape[0],
@@ -70,6 +73,8 @@ def prepare_output_layer(model: PreTrainedModel, quantization: str, dtype: torch
             padded.cpu(), requires_grad=False, quant_type="nf4", compress_statistics=True
         )
     elif quantization == "int8":
+        import bitsandbytes as bnb
+
         inner = bnb.nn.Linear8bitLt(columns, padded.shape[0], bias=False, has_fp16_weights=False)
         inner.weight = bnb.nn.Int8Params(padded.cpu(), requires_grad=False, has_fp16_weights=False)
     else:

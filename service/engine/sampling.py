@@ -22,7 +22,7 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
 )
 from transformers.generation.logits_process import LogitsProcessorList
 
-from service.engine.types import Decoding
+from service.contract.types import Decoding
 
 # No top-k cut-off: larger than any vocabulary, and still an int32.
 NO_TOP_K = 2**31 - 1

@@ -2,7 +2,7 @@
 
 The chat template is rendered once around a sentinel to learn the token ids before and after the
 user turn (``<|startoftext|>`` ... ``<|extra_0|>`` for Hunyuan); with the tokenizer's serialized
-form, that is all ``service.translation.encoding`` needs to encode prompts exactly as the model
+form, that is all ``service.contract.encoding`` needs to encode prompts exactly as the model
 expects, without transformers or torch in the API process.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
-from service.engine.protocol import TokenizerSpec
+from service.contract.tokenizer import TokenizerSpec
 
 _SENTINEL = "\u2063USER-CONTENT\u2063"
 

@@ -1,51 +1,34 @@
-"""The engine's dedicated thread: the only place the model is loaded and run.
+"""The engine's loading thread: where the model is loaded and, at the end, released.
 
-One thread, so CUDA work is serialized and the event loop never runs torch. ``EngineWorker``
-loads the engine on that thread and hands batches to it, answering through asyncio futures.
+The engine runs its own step thread once loaded; loading (minutes of reading weights, compiling
+and capturing graphs) and closing happen on this one, so the event loop never runs torch.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from service.engine.types import ContinuousEngine, Engine, GenerationRequest, GenerationResult
-from service.errors import EngineUnavailable, OutOfMemory
+from service.contract.types import Engine
 
 
 class EngineWorker:
-    """Owns one engine and the single thread it runs on."""
+    """Owns one engine and the thread it is loaded and closed on."""
 
-    def __init__(self, load: Callable[[], Engine | ContinuousEngine]) -> None:
+    def __init__(self, load: Callable[[], Engine]) -> None:
         self._load = load
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-        self._engine: Engine | ContinuousEngine | None = None
+        self._engine: Engine | None = None
 
-    async def start(self) -> Engine | ContinuousEngine:
+    async def start(self) -> Engine:
         """Load the engine on the worker thread and return it."""
         loop = asyncio.get_running_loop()
         self._engine = await loop.run_in_executor(self._executor, self._load)
         return self._engine
 
-    async def generate(self, batch: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        engine = self._engine
-        if not isinstance(engine, Engine):
-            raise EngineUnavailable("no batch engine is loaded")
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, engine.generate, batch)
-        except Exception as error:
-            # Whatever engine raised it: the scheduler splits batches on this domain error. An
-            # engine that never imported torch cannot have raised torch's error.
-            torch = sys.modules.get("torch")
-            if torch is not None and isinstance(error, torch.OutOfMemoryError):
-                raise OutOfMemory(f"out of memory generating a batch of {len(batch)}") from error
-            raise
-
     async def close(self) -> None:
-        """Release the engine on its thread (after a running batch), then stop the thread."""
+        """Release the engine on its thread, then stop the thread."""
         if self._engine is not None:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._executor, self._engine.close)

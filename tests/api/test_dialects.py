@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.config import Settings
+from service.config.settings import Settings
 from tests.conftest import ServiceClient, StartApp, started
 from tests.fakes import FakeControl
 

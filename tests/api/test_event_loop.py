@@ -16,8 +16,8 @@ import fastapi.routing
 import pytest
 from starlette.concurrency import run_in_threadpool
 
-from service.api.middleware import Door
-from service.metrics import Metrics
+from service.frontend.api.middleware import Door
+from service.frontend.metrics import Metrics
 from tests.api.test_faults import until
 from tests.conftest import StartApp
 from tests.fakes import FakeControl
@@ -69,9 +69,9 @@ def test_the_api_process_never_imports_torch(data_dir: Path) -> None:
     # gigabytes at start and put the GIL-holding model code back beside the event loop.
     script = (
         "import sys\n"
-        "from service.app import create_app\n"
-        "from service.config import Settings\n"
-        f"create_app(Settings(_env_file=None, data_dir={str(data_dir)!r}))\n"
+        "from service.wiring import create_service\n"
+        "from service.config.settings import Settings\n"
+        f"create_service(Settings(_env_file=None, data_dir={str(data_dir)!r}))\n"
         "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
     )
@@ -114,7 +114,7 @@ async def test_the_last_refusals_are_logged_at_shutdown_not_after_it(
     # later, into whatever runs on the loop next.
     door = Door(Metrics())
     scope: Any = {"type": "http", "method": "POST", "path": "/translate", "headers": []}
-    with caplog.at_level(logging.INFO, logger="service.access"):
+    with caplog.at_level(logging.INFO, logger="service.frontend.access"):
         door.record(scope, 0.001)
         door.record(scope, 0.002)
         door.close()
@@ -137,7 +137,7 @@ async def test_refusals_at_the_door_are_logged_as_one_line_with_their_count(
     def summaries() -> list[logging.LogRecord]:
         return [r for r in caplog.records if r.getMessage() == "refused at the door"]
 
-    with caplog.at_level(logging.INFO, logger="service.access"):
+    with caplog.at_level(logging.INFO, logger="service.frontend.access"):
         started = time.monotonic()
         refused = [
             await client.http.post("/translate", json={"text": f"x{i}", "target_lang": "de"})

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import httpx
 
-from service.engine.client import EngineClient
+from service.frontend.engine_link.client import EngineClient
 from tests.conftest import ServiceClient, StartApp
 from tests.fakes import FakeControl, process_alive
 
@@ -40,9 +40,7 @@ def engine_pid(client: ServiceClient) -> int:
 async def test_full_queue_answers_429_with_retry_after(
     start_app: StartApp, fake: FakeControl
 ) -> None:
-    client = await start_app(
-        loader=fake.loader(), warmup=False, max_batch_size=1, max_queue_size=3, max_wait_ms=0
-    )
+    client = await start_app(loader=fake.loader(capacity=1), warmup=False, max_queue_size=3)
     fake.hold()
     held = [send(client, "t0")]
     await until(lambda: bool(fake.batches))
@@ -87,11 +85,9 @@ async def test_a_flood_of_8x_the_bound_gets_only_translations_or_429s(
 ) -> None:
     bound = 16
     client = await start_app(
-        loader=fake.loader(delay_s=0.05),
+        loader=fake.loader(delay_s=0.05, capacity=4),
         warmup=False,
         max_queue_size=bound,
-        max_batch_size=4,
-        max_wait_ms=1,
     )
     assert (await send(client, "first")).status_code == 200
     responses = await asyncio.gather(*(send(client, f"flood {i}") for i in range(8 * bound)))
@@ -109,11 +105,9 @@ async def test_under_twice_the_sustainable_load_admitted_requests_finish_in_time
 ) -> None:
     # Capacity: batches of 4 texts every 0.1 s = 40 texts/s. Offered: 80/s for 3 s.
     client = await start_app(
-        loader=fake.loader(delay_s=0.1),
+        loader=fake.loader(delay_s=0.1, capacity=4),
         warmup=False,
         max_queue_size=1000,
-        max_batch_size=4,
-        max_wait_ms=1,
     )
     assert (await send(client, "first")).status_code == 200
 
@@ -141,7 +135,7 @@ async def test_under_twice_the_sustainable_load_admitted_requests_finish_in_time
 async def test_a_killed_engine_fails_fast_and_is_restarted(
     start_app: StartApp, fake: FakeControl
 ) -> None:
-    client = await start_app(loader=fake.loader(), warmup=False, max_batch_size=1)
+    client = await start_app(loader=fake.loader(capacity=1), warmup=False)
     fake.hold()
     in_flight = [send(client, f"in flight {i}") for i in range(3)]
     await until(lambda: bool(fake.batches))
@@ -187,9 +181,7 @@ async def test_a_hung_engine_is_detected_by_its_missing_heartbeat(
 async def test_a_stalled_engine_fails_its_requests_and_is_restarted(
     start_app: StartApp, fake: FakeControl
 ) -> None:
-    client = await start_app(
-        loader=fake.loader(), warmup=False, max_batch_size=1, stall_timeout_s=0.3
-    )
+    client = await start_app(loader=fake.loader(capacity=1), warmup=False, stall_timeout_s=0.3)
     pid = engine_pid(client)
     fake.hold()  # the heartbeat goes on, the batch never ends
     held = send(client, "held")
@@ -207,9 +199,7 @@ async def test_an_engine_wedged_while_requests_expire_is_found_stalled(
 ) -> None:
     """Requests ending at their deadline are not progress: an engine that holds work and
     generates nothing is restarted within the stall window, not ready meanwhile."""
-    client = await start_app(
-        loader=fake.loader(), warmup=False, max_batch_size=1, stall_timeout_s=1.0
-    )
+    client = await start_app(loader=fake.loader(capacity=1), warmup=False, stall_timeout_s=1.0)
     pid = engine_pid(client)
     fake.hold()
     held = send(client, "held")

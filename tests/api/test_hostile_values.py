@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.api.surrogates import _encodable, lone_surrogate
-from service.config import Settings
+from service.config.settings import Settings
+from service.frontend.api.surrogates import _encodable, lone_surrogate
 from tests.conftest import own_data, served
 from tests.fakes import FakeControl
 

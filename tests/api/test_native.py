@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from service.config import Settings
+from service.config.settings import Settings
 from tests.conftest import ServiceClient, StartApp, started
 from tests.fakes import FakeControl
 
@@ -129,8 +129,11 @@ async def test_health_is_ready_after_warm_up_and_live_route_answers(
     assert health.status_code == 200
     assert health.json()["status"] == "ready"
     assert health.json()["model"].startswith("hunyuan-mt-demo")
+    assert health.json()["engine"] == "fast"  # no engine setting: the fast engine, on a CPU
     live = await demo.http.get("/live")
     assert live.status_code == 200
+    # Liveness says only that the process lives and what its engine is doing.
+    assert live.json() == {"status": "alive", "engine_state": "ready", "in_flight": 0}
 
 
 async def test_metrics_exposes_the_service_series(demo: ServiceClient) -> None:
@@ -230,7 +233,6 @@ async def limited(data_dir: Path) -> AsyncIterator[ServiceClient]:
         _env_file=None,
         data_dir=data_dir,
         greedy=True,
-        max_wait_ms=2.0,
         max_text_chars=50,
         max_input_tokens=8,
         max_batch_items=3,

@@ -7,7 +7,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from service.api.openai import StopCut
+from service.frontend.api.openai import StopCut
 from tests.conftest import KEYS, ServiceClient
 
 PROMPT = "Translate the following segment into German, without additional explanation.\n\nHi"

@@ -10,9 +10,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from service.api.middleware import Door, OpenGate, RequestContextMiddleware
-from service.metrics import Metrics
-from service.server import HeadLimits, ServiceConfig, ServiceHttpProtocol
+from service.frontend.api.middleware import Door, OpenGate, RequestContextMiddleware
+from service.frontend.metrics import Metrics
+from service.frontend.server import HeadLimits, ServiceConfig, ServiceHttpProtocol
 
 
 class Transport:

@@ -23,7 +23,7 @@ async def hold_worker(client: ServiceClient, fake: FakeControl) -> asyncio.Task[
 async def test_an_expired_request_is_504_and_never_reaches_the_model(
     start_app: StartApp, fake: FakeControl
 ) -> None:
-    client = await start_app(loader=fake.loader(), warmup=False, max_batch_size=1)
+    client = await start_app(loader=fake.loader(capacity=1), warmup=False)
     held = await hold_worker(client, fake)
     began = time.monotonic()
     late = await client.http.post(
@@ -65,7 +65,7 @@ async def test_the_client_deadline_can_only_lower_the_servers(
 async def test_a_caller_that_leaves_is_dropped_before_the_model(
     start_app: StartApp, fake: FakeControl
 ) -> None:
-    client = await start_app(loader=fake.loader(), warmup=False, max_batch_size=1)
+    client = await start_app(loader=fake.loader(capacity=1), warmup=False)
     held = await hold_worker(client, fake)
     leaving = send(client, "bye")
     await until(lambda: client.runtime.in_flight == 2)
@@ -79,37 +79,25 @@ async def test_a_caller_that_leaves_is_dropped_before_the_model(
     assert 'hymt_queue_rejections_total{reason="cancelled"} 1.0' in metrics
 
 
-async def test_out_of_memory_splits_the_batch_and_fails_only_the_culprit(
+async def test_out_of_memory_fails_what_the_step_held_and_the_engine_serves_on(
     start_app: StartApp, fake: FakeControl
 ) -> None:
-    texts = [f"text number {i}" for i in range(7)] + ["the one text too big for the gpu"]
+    texts = ["a text that fits", "the one text too big for the gpu"]
     probe = await start_app(loader=fake.loader(), warmup=False)
     prompts = probe.runtime.translator._prompts
     target, source = prompts.languages_of("de", "en")
     poison = len(prompts.prepare(texts[-1], target, source, field="t").request.prompt_ids)
-    client = await start_app(
-        loader=fake.loader(oom_above=2, oom_prompt_length=poison),
-        warmup=False,
-        max_batch_size=8,
-        max_wait_ms=50,
-    )
-    fake.record.unlink(missing_ok=True)
-    response = await client.http.post(
-        "/batch_translate", json={"texts": texts, "target_lang": "de", "source_lang": "en"}
-    )
-    assert response.status_code == 200, response.text
-    items = response.json()["translations"]
-    assert all("translation" in item for item in items[:-1])
-    assert items[-1] == {
-        "error": {"code": "out_of_memory", "message": "out of memory generating a batch of 1"}
-    }
-    sizes = [len(batch) for batch in fake.batches]
-    assert sizes[0] == 8
-    assert max(sizes[1:]) <= 4
+    client = await start_app(loader=fake.loader(oom_prompt_length=poison), warmup=False)
     single = await client.http.post(
         "/translate", json={"text": texts[-1], "target_lang": "de", "source_lang": "en"}
     )
     assert single.status_code == 507
+    assert single.json()["error"]["code"] == "out_of_memory"
+    # The engine is still there: the next request is answered.
+    fine = await client.http.post(
+        "/translate", json={"text": texts[0], "target_lang": "de", "source_lang": "en"}
+    )
+    assert fine.status_code == 200, fine.text
 
 
 async def test_a_batch_that_fails_whole_answers_with_the_error(

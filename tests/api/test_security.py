@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from service.config import Settings
+from service.config.settings import Settings
 from tests.conftest import StartApp
 from tests.fakes import FakeControl
 

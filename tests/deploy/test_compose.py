@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from compose_spec import PyCompose
 
-from service.metrics import Metrics
+from service.config.settings import Settings
+from service.frontend.metrics import Metrics
 from tests.deploy.conftest import DEPLOY, ROOT
 
 _VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
@@ -43,6 +46,38 @@ def test_compose_file_is_valid_and_has_the_four_services() -> None:
     assert any("/data/hf" in str(volume) for volume in api["volumes"])
 
 
+def test_the_service_takes_the_environment_compose_gives_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every HYMT_* variable the api service gets, read into the settings as the service reads
+    # them, and the engine's config built from them without a refusal (a setting the engine
+    # does not know, or a value it refuses, would keep the deployment from starting).
+    compose = interpolated_compose()
+    services = compose["services"]
+    assert isinstance(services, dict)
+    environment = services["api"]["environment"]
+    # An empty value (``${MAX_ROWS:-}``) reaches the process as an empty string.
+    given = {
+        name: "" if value is None else str(value)
+        for name, value in environment.items()
+        if name.startswith("HYMT_")
+    }
+    assert given
+    for name in list(os.environ):
+        if name.startswith("HYMT_"):
+            monkeypatch.delenv(name)
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings(_env_file=None)
+    assert settings.model.model_id == "tencent/Hunyuan-MT-7B"
+    assert settings.server.trusted_proxies == ["172.30.0.10"]
+    config = settings.engine_config()
+    config.check()
+    assert config.kind() == "fast"
+    known = {"HYMT_" + name.upper() for name in Settings.flat_names()}
+    assert set(given) <= known, set(given) - known
+
+
 def test_every_compose_variable_is_in_the_env_example() -> None:
     used = set(_VARIABLE.findall((DEPLOY / "compose.yaml").read_text("utf-8")))
     assert {name for name, _ in used} <= set(env_example())
@@ -56,7 +91,8 @@ def test_every_mounted_file_and_the_build_exist() -> None:
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text("utf-8")
     assert re.search(r"^FROM nvidia/cuda:\S+runtime", dockerfile, re.M)
     assert re.search(r"^USER (?!root)\S+", dockerfile, re.M)
-    # The norms are compiled on CUDA by default: Triton needs a C compiler and Python's headers.
+    # The fast engine compiles its kernels on CUDA: Triton needs a C compiler and Python's
+    # headers.
     for package in ("gcc", "python3-dev"):
         assert re.search(rf"apt-get install[^&]*\s{package}\s", dockerfile), package
 

@@ -29,7 +29,7 @@ async def test_sigterm_finishes_accepted_requests_then_exits_0(
         # 24 texts in batches of 4, 96 tokens each: seconds of work still queued at the signal.
         HYMT_MAX_NEW_TOKENS="96",
         HYMT_OUTPUT_TOKENS_RATIO="16",
-        HYMT_MAX_BATCH_SIZE="4",
+        HYMT_FAST_MAX_ROWS="4",
         HYMT_DRAIN_TIMEOUT_S="60",
     )
     async with httpx.AsyncClient(base_url=service.url, timeout=120) as client:
@@ -59,7 +59,7 @@ async def test_sigterm_with_a_short_drain_answers_every_request_in_json(
         tmp_path / "service.log",
         HYMT_MAX_NEW_TOKENS="64",
         HYMT_OUTPUT_TOKENS_RATIO="16",
-        HYMT_MAX_BATCH_SIZE="8",
+        HYMT_FAST_MAX_ROWS="8",
         HYMT_DRAIN_TIMEOUT_S="2",
     )
     limits = httpx.Limits(max_connections=250)
@@ -97,7 +97,7 @@ async def test_a_client_that_hangs_up_is_dropped_before_the_model(
         tmp_path / "service.log",
         HYMT_MAX_NEW_TOKENS="512",
         HYMT_OUTPUT_TOKENS_RATIO="64",
-        HYMT_MAX_BATCH_SIZE="1",
+        HYMT_FAST_MAX_ROWS="1",
     )
     try:
         answered_before = metric(service.url, "hymt_inference_duration_seconds_count")

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.config import Settings
+from service.config.settings import Settings
 from tests.deploy.conftest import DEPLOY, Process, start_nginx, start_service
 
 NGINX_CONF = (DEPLOY / "nginx" / "nginx.conf").read_text("utf-8")
@@ -167,13 +167,13 @@ def test_upstream_keepalive_is_shorter_than_uvicorns() -> None:
     assert upstream is not None
     idle = re.search(r"keepalive_timeout (\d+)s;", upstream.group(1))
     assert idle is not None
-    assert int(idle.group(1)) < Settings(_env_file=None).timeout_keep_alive_s
+    assert int(idle.group(1)) < Settings(_env_file=None).server.timeout_keep_alive_s
 
 
 def test_body_limit_matches_the_service() -> None:
     limit = re.search(r"client_max_body_size (\d+)m;", NGINX_CONF)
     assert limit is not None
-    assert int(limit.group(1)) * 1024 * 1024 == Settings(_env_file=None).max_body_bytes
+    assert int(limit.group(1)) * 1024 * 1024 == Settings(_env_file=None).limits.max_body_bytes
 
 
 def test_one_request_id_per_answer_the_clients_own_when_sane(nginx: Process) -> None:

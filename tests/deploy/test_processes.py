@@ -118,7 +118,7 @@ async def test_sigterm_drains_every_process_and_stops_the_engine_last(
         HYMT_API_PROCESSES="2",
         HYMT_MAX_NEW_TOKENS="96",
         HYMT_OUTPUT_TOKENS_RATIO="16",
-        HYMT_MAX_BATCH_SIZE="2",
+        HYMT_FAST_MAX_ROWS="2",
         HYMT_DRAIN_TIMEOUT_S="60",
     )
     try:

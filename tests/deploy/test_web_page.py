@@ -30,8 +30,6 @@ def page_service(data_dir: Path, tmp_path: Path) -> Iterator[Process]:
         data_dir,
         tmp_path / "service.log",
         HYMT_API_KEYS=json.dumps(["page-key"]),
-        HYMT_ENGINE="continuous",  # streams token by token
-        HYMT_CB_NUM_BLOCKS="64",  # the engine's memory budget
         HYMT_MAX_NEW_TOKENS="12",
         HYMT_MAX_TEXT_CHARS="200",  # a longer text is a document of several segments
         HYMT_MAX_QUEUE_SIZE="4",  # ... and one of five segments is more than the queue holds
@@ -137,3 +135,27 @@ def test_a_person_translates_text_and_a_file_and_reads_what_went_wrong(
     assert "2\n00:00:03,000 --> 00:00:04,000\n" in content
     assert "Good morning." not in content
     assert alert(browser) == ""  # the earlier error went away with the next success
+
+
+def test_without_keys_the_page_asks_for_none_and_the_api_docs_render_offline(
+    data_dir: Path, tmp_path: Path, browser: WebDriver
+) -> None:
+    process = start_service(data_dir, tmp_path / "service.log", HYMT_MAX_NEW_TOKENS="4")
+    try:
+        browser.get(f"{process.url}/")
+        wait(browser, lambda d: len(Select(named(d, "Target language")).options) > 30)
+        # The service has no keys: the key box stays shut and nothing asks for one.
+        assert browser.find_element("id", "key-box").get_attribute("open") is None
+        assert alert(browser) == ""
+        # Swagger UI from the service itself (this machine has no internet): its operations
+        # render, and nothing on the page comes from another origin.
+        browser.get(f"{process.url}/docs")
+        wait(browser, lambda d: len(d.find_elements("css selector", ".opblock")) > 10)
+        sources = browser.execute_script(
+            "return [...document.querySelectorAll('script[src], link[href]')]"
+            ".map(e => e.src || e.href)"
+        )
+        assert sources
+        assert all(str(s).startswith(process.url) for s in sources), sources
+    finally:
+        process.stop()

@@ -9,8 +9,8 @@ import io
 import docx
 import pytest
 
-from service.documents.formats import format_of, parse
-from service.errors import InvalidInput, Unsupported
+from service.contract.errors import InvalidInput, Unsupported
+from service.frontend.documents.formats import format_of, parse
 
 SRT = (
     "1\n00:00:01,000 --> 00:00:02,500\nHello there.\nSecond line.\n\n"

@@ -15,7 +15,7 @@ import docx
 import httpx
 import pytest
 
-from service.config import Settings
+from service.config.settings import Settings
 from tests.conftest import own_data, served
 from tests.fakes import FakeControl
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from service.engine.fast import cache
 from service.engine.fast.cache import (
     PAGE_QUANTUM,
     budget_pages,
@@ -75,9 +76,20 @@ def test_a_device_without_room_keeps_the_minimum(monkeypatch: pytest.MonkeyPatch
     assert _pages(monkeypatch, 2 * GIB, 8 * GIB) == 2
 
 
-def test_cpu_needs_an_explicit_budget() -> None:
-    with pytest.raises(ValueError, match="explicit page count"):
-        budget_pages(GEOMETRY, 32, 128, torch.bfloat16, torch.device("cpu"), 0.85)
+def test_a_cpu_sizes_the_cache_from_the_hosts_memory_and_its_rows_needs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert cache.free_bytes(torch.device("cpu")) > 0  # what the kernel says is available
+    page = page_bytes(GEOMETRY, 32, 128, torch.bfloat16)
+    monkeypatch.setattr(cache, "free_bytes", lambda device: 40 * page)
+    cpu = torch.device("cpu")
+    assert budget_pages(GEOMETRY, 32, 128, torch.bfloat16, cpu, 0.5) == 20
+    # Never more than the rows could fill at the model's longest sequence.
+    assert budget_pages(GEOMETRY, 32, 128, torch.bfloat16, cpu, 0.5, most=7) == 7
+    monkeypatch.setattr(cache, "free_bytes", lambda device: 10**6 * page)
+    rows, pages = fit_rows_and_pages(GEOMETRY, 32, 128, torch.bfloat16, cpu, 0.85, 2, 16, False)
+    assert rows == 2
+    assert pages <= 2 * (32_768 // 128) + 1
 
 
 def _fit(

@@ -1,33 +1,49 @@
-"""The real transformers engine on the demo model: prompts, batching, quantization."""
+"""The demo model loaded for real: its architecture, prompts, budgets, quantization and dummy
+loads, through the engine that serves each (``load_engine``)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from service.config import Settings
-from service.engine.compilation import wants_compiled_norms
+from loadtests.fidelity import submit_all
+from service.config.settings import Settings
+from service.contract.encoding import ChatPromptEncoder
+from service.contract.errors import ServiceError
+from service.contract.types import Decoding, Engine, GenerationRequest, GenerationResult
+from service.engine.continuous import ContinuousBatchingEngine
 from service.engine.demo import SPECIAL_TOKENS, ensure_demo_model
-from service.engine.encoding import ChatPromptEncoder
-from service.engine.loading import load_model
+from service.engine.factory import load_engine
+from service.engine.fast.engine import FastEngine
+from service.engine.loading import LoadedModel, load_model
 from service.engine.output_layer import PaddedOutputLayer, prepare_output_layer
-from service.engine.static import StaticBatchEngine
 from service.engine.tokenization import tokenizer_spec
-from service.engine.types import Decoding, GenerationRequest
 from tests.conftest import MakeSettings
 
 GREEDY = Decoding(greedy=True, temperature=0.7, top_k=20, top_p=0.6, repetition_penalty=1.05)
 SAMPLED = Decoding(greedy=False, temperature=0.7, top_k=20, top_p=0.6, repetition_penalty=1.05)
 
 
+def generate(engine: Engine, requests: list[GenerationRequest]) -> list[GenerationResult]:
+    """The engine's results for ``requests``, submitted at once (from a test's own loop)."""
+    outcomes = asyncio.run(submit_all(engine, requests, prefix="t"))
+    for outcome in outcomes:
+        if isinstance(outcome, ServiceError):
+            raise outcome
+    return [outcome for outcome in outcomes if isinstance(outcome, GenerationResult)]
+
+
 @pytest.fixture(scope="module")
-def engine(data_dir: Path) -> StaticBatchEngine:
-    return StaticBatchEngine(
-        load_model(Settings(_env_file=None, data_dir=data_dir).engine_config())
-    )
+def engine(data_dir: Path) -> Iterator[FastEngine]:
+    config = Settings(_env_file=None, data_dir=data_dir).engine_config()
+    built = FastEngine(load_model(config), config)
+    yield built
+    built.close()
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +51,9 @@ def tokenizer(data_dir: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(ensure_demo_model(data_dir))
 
 
-def test_demo_model_is_the_hunyuan_architecture(engine: StaticBatchEngine) -> None:
-    assert type(engine._model).__name__ == "HunYuanDenseV1ForCausalLM"
+def test_demo_model_is_the_hunyuan_architecture(data_dir: Path, engine: FastEngine) -> None:
+    loaded = load_model(Settings(_env_file=None, data_dir=data_dir).engine_config())
+    assert type(loaded.model).__name__ == "HunYuanDenseV1ForCausalLM"
     assert engine.info.model.startswith("hunyuan-mt-demo")
     assert engine.info.device == "cpu"
     assert engine.info.dtype == "float32"
@@ -88,29 +105,13 @@ def test_special_token_strings_in_user_text_stay_plain_text(
     assert tokenizer.decode(list(content)) == text
 
 
-def test_batching_does_not_change_greedy_output(engine: StaticBatchEngine) -> None:
-    encoder = engine.encoder
-    texts = [
-        "Hi.",
-        "The contract may be terminated by either party with sixty days of written notice.",
-        "今天天气很好，我们去公园散步吧。",
-        "Mid-sized sentence for the batch.",
-    ]
-    requests = [GenerationRequest(encoder.encode_chat(t), 24, GREEDY) for t in texts]
-    alone = [engine.generate([r])[0] for r in requests]
-    together = engine.generate(requests)
-    assert together == alone
-    reordered = engine.generate(list(reversed(requests)))
-    assert list(reversed(reordered)) == alone
-
-
-def test_each_row_stops_at_its_own_budget(engine: StaticBatchEngine) -> None:
+def test_each_row_stops_at_its_own_budget(engine: FastEngine) -> None:
     encoder = engine.encoder
     requests = [
         GenerationRequest(encoder.encode_chat("one"), 3, GREEDY),
         GenerationRequest(encoder.encode_chat("two"), 17, GREEDY),
     ]
-    results = engine.generate(requests)
+    results = generate(engine, requests)
     for request, result in zip(requests, results, strict=True):
         assert result.prompt_tokens == len(request.prompt_ids)
         assert result.completion_tokens <= request.max_new_tokens
@@ -118,9 +119,9 @@ def test_each_row_stops_at_its_own_budget(engine: StaticBatchEngine) -> None:
             assert result.completion_tokens == request.max_new_tokens
 
 
-def test_sampling_runs(engine: StaticBatchEngine) -> None:
+def test_sampling_runs(engine: FastEngine) -> None:
     request = GenerationRequest(engine.encoder.encode_chat("Sample me"), 8, SAMPLED)
-    (result,) = engine.generate([request])
+    (result,) = generate(engine, [request])
     assert 0 < result.completion_tokens <= 8
 
 
@@ -132,10 +133,10 @@ def test_quantized_demo_model_loads_and_translates(
     loaded = load_model(settings.engine_config())
     linear_types = {type(m).__name__ for m in loaded.model.modules()}
     assert ("Linear4bit" if quantization == "nf4" else "Linear8bitLt") in linear_types
-    engine = StaticBatchEngine(loaded)
+    engine = load_engine_from(loaded, settings)
     assert engine.info.quantization == quantization
     request = GenerationRequest(engine.encoder.encode_chat("Quantized hello"), 6, GREEDY)
-    (result,) = engine.generate([request])
+    (result,) = generate(engine, [request])
     assert result.completion_tokens > 0
     assert isinstance(result.text, str)
     # bitsandbytes' default skip: the output layer stays in the model's dtype (padded rows).
@@ -154,7 +155,9 @@ def test_the_output_layer_can_be_quantized_too(
     assert type(head.inner).__name__ == ("Linear4bit" if quantization == "nf4" else "Linear8bitLt")
     footprint = loaded.model.get_memory_footprint()  # type: ignore[no-untyped-call]
     assert footprint < default.model.get_memory_footprint()  # type: ignore[no-untyped-call]
-    engine = StaticBatchEngine(loaded)
+    engine = load_engine_from(
+        loaded, make_settings(quantization=quantization, quantize_lm_head=True)
+    )
     assert engine.info.quantization == f"{quantization}+lm_head"
     # The demo vocabulary (4,106) is not a multiple of 32, which bitsandbytes' CPU 4-bit kernel
     # needs: the padded layer must still run and give one logit per real token.
@@ -163,8 +166,19 @@ def test_the_output_layer_can_be_quantized_too(
     hidden = torch.zeros(1, 2, loaded.model.config.hidden_size)
     assert head(hidden).shape == (1, 2, vocabulary)
     request = GenerationRequest(engine.encoder.encode_chat("Quantized hello"), 6, GREEDY)
-    (result,) = engine.generate([request])
+    (result,) = generate(engine, [request])
     assert result.completion_tokens > 0
+
+
+def load_engine_from(loaded: LoadedModel, settings: Settings) -> ContinuousBatchingEngine:
+    """The engine that serves bitsandbytes weights, on an already loaded model."""
+    config = settings.engine_config()
+    assert config.kind() == "continuous"
+    return ContinuousBatchingEngine(loaded, config)
+
+
+def encoder_of(engine: Engine) -> ChatPromptEncoder:
+    return ChatPromptEncoder(engine.tokenizer)
 
 
 TINY_CONFIG = {
@@ -193,13 +207,20 @@ def test_dummy_load_format_builds_random_weights_from_a_config(
         model_family="hunyuan-mt",
         quantization=quantization,
     )
-    first = StaticBatchEngine(load_model(settings.engine_config()))
-    assert first.info.model == f"{tmp_path}-dummy"
-    request = GenerationRequest(first.encoder.encode_chat("random"), 5, GREEDY)
-    (result,) = first.generate([request])
+    first = load_engine(settings.engine_config())
+    try:
+        assert first.info.model == f"{tmp_path}-dummy"
+        request = GenerationRequest(encoder_of(first).encode_chat("random"), 5, GREEDY)
+        (result,) = generate(first, [request])
+    finally:
+        first.close()
     assert result.completion_tokens == 5  # random weights: runs to the budget
     # Seeded: a second load gives the same weights and so the same greedy output.
-    (again,) = StaticBatchEngine(load_model(settings.engine_config())).generate([request])
+    second = load_engine(settings.engine_config())
+    try:
+        (again,) = generate(second, [request])
+    finally:
+        second.close()
     assert again == result
 
 
@@ -233,7 +254,7 @@ def test_output_layer_is_padded_to_aligned_rows_with_the_same_logits(
     assert isinstance(head, PaddedOutputLayer)
     assert isinstance(head.inner, torch.nn.Linear)
     assert head.inner.weight.shape[0] % 128 == 0
-    plain = AutoModelForCausalLM.from_pretrained(ensure_demo_model(settings.data_dir))
+    plain = AutoModelForCausalLM.from_pretrained(ensure_demo_model(settings.model.data_dir))
     ids = torch.tensor([loaded.tokenizer("Padding must not change a logit")["input_ids"]])
     with torch.inference_mode():
         padded_logits = loaded.model(ids).logits
@@ -256,26 +277,3 @@ def test_an_output_layer_that_cannot_be_padded_is_left_as_it_is(
     assert model.get_output_embeddings() is biased  # type: ignore[no-untyped-call]
     with pytest.raises(RuntimeError, match="bias-free Linear"):
         prepare_output_layer(model, "nf4", torch.float32)
-
-
-def test_compiled_norms_choose_the_same_tokens(
-    make_settings: MakeSettings, engine: StaticBatchEngine
-) -> None:
-    # Every RMSNorm (two per layer, query and key norms, the final norm) is compiled, and the
-    # fused kernels choose the same greedy tokens as the eager ones.
-    loaded = load_model(make_settings(compile_norms="on").engine_config())
-    compiled = StaticBatchEngine(loaded)
-    assert compiled.info.compiled_norms == 4 * loaded.model.config.num_hidden_layers + 1
-    norms = [m for m in loaded.model.modules() if type(m).__name__.endswith("RMSNorm")]
-    assert all(m._compiled_call_impl is not None for m in norms)
-    assert engine.info.compiled_norms == 0  # auto: not on a CPU
-    texts = ["The contract may be terminated by either party.", "今天天气很好。"]
-    requests = [GenerationRequest(engine.encoder.encode_chat(t), 24, GREEDY) for t in texts]
-    assert compiled.generate(requests) == engine.generate(requests)
-
-
-def test_norms_are_compiled_by_default_on_cuda_only() -> None:
-    assert wants_compiled_norms("auto", torch.device("cuda"))
-    assert not wants_compiled_norms("auto", torch.device("cpu"))
-    assert wants_compiled_norms("on", torch.device("cpu"))
-    assert not wants_compiled_norms("off", torch.device("cuda"))

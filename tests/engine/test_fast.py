@@ -24,10 +24,17 @@ from torch._dynamo.utils import counters
 from transformers import RepetitionPenaltyLogitsProcessor
 
 from loadtests.fidelity import RecordingEngine, reference_greedy, submit_all
-from service.config import Settings
-from service.engine.config import EngineConfig, FastConfig
+from service.config.engine import EngineConfig, EngineSettings
+from service.config.model import ModelSettings
+from service.config.settings import Settings
+from service.contract.errors import ServiceError
+from service.contract.types import (
+    MODEL_CARD_DECODING,
+    Decoding,
+    GenerationRequest,
+    GenerationResult,
+)
 from service.engine.demo import ensure_demo_model
-from service.engine.factory import engine_kind
 from service.engine.fast import gemv, rope
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.engine import FastEngine
@@ -36,13 +43,6 @@ from service.engine.fast.sampler import RowSampling, first_argmax, sample
 from service.engine.fast.weights import fp8_linear, is_dense, linear, quantize_fp8
 from service.engine.generation import eos_ids
 from service.engine.loading import LoadedModel, load_model
-from service.engine.types import (
-    MODEL_CARD_DECODING,
-    Decoding,
-    GenerationRequest,
-    GenerationResult,
-)
-from service.errors import ServiceError
 from tests.conftest import ServiceClient, StartApp
 
 GREEDY = Decoding(greedy=True, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
@@ -69,15 +69,17 @@ def _config(data_dir: Path, chat_format: str = "hunyuan-7b", **fast: object) -> 
     values.update(fast)
     shipped = {"hunyuan-7b": "hunyuan-mt-7b", "hy-v3": "hy-mt2-30b-a3b"}[chat_format]
     return EngineConfig(
-        data_dir=data_dir,
+        model=ModelSettings(data_dir=data_dir, device="cpu", dtype="float32"),
         chat_format=chat_format,  # type: ignore[arg-type]
         shipped_config=shipped,
-        engine="fast",
-        device="cpu",
-        dtype="float32",
         max_new_tokens=MAX_NEW,
-        fast=FastConfig(**values),  # type: ignore[arg-type]
+        fast=EngineSettings.model_validate(values),
     )
+
+
+def _with(config: EngineConfig, **model: object) -> EngineConfig:
+    """``config`` with these model settings."""
+    return dataclasses.replace(config, model=config.model.model_copy(update=model))
 
 
 @pytest.fixture(scope="module")
@@ -470,18 +472,14 @@ async def test_fast_engine_serves_through_http(start_app: StartApp) -> None:
     assert len(batch.json()["translations"]) == 2
 
 
-def test_settings_keep_engine_options_to_their_engine(data_dir: Path) -> None:
-    with pytest.raises(ValueError, match="fp8"):
-        Settings(data_dir=data_dir, engine="continuous", quantization="fp8")
-    with pytest.raises(ValueError, match="fast_num_pages"):
-        Settings(data_dir=data_dir, engine="static", fast_num_pages=10)
+def test_settings_refuse_bitsandbytes_weights_on_the_fast_engine(data_dir: Path) -> None:
     with pytest.raises(ValueError, match="bitsandbytes"):
         Settings(data_dir=data_dir, engine="fast", quantization="nf4")
-    fast = Settings(data_dir=data_dir, engine="fast", quantization="fp8", fast_num_pages=10)
+    fast = Settings(data_dir=data_dir, quantization="fp8", fast_num_pages=10)
     config = fast.engine_config()
     assert config.fast.num_pages == 10
-    assert config.quantization == "fp8"
-    assert dataclasses.replace(config, engine="fast").fast.page_size == 128
+    assert config.model.quantization == "fp8"
+    assert config.kind() == "fast"
 
 
 def _compressed_fp8_checkpoint(source: Path, target: Path) -> Path:
@@ -518,13 +516,14 @@ async def test_compressed_tensors_fp8_checkpoint_runs_as_fp8_quantized_at_load(
     data_dir: Path, tmp_path: Path, prompts: list[tuple[int, ...]]
 ) -> None:
     folder = _compressed_fp8_checkpoint(ensure_demo_model(data_dir), tmp_path / "fp8")
-    # Only the fast engine can run it: the others would see the FP8 values without their scales.
-    with pytest.raises(RuntimeError, match="HYMT_ENGINE=fast"):
-        load_model(dataclasses.replace(_config(data_dir), model_id=str(folder), engine="static"))
+    # Only the fast engine can run it: transformers would see the FP8 values without their
+    # scales.
+    with pytest.raises(RuntimeError, match="only the fast engine reads"):
+        load_model(_with(_config(data_dir), model_id=str(folder), quantization="nf4"))
     outputs = []
     for config in (
-        dataclasses.replace(_config(data_dir), model_id=str(folder)),
-        dataclasses.replace(_config(data_dir), quantization="fp8"),
+        _with(_config(data_dir), model_id=str(folder)),
+        _with(_config(data_dir), quantization="fp8"),
     ):
         engine = RecordingEngine(load_model(config), config)
         try:
@@ -556,8 +555,8 @@ async def test_mixture_of_experts_fp8_checkpoint_reads_every_expert_with_its_sca
     source = ensure_demo_model(data_dir, "hy-v3")
     folder = _compressed_fp8_checkpoint(source, tmp_path / "fp8-moe")
     base = _config(data_dir, "hy-v3")
-    from_checkpoint = dataclasses.replace(base, model_id=str(folder))
-    reference = load_model(dataclasses.replace(base, quantization="fp8"))
+    from_checkpoint = _with(base, model_id=str(folder))
+    reference = load_model(_with(base, quantization="fp8"))
     for layer in reference.model.model.layers:
         experts = getattr(layer.mlp, "experts", None)
         if experts is not None:
@@ -565,7 +564,7 @@ async def test_mixture_of_experts_fp8_checkpoint_reads_every_expert_with_its_sca
                 tensor.data = torch.stack([_dequantized(w) for w in tensor.data])
     engines = [
         RecordingEngine(load_model(from_checkpoint), from_checkpoint),
-        RecordingEngine(reference, dataclasses.replace(base, quantization="fp8")),
+        RecordingEngine(reference, _with(base, quantization="fp8")),
     ]
     try:
         read, wanted = (engine._weights.layers[1].moe for engine in engines)
@@ -603,10 +602,9 @@ def test_one_scale_per_matrix_applies_to_every_row(tmp_path: Path) -> None:
     assert (restored - weight).abs().max() <= 0.07 * weight.abs().max()
 
 
-def test_auto_is_the_fast_engine_on_cuda_where_it_runs_the_model() -> None:
-    dense = EngineConfig()
-    assert engine_kind(dense, "cuda") == "fast"
-    assert engine_kind(dense, "cpu") == "static"
-    assert engine_kind(EngineConfig(chat_format="hy-v3"), "cuda") == "fast"
-    assert engine_kind(EngineConfig(quantization="nf4"), "cuda") == "continuous"
-    assert engine_kind(EngineConfig(engine="continuous"), "cuda") == "continuous"
+def test_auto_is_the_fast_engine_but_for_bitsandbytes_weights() -> None:
+    assert EngineConfig().kind() == "fast"
+    assert EngineConfig(chat_format="hy-v3").kind() == "fast"
+    assert EngineConfig(model=ModelSettings(quantization="fp8")).kind() == "fast"
+    for bits in ("nf4", "int8"):
+        assert EngineConfig(model=ModelSettings(quantization=bits)).kind() == "continuous"

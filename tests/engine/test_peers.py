@@ -10,12 +10,13 @@ import zmq
 import zmq.asyncio
 
 from loadtests.ipc import DECODING
-from service.engine.client import EngineClient
-from service.engine.config import BatchingConfig, EngineConfig
-from service.engine.follower import EngineFollower
-from service.engine.protocol import Finished, Ready, Stats, Submit, api_decoder, encoder
-from service.engine.types import GenerationRequest
-from service.errors import EngineUnavailable
+from service.config.engine import EngineConfig
+from service.contract.errors import EngineUnavailable
+from service.contract.protocol import Finished, Ready, Stats, Submit, api_decoder, encoder
+from service.contract.types import GenerationRequest
+from service.frontend.engine_link.client import EngineClient
+from service.frontend.engine_link.follower import EngineFollower
+from service.wiring import engine_entry
 from tests.api.test_faults import until
 from tests.fakes import FakeControl
 
@@ -29,8 +30,8 @@ async def test_a_second_api_process_gets_its_own_answers_and_every_report(
     follower = (f"ipc://{tmp_path}/f-requests", f"ipc://{tmp_path}/f-results")
     results.bind(follower[1])
     requests.connect(follower[0])
-    config = EngineConfig(batching=BatchingConfig(max_batch_size=8, max_wait_s=0.0))
-    leader = EngineClient(config, fake.loader(), followers=[follower])
+    config = EngineConfig()
+    leader = EngineClient(config, engine_entry(fake.loader()), followers=[follower])
     decoder = api_decoder()
     try:
         await leader.start()
@@ -72,9 +73,9 @@ async def test_a_follower_serves_through_the_leaders_engine_and_follows_its_rest
 
     follower = EngineFollower(peer, heartbeat_timeout_s=0.5, on_ready=on_ready)
     follower.start()
-    config = EngineConfig(batching=BatchingConfig(max_batch_size=8, max_wait_s=0.0))
+    config = EngineConfig()
     request = GenerationRequest(tuple(range(7)), 4, DECODING)
-    first = EngineClient(config, fake.loader(), followers=[peer])
+    first = EngineClient(config, engine_entry(fake.loader()), followers=[peer])
     try:
         await first.start()
         await until(lambda: follower.available)
@@ -88,7 +89,7 @@ async def test_a_follower_serves_through_the_leaders_engine_and_follows_its_rest
         with pytest.raises(EngineUnavailable):
             await asyncio.wait_for(held, 5)
         fake.release()
-        second = EngineClient(config, fake.loader(), followers=[peer])
+        second = EngineClient(config, engine_entry(fake.loader()), followers=[peer])
         await second.start()
         try:
             await until(lambda: follower.available)

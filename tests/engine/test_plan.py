@@ -7,14 +7,14 @@ import logging
 import pytest
 import torch
 
-from service.engine.config import FastConfig
+from service.config.engine import EngineSettings
 from service.engine.fast.plan import plan_for
 
 CUDA = torch.device("cuda")  # only named here: resolving a plan calls nothing on the device
 
 
 def _graphs(dtype: torch.dtype, moe: bool, setting: str = "auto") -> bool:
-    config = FastConfig(cuda_graph=setting, attention="flex")  # type: ignore[arg-type]
+    config = EngineSettings(cuda_graph=setting, attention="flex")
     _rows, _prefill, graphs, _compiled, _attention = plan_for(config, CUDA, dtype, moe)
     return graphs
 

@@ -7,8 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
-from service.engine.sampling import NO_TOP_K, PerRequestSampling, request_kwargs
-from service.engine.types import (
+from service.contract.types import (
     MAX_REPETITION_PENALTY,
     MAX_TEMPERATURE,
     MAX_TOP_K,
@@ -17,6 +16,7 @@ from service.engine.types import (
     MODEL_CARD_DECODING,
     Decoding,
 )
+from service.engine.sampling import NO_TOP_K, PerRequestSampling, request_kwargs
 
 
 def _args(rows: list[dict[str, float | int]]) -> torch.Tensor:

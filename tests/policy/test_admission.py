@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from service.errors import DeadlineExceeded, EngineUnavailable, Overloaded, ServiceError
-from service.metrics import Metrics
-from service.policy.admission import Admission
+from service.contract.errors import DeadlineExceeded, EngineUnavailable, Overloaded, ServiceError
+from service.frontend.metrics import Metrics
+from service.frontend.policy.admission import Admission
 
 
 class Clock:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from service.translation.cache import ResultCache
+from service.frontend.translation.cache import ResultCache
 
 
 class Clock:

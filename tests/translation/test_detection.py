@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from loadtests import detection as benchmark
-from service.translation.detection import LanguageDetector
-from service.translation.languages import LanguageTable
+from service.frontend.translation.detection import LanguageDetector
+from service.frontend.translation.languages import LanguageTable
 
 
 @pytest.fixture(scope="module")

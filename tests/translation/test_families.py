@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from service.errors import Unsupported
-from service.translation.families import HUNYUAN_MT, HY_MT2, HY_MT15, resolve_model
-from service.translation.languages import LanguageTable
-from service.translation.prompts import PromptFormat, TranslationOptions
-from service.translation.tags import number_tags
-from service.translation.thinking import ThoughtFilter, without_thoughts
+from service.config.models import resolve_model
+from service.contract.errors import Unsupported
+from service.frontend.translation.families import HUNYUAN_MT, HY_MT2, HY_MT15
+from service.frontend.translation.languages import LanguageTable
+from service.frontend.translation.prompts import PromptFormat, TranslationOptions
+from service.frontend.translation.tags import number_tags
+from service.frontend.translation.thinking import ThoughtFilter, without_thoughts
 
 LANGS = LanguageTable()
 EN, ZH, DE, FR = LANGS["en"], LANGS["zh"], LANGS["de"], LANGS["fr"]
@@ -186,7 +187,7 @@ def test_the_model_is_resolved_from_its_name_or_the_settings(
     model_id: str | None, family: str | None, size: str | None, expected: tuple[str, str, str]
 ) -> None:
     spec = resolve_model(model_id, family, size)
-    assert (spec.family.name, spec.size, spec.chat_format) == expected
+    assert (spec.family, spec.size, spec.chat_format) == expected
 
 
 def test_an_unknown_model_or_size_is_refused_with_what_to_set() -> None:

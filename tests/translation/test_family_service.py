@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.translation.detection import Detection, target_mismatch
-from service.translation.languages import LanguageTable
+from service.frontend.translation.detection import Detection, target_mismatch
+from service.frontend.translation.languages import LanguageTable
 from tests.conftest import ServiceClient, StartApp
 from tests.fakes import FakeControl
 

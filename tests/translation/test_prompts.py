@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from service.errors import UnknownLanguage
-from service.translation.languages import LanguageTable
-from service.translation.prompts import PromptFormat, looks_chinese
+from service.contract.errors import UnknownLanguage
+from service.frontend.translation.languages import LanguageTable
+from service.frontend.translation.prompts import PromptFormat, looks_chinese
 
 LANGS = LanguageTable()
 FORMAT = PromptFormat()

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from service.translation.segments import split_document
+from service.frontend.translation.segments import split_document
 from tests.conftest import ServiceClient, StartApp
 from tests.fakes import FakeControl
 

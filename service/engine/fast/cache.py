@@ -13,7 +13,9 @@ mask reads both).
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -58,6 +60,21 @@ def workspace_bytes(geometry: Geometry, rows: int, prefill_tokens: int) -> int:
 PAGE_QUANTUM = 64
 
 
+def free_bytes(device: torch.device) -> int:
+    """Memory still free on ``device``: the GPU's, or on a CPU what the kernel reports
+    available (free and reclaimable) to a new allocation."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def budget_pages(
     geometry: Geometry,
     layers: int,
@@ -66,14 +83,14 @@ def budget_pages(
     device: torch.device,
     memory_fraction: float,
     reserved: int = 0,
+    most: int | None = None,
 ) -> int:
     """Pages that fit in ``memory_fraction`` of the device's free memory less ``reserved``
-    bytes (``workspace_bytes``; CUDA only: elsewhere the budget must be given)."""
-    if device.type != "cuda":
-        raise ValueError("on a CPU the fast engine's KV cache needs an explicit page count")
-    free, _total = torch.cuda.mem_get_info(device)
-    usable = max(0, free - reserved) * memory_fraction
+    bytes (``workspace_bytes``), and no more than ``most``."""
+    usable = max(0, free_bytes(device) - reserved) * memory_fraction
     pages = int(usable) // page_bytes(geometry, layers, page_size, dtype)
+    if most is not None:
+        pages = min(pages, most)
     # The compiled decode kernels are specialised to the cache's size, and the free memory
     # differs by some megabytes from one start to the next (another process's context, the
     # allocator's leftovers): whole multiples of PAGE_QUANTUM let a restart find them in the
@@ -106,8 +123,11 @@ def fit_rows_and_pages(
     fitted = rows
     while True:
         reserved = workspace_bytes(geometry, fitted, prefill_tokens)
+        # Never more than every row could fill at the model's longest sequence (on a CPU
+        # the free memory is the host's, far more than a small model's rows ever need).
+        most = fitted * pages_for(geometry.max_positions, page_size) + 1
         pages = budget_pages(
-            geometry, layers, page_size, dtype, device, memory_fraction, reserved=reserved
+            geometry, layers, page_size, dtype, device, memory_fraction, reserved, most
         )
         if pages >= fitted:
             if fitted != rows:
@@ -117,7 +137,7 @@ def fit_rows_and_pages(
                 )
             return fitted, pages
         if rows_given or fitted // 2 < MIN_FITTED_ROWS:
-            free, _total = torch.cuda.mem_get_info(device)
+            free = free_bytes(device)
             raise RuntimeError(
                 f"the fast engine's KV cache would hold only {pages} pages for {fitted} decode "
                 f"rows: {free / 2**30:.2f} GiB are free after loading and "

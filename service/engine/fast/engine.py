@@ -28,7 +28,21 @@ import numpy as np
 import torch
 import torch._inductor.config
 
-from service.engine.config import EngineConfig, FastConfig
+from service.config.engine import EngineConfig, EngineSettings
+from service.contract.errors import (
+    EngineUnavailable,
+    GenerationFailed,
+    InvalidInput,
+    OutOfMemory,
+    ServiceError,
+)
+from service.contract.types import (
+    Completion,
+    Decoding,
+    GenerationRequest,
+    GenerationResult,
+    TextSink,
+)
 from service.engine.fast.attention import (
     DecodeAttention,
     FlexDecode,
@@ -60,20 +74,6 @@ from service.engine.fast.sampler import RowSampling, needs_full_sort, race_noise
 from service.engine.fast.weights import Geometry, is_dense, take_weights
 from service.engine.generation import LoadedEngine
 from service.engine.loading import LoadedModel
-from service.engine.types import (
-    Completion,
-    Decoding,
-    GenerationRequest,
-    GenerationResult,
-    TextSink,
-)
-from service.errors import (
-    EngineUnavailable,
-    GenerationFailed,
-    InvalidInput,
-    OutOfMemory,
-    ServiceError,
-)
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class _Launched:
 
 
 class FastEngine(LoadedEngine):
-    """Implements ``ContinuousEngine`` with the project's own paged, graph-captured decode."""
+    """Implements ``Engine`` with the project's own paged, graph-captured decode."""
 
     kind = "fast"
 
@@ -116,7 +116,7 @@ class FastEngine(LoadedEngine):
         moe = not is_dense(loaded.model)
         rows, prefill, graphs, compiled, attention_kind = plan_for(fast, device, loaded.dtype, moe)
         if compiled:
-            use_compile_cache(config.data_dir)
+            use_compile_cache(config.model.data_dir)
             # Compiled kernels round to the model's dtype where the eager code does (inductor
             # otherwise keeps float32 between fused operations): closer to transformers in bf16.
             if hasattr(torch._inductor.config, "emulate_precision_casts"):
@@ -125,7 +125,7 @@ class FastEngine(LoadedEngine):
         fused_rope = fused_rope_for(fast.fused_rope, loaded.dtype, device)
         ready = pdl_ready(fast.pdl, graphs, device, fused_rope, attention_kind)
         fold = fold_norms_for(fast.fold_norms, loaded, moe, fp8, ready)
-        self._weights = take_weights(loaded.model, config.quantization, fp8, fold_norms=fold)
+        self._weights = take_weights(loaded.model, config.model.quantization, fp8, fold_norms=fold)
         geometry = self._weights.geometry
         layers = len(self._weights.layers)
         page_size = fast.page_size
@@ -245,21 +245,22 @@ class FastEngine(LoadedEngine):
         self._buckets = buckets
         self._static = static and compiled
         label = (
-            "fp8" if fp8 is not None or config.quantization == "fp8" else self._info.quantization
+            "fp8"
+            if fp8 is not None or config.model.quantization == "fp8"
+            else self._info.quantization
         )
         self._info = dataclasses.replace(
             self._info,
             quantization=label,
             weights_bytes=self._weights.nbytes(),
             attention=attention.name,
-            compiled_norms=0,
         )
         log.info("fast engine ready", extra=dataclasses.asdict(self.plan))
         self._thread = threading.Thread(target=self._loop, name="fast-engine", daemon=True)
         self._thread.start()
 
     def _attention(
-        self, kind: str, geometry: Geometry, compiled: bool, fast: FastConfig
+        self, kind: str, geometry: Geometry, compiled: bool, fast: EngineSettings
     ) -> DecodeAttention:
         if kind == "gather":
             return GatherDecode(self._cache, self._rows)

@@ -1,4 +1,4 @@
-"""What the fast engine runs on this device: its settings (``FastConfig``) resolved against
+"""What the fast engine runs on this device: its settings (``EngineSettings``) resolved against
 the device, the dtype and the model into rows, prefill chunk, graphs, compile, the decode
 attention and the lone request's kernels (fused RoPE, folded norms, PDL), and the ``Plan`` that
 /health and the logs report.
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from service.engine.config import FastConfig
+from service.config.engine import EngineSettings
 from service.engine.fast import gemv, launch, rope
 from service.engine.fast.attention import triton_runs
 from service.engine.fast.checkpoint import Fp8Checkpoint
@@ -42,7 +42,7 @@ class Plan:
 
 
 def plan_for(
-    config: FastConfig, device: torch.device, dtype: torch.dtype, moe: bool
+    config: EngineSettings, device: torch.device, dtype: torch.dtype, moe: bool
 ) -> tuple[int, int, bool, bool, str]:
     """Rows, prefill chunk, graphs, compile and the attention backend on ``device``, for a
     model with mixture-of-experts blocks where ``moe``."""

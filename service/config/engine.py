@@ -1,0 +1,171 @@
+"""The engine's settings (``EngineSettings``) and all the engine process receives
+(``EngineConfig``): the model and engine sub-models as they are, with what the edge derived from
+the model family. Frozen, so it crosses the process boundary as one pickled value."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import Field
+
+from service.config.kinds import ChatFormat, EngineKind, LogLevel, Toggle
+from service.config.model import ModelSettings
+from service.config.section import Section
+from service.contract.protocol import Peer
+from service.contract.types import MODEL_CARD_DECODING, Decoding, Engine
+
+
+class EngineSettings(Section):
+    """The fast engine: its paged cache, batch rows, prefill chunk, graphs and kernels."""
+
+    kind: EngineKind = Field(
+        "auto",
+        alias="engine",
+        description="The serving engine: fast, the project's own (paged KV cache, decode steps "
+        "as CUDA graphs on a GPU), on every device. auto = fast, but for nf4 or int8 weights, "
+        "which keep transformers' continuous batching until the fast engine reads them.",
+    )
+    page_size: int = Field(
+        128,
+        ge=16,
+        alias="fast_page_size",
+        description="Tokens per KV-cache page (a multiple of 16).",
+    )
+    num_pages: int | None = Field(
+        None,
+        ge=2,
+        alias="fast_num_pages",
+        description="KV-cache pages, an explicit memory budget (unset: fast_memory_fraction of "
+        "the memory free after loading, the GPU's or on a CPU the host's).",
+    )
+    memory_fraction: float = Field(
+        0.85,
+        gt=0,
+        lt=1,
+        alias="fast_memory_fraction",
+        description="Share of the memory free after loading that the KV cache takes, once the "
+        "widest step's sampling buffers and prefill activations are set aside.",
+    )
+    max_rows: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        alias="fast_max_rows",
+        description="Most requests decoding at once (unset: 1,024 on CUDA, halved until the KV "
+        "cache holds a page per row, 64 elsewhere); more wait inside the engine.",
+    )
+    prefill_tokens: int | None = Field(
+        None,
+        ge=16,
+        alias="fast_prefill_tokens",
+        description="Most prompt tokens per prefill step; a longer prompt is prefilled in "
+        "chunks between decode steps (unset: 8,192 on CUDA, 512 elsewhere).",
+    )
+    cuda_graph: Toggle = Field(
+        "auto",
+        alias="fast_cuda_graph",
+        description="Decode steps as CUDA graphs (auto = on CUDA, but for a mixture-of-experts "
+        "model outside bf16, whose grouped GEMM reads back to the host).",
+    )
+    compile: Toggle = Field(
+        "auto",
+        alias="fast_compile",
+        description="torch.compile of the decode layer and its attention (auto = on CUDA); "
+        "compiled kernels are cached under data_dir/compile-cache.",
+    )
+    compile_scope: Literal["layer", "step"] = Field(
+        "layer",
+        alias="fast_compile_scope",
+        description="What one compiled unit covers: layer = one decode layer, reused by all "
+        "(quick to compile); step = the whole stack (inductor may fuse across layers).",
+    )
+    decode_shapes: Literal["static", "dynamic"] = Field(
+        "static",
+        alias="fast_decode_shapes",
+        description="static compiles the decode step once per batch-size bucket (kernels "
+        "specialised to each size; a cold start compiles longer); dynamic compiles the largest "
+        "bucket for its size and one graph with a symbolic batch size for the others.",
+    )
+    fused_rope: Toggle = Field(
+        "auto",
+        alias="fast_fused_rope",
+        description="Each decode layer's RoPE, query/key norms and KV-cache writes as one "
+        "Triton kernel: auto where it runs (bf16 or fp16 on CUDA); on forces it (refusing to "
+        "start without Triton); off keeps the compiled torch code.",
+    )
+    pdl: Toggle = Field(
+        "auto",
+        alias="fast_pdl",
+        description="A lone request's decode layers launch the engine's own kernels with "
+        "programmatic dependent launch inside the CUDA graph. Needs the fused RoPE, every norm "
+        "folded (a dense model), the Triton decode attention, compute capability 9.0+ and "
+        "Triton 3.4+ (auto: where all of that holds; on: refuses to start otherwise).",
+    )
+    fold_norms: Toggle = Field(
+        "auto",
+        alias="fast_fold_norms",
+        description="Fold each RMSNorm's weight into the projection after it, so a lone "
+        "request's one-row kernel applies the norm itself. auto: where every norm folds (a "
+        "dense model, not an FP8 checkpoint) and a lone request's layers launch with PDL; on: "
+        "also elsewhere. Rounds the folded weights once more.",
+    )
+    attention: Literal["auto", "triton", "flex", "gather"] = Field(
+        "auto",
+        alias="fast_attention",
+        description="Decode attention. triton = the engine's own kernel for batches of up to "
+        "fast_triton_attention_rows rows, FlexAttention above; flex = FlexAttention over the "
+        "paged cache; gather = each row's pages copied out for SDPA (exact, slower); auto = "
+        "triton for bf16 or fp16 on CUDA, flex for float32 on CUDA, gather elsewhere.",
+    )
+    triton_attention_rows: int = Field(
+        16,
+        ge=1,
+        alias="fast_triton_attention_rows",
+        description="The largest decode batch that takes the Triton decode attention; larger "
+        "batches take FlexAttention.",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """What to load, how to drive it, and how often to report."""
+
+    model: ModelSettings = field(default_factory=ModelSettings)
+    fast: EngineSettings = field(default_factory=EngineSettings)
+    # The turn format of the model's family and size: picks the demo model (and the demo
+    # tokenizer of a ``dummy`` load) when no model is given.
+    chat_format: ChatFormat = "hunyuan-7b"
+    # The config in ``configs/`` a ``dummy`` load builds when no model is given.
+    shipped_config: str = "hunyuan-mt-7b"
+    # Whether the chat template's generation prompt follows the user turn.
+    add_generation_prompt: bool = False
+    decoding: Decoding = MODEL_CARD_DECODING
+    max_new_tokens: int = 1024
+    log_level: LogLevel = "info"
+    stats_interval_s: float = 0.1
+
+    def kind(self) -> Literal["fast", "continuous"]:
+        """The fast engine, on every device, but for bitsandbytes weights (nf4, int8), which
+        its projections cannot read yet: those keep transformers' continuous batching."""
+        if self.model.quantization in ("nf4", "int8") and self.fast.kind == "auto":
+            return "continuous"
+        return "fast"
+
+    def check(self) -> None:
+        """Refuse a quantization the chosen engine cannot run, before minutes of loading."""
+        quantization = self.model.quantization
+        if quantization in ("nf4", "int8") and self.kind() == "fast":
+            raise ValueError(
+                f"the fast engine does not run bitsandbytes {quantization} yet; leave "
+                "HYMT_ENGINE unset (auto) to serve it, or use quantization=fp8 or none"
+            )
+
+
+# The engine process's entry: serves the API processes at ``peers`` (the first started it) with
+# the engine ``config`` describes, until told to stop. Picklable: spawn sends it by reference.
+# The edge builds it (``service.wiring``), so the API process's own code never names the engine.
+EngineEntry = Callable[[EngineConfig, Sequence[Peer]], None]
+# Builds the engine inside the engine process; must be picklable (spawn sends it by reference).
+EngineLoader = Callable[[EngineConfig], Engine]

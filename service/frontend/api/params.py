@@ -1,0 +1,66 @@
+"""Request bodies of the compatibility dialects, which accept JSON and form bodies alike.
+
+LibreTranslate and DeepL clients send ``application/json``, ``application/x-www-form-urlencoded``
+or ``multipart/form-data``; DeepL forms repeat ``text`` once per text. Everything becomes one
+mapping of name to a string or a list of strings, then one typed request model of the dialect
+(``parse``). Whatever a client sends, the outcome is that model or ``InvalidInput``: a body
+nested thousands deep, a number of thousands of digits, bytes that are not UTF-8 or a form that
+cannot be parsed are client errors, never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from service.contract.errors import InvalidInput
+
+Params = dict[str, Any]
+M = TypeVar("M", bound=BaseModel)
+
+
+async def read_params(request: Request) -> Params:
+    """The query's parameters, overridden by the body's (a form or a JSON object)."""
+    query: Params = {}
+    for key in request.query_params:
+        values = request.query_params.getlist(key)
+        query[key] = values if len(values) > 1 else values[0]
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        try:
+            form = await request.form()
+        except Exception:  # python-multipart raises several types for malformed bodies
+            raise InvalidInput("invalid request: the form body cannot be parsed") from None
+        params = dict(query)
+        for key in form:
+            values = [value for value in form.getlist(key) if isinstance(value, str)]
+            params[key] = values if len(values) > 1 else (values[0] if values else "")
+        # Uploaded files are spooled to temporary files: closed here, whoever reads the form
+        # (a route that wants a file reads it first: ``api.documents.read_upload``).
+        await form.close()
+        return params
+    body = await request.body()
+    if not body:
+        return query
+    try:
+        decoded = json.loads(body)
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
+        raise InvalidInput("invalid request: the body is neither JSON nor a form") from None
+    if not isinstance(decoded, dict):
+        raise InvalidInput("invalid request: the body must be a JSON object")
+    return {**query, **decoded}
+
+
+def parse(model: type[M], params: Params) -> M:
+    """``params`` as the dialect's typed request, or ``InvalidInput`` naming the field."""
+    try:
+        return model.model_validate(params)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        field = ".".join(str(part) for part in problem.get("loc", ())) or "body"
+        if problem.get("type") == "missing":
+            raise InvalidInput(f"invalid request: missing {field} parameter") from None
+        raise InvalidInput(f"invalid request: {field}: {problem.get('msg', 'invalid')}") from None

@@ -1,0 +1,215 @@
+"""The application factory: ``create_app(settings)`` wires the layers together.
+
+No work happens at import time. The lifespan starts the runtime (the engine process loads in the
+background so liveness answers at once) and drains and stops it on shutdown. This is the edge:
+``Settings`` is split here into the per-layer configs, and no layer below sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from starlette.responses import Response
+from starlette.types import Scope
+
+from service import __version__
+from service.config.engine import EngineEntry
+from service.config.settings import Settings
+from service.contract.protocol import Peer
+from service.frontend import layers
+from service.frontend.access import AccessControl
+from service.frontend.api import native, probes
+from service.frontend.api.deepl import DEEPL, create_deepl_app
+from service.frontend.api.docs import install_docs
+from service.frontend.api.errors import NATIVE, Dialect, install_error_handlers
+from service.frontend.api.libretranslate import LIBRETRANSLATE, create_libretranslate_app
+from service.frontend.api.middleware import NO_TELEMETRY, Door, RequestContextMiddleware
+from service.frontend.api.openai import OPENAI, create_openai_app
+from service.frontend.api.web import install_web_page
+from service.frontend.documents.jobs import JobStore
+from service.frontend.documents.service import Documents
+from service.frontend.glossaries import GlossaryStore
+from service.frontend.metrics import Metrics
+from service.frontend.runtime import Runtime
+from service.frontend.shared import Redis
+
+
+def create_app(
+    settings: Settings,
+    *,
+    entry: EngineEntry,
+    metrics: Metrics | None = None,
+    on_fatal: Callable[[], None] = lambda: None,
+    tune_gc: bool = False,
+    followers: Sequence[Peer] = (),
+    follow: Peer | None = None,
+    before_engine_stop: Callable[[], Awaitable[None]] | None = None,
+    on_serving: Callable[[], None] | None = None,
+    before_listening: Callable[[], Awaitable[None]] | None = None,
+) -> FastAPI:
+    """A new app with its own runtime and metrics registry; nothing is loaded until it starts.
+
+    ``entry`` is what the engine process runs (``service.wiring.engine_entry``). ``on_fatal``
+    is called when the engine cannot be (re)started. ``tune_gc``: tune the garbage collector
+    once ready (``service.collector``), for a process that is the service. ``followers`` /
+    ``follow``: this app leads (starts the engine for) or follows other API processes sharing
+    one engine (``policy.following``);
+    ``before_engine_stop`` is awaited on shutdown between the drain and the engine's stop;
+    ``on_serving`` is called once the app first serves; a follower awaits ``before_listening``
+    (after it serves itself) before uvicorn listens.
+    """
+    metrics = metrics or Metrics()
+    redis = Redis(layers.redis_config(settings), metrics) if settings.cache.redis_url else None
+    runtime = Runtime(
+        settings.engine_config(),
+        layers.policy_config(settings),
+        layers.translation_config(settings),
+        metrics,
+        entry,
+        workers=settings.server.preparation_workers,
+        on_fatal=on_fatal,
+        tune_gc=tune_gc,
+        followers=followers,
+        follow=follow,
+        before_engine_stop=before_engine_stop,
+        redis=redis,
+    )
+
+    async def announce() -> None:
+        await runtime.wait_started()
+        if on_serving is not None and runtime.failure() is None:
+            on_serving()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if follow is None:  # the first process of the service: no job runs anywhere yet
+            await documents.recover()
+        runtime.start()
+        announcing = asyncio.create_task(announce(), name="announce-serving")
+        if follow is not None:
+            # A follower starts listening only once it serves (uvicorn listens after start-up)
+            # and the leader does: until then the kernel hands its share of the connections to
+            # the processes that listen, rather than to one that could only answer 503.
+            await announcing
+            if before_listening is not None:
+                await before_listening()
+        try:
+            yield
+        finally:
+            announcing.cancel()
+            door.close()
+            await documents.close()
+            await runtime.stop(settings.reliability.drain_timeout_s)
+            glossaries.close()
+
+    app = FastAPI(
+        title="Hunyuan-MT translation service",
+        version=__version__,
+        summary="Continuously batched, cached translation with Tencent's Hunyuan-MT models.",
+        root_path=settings.server.root_path,
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+        telemetry=NO_TELEMETRY,
+    )
+    access = AccessControl(layers.access_config(settings), redis)
+    glossaries = GlossaryStore(
+        settings.model.data_dir / "glossaries.sqlite3", layers.glossary_limits(settings)
+    )
+    app.state.glossaries = glossaries
+    documents = Documents(
+        JobStore(settings.model.data_dir / "documents", layers.documents_config(settings).limits),
+        lambda: runtime.translator,
+        layers.documents_config(settings),
+    )
+    app.state.runtime = runtime
+    app.state.access = access
+    app.include_router(native.router)
+    app.include_router(probes.router)
+    install_docs(app)
+    # Compatibility dialects: thin routers over the same runtime, each with its own error shape.
+    app.mount("/libretranslate", create_libretranslate_app(runtime, access, documents))
+    app.mount("/v2", create_deepl_app(runtime, access, glossaries, documents))
+    app.mount("/v1", create_openai_app(runtime, access))
+    if settings.server.web_page:
+        install_web_page(app)
+    install_error_handlers(app)
+    if settings.server.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.server.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+            expose_headers=["X-Request-ID", "X-Queue-Time-Ms", "X-Inference-Time-Ms", "X-Cache"],
+        )
+    door = Door(runtime.metrics, AdmissionGate(runtime))
+    app.state.door = door  # the HTTP server's protocol refuses through it too
+    app.add_middleware(
+        RequestContextMiddleware,
+        metrics=runtime.metrics,
+        max_body_bytes=settings.limits.max_body_bytes,
+        door=door,
+        uploads=UPLOADS,
+        max_upload_bytes=settings.documents.max_file_bytes,
+        dialects=(LIBRETRANSLATE, DEEPL, OPENAI),
+    )
+    return app
+
+
+# The routes that take a document upload (their body limit is the file limit).
+UPLOADS = frozenset({"/v2/document", "/libretranslate/translate_file"})
+# The routes that admit texts, and the dialect each answers in.
+_ADMITTING = {
+    "/translate": NATIVE,
+    "/batch_translate": NATIVE,
+    "/libretranslate/translate": LIBRETRANSLATE,
+    "/v2/translate": DEEPL,
+    "/v1/chat/completions": OPENAI,
+}
+
+
+class AdmissionGate:
+    """The door of the admitting routes: 429 in the route's dialect while admission is full,
+    before the body is even read; requests on their way to admission counted as such.
+
+    The last refusal is kept and sent again while it would say the same (dialect, message,
+    Retry-After), as it does all through a flood: building a JSON response was most of what was
+    left of a refusal's cost once it no longer went through ASGI.
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._last: tuple[tuple[str, str, float], Response] | None = None
+
+    def closed(self) -> bool:
+        return self._runtime.admission.full
+
+    def refusal(self, scope: Scope) -> Response | None:
+        admission = self._runtime.admission
+        if not admission.full:
+            return None
+        dialect = _admitting(scope)
+        if dialect is None:
+            return None
+        error = admission.refusal()
+        key = (dialect.prefix, error.message, error.retry_after_s)
+        if self._last is None or self._last[0] != key:
+            self._last = (key, dialect.response(error))
+        return self._last[1]
+
+    def arrive(self, scope: Scope) -> Callable[[], None] | None:
+        if _admitting(scope) is None:
+            return None
+        return self._runtime.admission.arrive()
+
+
+def _admitting(scope: Scope) -> Dialect | None:
+    """The dialect of a request that admits texts, or None for any other request."""
+    if scope.get("method") != "POST":
+        return None
+    path = str(scope.get("path", "")).removeprefix(str(scope.get("root_path", "")))
+    return _ADMITTING.get(path)

@@ -1,0 +1,192 @@
+"""Runs document jobs in the API process that accepted them: units translated through the
+translator, progress and heartbeats written to the job store, the result rebuilt and stored.
+
+At most ``max_running`` jobs translate at once in a process; more wait queued. Units are sent
+a few at a time, so a document shares the engine with live requests rather than filling the
+queue: a full queue (``Overloaded``) makes the job wait and try again, never fail. A job that
+fails says why in its status; the service stopping fails the jobs it is running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from service.contract.errors import ServiceError
+from service.frontend.documents.formats import Parsed, Unit
+from service.frontend.documents.jobs import HEARTBEAT_S, Job, JobStore
+from service.frontend.policy.admission import patiently
+from service.frontend.translation.prompts import TranslationOptions
+from service.frontend.translation.translator import Translation, Translator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    max_running: int = 2
+    # Units of one job in the engine at once (``text`` units go in slices of the batch size).
+    units_in_flight: int = 4
+    # The deadline of each unit's translation.
+    unit_timeout_s: float = 600.0
+
+
+class DocumentRunner:
+    """Translates the jobs submitted to it, in the background."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        translator: Callable[[], Translator],
+        config: RunnerConfig | None = None,
+    ) -> None:
+        self._store = store
+        self._translator = translator
+        self._config = config or RunnerConfig()
+        self._running = asyncio.Semaphore(self._config.max_running)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._heart: asyncio.Task[None] | None = None
+
+    def submit(self, job: Job, parsed: Parsed, options: TranslationOptions) -> None:
+        """Translate ``job`` in the background."""
+        task = asyncio.create_task(self._run(job, parsed, options), name=f"document-{job.id}")
+        self._tasks[job.id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(job.id, None))
+        if self._heart is None or self._heart.done():
+            self._heart = asyncio.create_task(self._beat(), name="document-heartbeat")
+
+    def cancel(self, job_id: str) -> None:
+        """Stop translating ``job_id`` if it runs here (its job was deleted)."""
+        task = self._tasks.get(job_id)
+        if task is not None:
+            task.cancel()
+
+    async def wait(self, job_id: str) -> None:
+        """Until the job's translation ends here (at once when it does not run here)."""
+        task = self._tasks.get(job_id)
+        if task is not None:
+            await asyncio.shield(task)
+
+    async def close(self) -> None:
+        """Stop every job (each says it failed) and the heartbeat."""
+        tasks = [*self._tasks.values(), *([self._heart] if self._heart else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _beat(self) -> None:
+        while self._tasks:
+            await asyncio.to_thread(self._store.beat, list(self._tasks))
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def _run(self, job: Job, parsed: Parsed, options: TranslationOptions) -> None:
+        try:
+            async with self._running:
+                await asyncio.to_thread(self._store.start, job.id)
+                translations = await self._translate(job, parsed.units, options)
+                result = await asyncio.to_thread(parsed.rebuild, translations)
+                await asyncio.to_thread(self._store.finish, job, result)
+        except asyncio.CancelledError:
+            await asyncio.to_thread(
+                self._store.fail, job.id, "the service stopped while translating this document"
+            )
+            raise
+        except ServiceError as error:
+            await asyncio.to_thread(self._store.fail, job.id, error.message)
+        except Exception:
+            log.exception("document translation failed", extra={"document_id": job.id})
+            await asyncio.to_thread(self._store.fail, job.id, "internal error")
+
+    async def _translate(
+        self, job: Job, units: Sequence[Unit], options: TranslationOptions
+    ) -> list[str]:
+        """One translation per unit, in order, a few units at a time."""
+        translator = self._translator()
+        out: list[str] = [""] * len(units)
+        groups = _groups(units, translator.max_batch_items)
+        done = 0
+        gate = asyncio.Semaphore(self._config.units_in_flight)
+
+        async def run(indexes: list[int]) -> None:
+            nonlocal done
+            async with gate:
+                deadline = time.monotonic() + self._config.unit_timeout_s
+                texts = await patiently(
+                    lambda: self._once(translator, job, [units[i] for i in indexes], options),
+                    deadline,
+                )
+            for index, text in zip(indexes, texts, strict=True):
+                out[index] = text
+            done += sum(units[i].characters for i in indexes)
+            await asyncio.to_thread(self._store.progress, job.id, done)
+
+        await asyncio.gather(*(run(group) for group in groups))
+        return out
+
+    async def _once(
+        self, translator: Translator, job: Job, units: list[Unit], options: TranslationOptions
+    ) -> list[str]:
+        deadline = time.monotonic() + self._config.unit_timeout_s
+        kind = units[0].kind
+        if kind == "document":
+            (unit,) = units
+            translation = await translator.document(
+                unit.text,
+                job.target_lang,
+                job.source_lang,
+                deadline=deadline,
+                options=options,
+                paced=True,
+            )
+            return [translation.text]
+        if kind == "text":
+            outcomes = await translator.translate_batch(
+                [unit.text for unit in units],
+                job.target_lang,
+                job.source_lang,
+                deadline=deadline,
+                options=options,
+            )
+        else:
+            outcomes = await translator.translate_markup(
+                [unit.text for unit in units],
+                job.target_lang,
+                job.source_lang,
+                deadline=deadline,
+                inline=frozenset().union(*(unit.inline for unit in units)),
+                paced=True,
+            )
+        return [_text(outcome) for outcome in outcomes]
+
+
+def _text(outcome: Translation | ServiceError) -> str:
+    if isinstance(outcome, ServiceError):
+        raise outcome
+    return outcome.text
+
+
+def _groups(units: Sequence[Unit], batch: int) -> list[list[int]]:
+    """Unit indexes in the groups sent together: consecutive ``text`` or ``markup`` units up to
+    ``batch`` of them, each ``document`` unit alone."""
+    groups: list[list[int]] = []
+    for index, unit in enumerate(units):
+        last = groups[-1] if groups else None
+        if (
+            last is not None
+            and unit.kind != "document"
+            and units[last[0]].kind == unit.kind
+            and len(last) < batch
+        ):
+            last.append(index)
+        else:
+            groups.append([index])
+    return groups
+
+
+def options_json(options: TranslationOptions) -> str:
+    """The options asked, for the job's record."""
+    return json.dumps({name: True for name in options.asked()})

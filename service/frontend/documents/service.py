@@ -1,0 +1,142 @@
+"""The documents domain in one object: upload (checked and parsed before it is accepted),
+status, the one download, and waiting for a job; the API dialects call only this."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from service.contract.errors import InvalidInput, PayloadTooLarge, TextTooLong
+from service.frontend.documents.formats import (
+    MEDIA_TYPES,
+    FileFormat,
+    PackageLimits,
+    format_of,
+    parse,
+)
+from service.frontend.documents.jobs import Job, JobLimits, JobStore
+from service.frontend.documents.runner import DocumentRunner, RunnerConfig, options_json
+from service.frontend.translation.prompts import PLAIN, TranslationOptions
+from service.frontend.translation.translator import Translator
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentsConfig:
+    max_file_bytes: int = 10 * 1024 * 1024
+    max_file_chars: int = 1_000_000
+    # The most characters of one unit translated as a document (a chunk of paragraphs).
+    chunk_chars: int = 50_000
+    package: PackageLimits = field(default_factory=PackageLimits)
+    limits: JobLimits = field(default_factory=JobLimits)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    # The scheme and host (and port) clients reach the service at, for links to results; None:
+    # the request's own (its Host header).
+    public_origin: str | None = None
+
+
+class Documents:
+    """Document jobs of one API process (the store is shared by all of them)."""
+
+    def __init__(
+        self, store: JobStore, translator: Callable[[], Translator], config: DocumentsConfig
+    ) -> None:
+        self._store = store
+        self._config = config
+        self._runner = DocumentRunner(store, translator, config.runner)
+        self._translator = translator
+
+    async def upload(
+        self,
+        owner: str,
+        filename: str,
+        data: bytes,
+        target_lang: str,
+        source_lang: str | None,
+        options: TranslationOptions = PLAIN,
+        charge: Callable[[int], None] = lambda characters: None,
+    ) -> Job:
+        """A job for the file, translating in the background; the file is refused (4xx) before
+        any job exists when it is too large, of an unknown type, or cannot be read, or when
+        ``charge`` refuses its characters (the caller's quota)."""
+        if len(data) > self._config.max_file_bytes:
+            raise PayloadTooLarge(f"file: over {self._config.max_file_bytes} bytes")
+        if not data:
+            raise InvalidInput("file: the document is empty")
+        file_format: FileFormat = format_of(filename)
+        # Checked now, so a wrong language is a 4xx of the upload, not a failed job.
+        self._translator().languages_of(target_lang, source_lang)
+        parsed = await asyncio.to_thread(
+            parse, data, file_format, self._config.chunk_chars, self._config.package
+        )
+        characters = parsed.characters
+        if characters > self._config.max_file_chars:
+            raise TextTooLong(
+                f"file: {characters} characters to translate, at most {self._config.max_file_chars}"
+            )
+        charge(characters)
+        job = await asyncio.to_thread(
+            self._store.create,
+            owner,
+            filename,
+            file_format,
+            data,
+            target_lang,
+            source_lang,
+            options_json(options),
+            characters,
+        )
+        self._runner.submit(job, parsed, options)
+        return job
+
+    async def status(self, owner: str | None, job_id: str, key: str | None) -> Job:
+        return await asyncio.to_thread(self._store.get, owner, job_id, key)
+
+    async def result(self, owner: str | None, job_id: str, key: str | None) -> tuple[Job, bytes]:
+        """The result to serve; ``downloaded`` once it was sent whole (served once)."""
+        return await asyncio.to_thread(self._store.result, owner, job_id, key)
+
+    async def downloaded(self, job: Job, arrived: bool) -> None:
+        """How sending ``job``'s result went: arrived (served once), or not (served again)."""
+        await asyncio.to_thread(self._store.downloaded if arrived else self._store.released, job)
+
+    async def delete(self, owner: str, job_id: str, key: str) -> None:
+        """The job stopped where it runs here, and gone with its files."""
+        self._runner.cancel(job_id)
+        await asyncio.to_thread(self._store.delete, owner, job_id, key)
+
+    async def wait(self, job: Job) -> Job:
+        """The job once its translation in this process has ended."""
+        await self._runner.wait(job.id)
+        return await self.status(job.owner, job.id, job.key)
+
+    def public_link(self, url: str) -> str:
+        """``url`` (built from the request) on the service's public origin, where one is set:
+        neither a port a proxy dropped nor a ``Host`` header a client made up ends up in it."""
+        if self._config.public_origin is None:
+            return url
+        origin = urllib.parse.urlsplit(self._config.public_origin)
+        return (
+            urllib.parse.urlsplit(url)._replace(scheme=origin.scheme, netloc=origin.netloc).geturl()
+        )
+
+    @staticmethod
+    def media_type(job: Job) -> str:
+        """The type a result is served with: its own, but never one a browser renders as a
+        page from the service's origin (a translated HTML file is served as text)."""
+        if job.format == "html":
+            return MEDIA_TYPES["txt"]
+        return MEDIA_TYPES.get(job.format, "application/octet-stream")
+
+    async def recover(self) -> None:
+        """At the start of a service (its first process): jobs left unfinished by the last
+        run say they failed, and expired ones go."""
+        await asyncio.to_thread(
+            self._store.fail_unfinished, "the service restarted while translating this document"
+        )
+        await asyncio.to_thread(self._store.purge)
+
+    async def close(self) -> None:
+        await self._runner.close()
+        self._store.close()
