@@ -2,16 +2,12 @@
 # Benchmarks on a GPU machine without internet (the H200 of docs/benchmarks.md).
 # Usage, from the repository root, with the web stack on PYTHONPATH (see docs/benchmarks.md):
 #   OUT=results bash loadtests/gpu/run.sh VARIANT...
-# Variants: cb (continuous batching, default knobs: varlen attention on CUDA, plus the naive
-# baseline), cb-sdpa (transformers' masked SDPA attention instead), cb-graph (CUDA graphs),
-# cb-eager (no compiled norms), cb-compile (compile level 1 + graphs), static (micro-batches of 128), nf4 (continuous batching
-# on NF4 weights, plus weights memory), nf4-head (the same with lm_head quantized too), cb-kvN
-# (key/value padding of N tokens for CUDA graphs, e.g. cb-kv1024), profile (loadtests.profile:
-# the engine alone, lone and loaded, with a torch.profiler trace of one lone request),
-# profile-eager (the same without compiled norms, HYMT_COMPILE_NORMS=off), ipc (loadtests.ipc:
-# the process split's own cost, to an engine that answers at once), overload (queue bound 512: a
-# flood of 4,096 requests at once (QUEUE sets the bound) with /health polled, then goodput at RATE requests/s, default
-# 85 (twice the 41 requests/s the cb variant sustains), under a DEADLINE, default 5 s).
+# Variants: nf4, int8, nf4-head (bitsandbytes weights on transformers' continuous batching,
+# with lm_head quantized too for nf4-head), profile (loadtests.profile: the engine alone, lone
+# and loaded, with a torch.profiler trace of one lone request), ipc (loadtests.ipc: the process
+# split's own cost, to an engine that answers at once), overload (queue bound 512: a flood of
+# 4,096 requests at once (QUEUE sets the bound) with /health polled, then goodput at RATE
+# requests/s, default 85, under a DEADLINE, default 5 s).
 # fast (the fast engine through HTTP, plus the naive baseline), fast-fp8 (its FP8 weights),
 # fast-profile / fast-profile-fp8 (loadtests.profile on the fast engine), fidelity-float32 /
 # fidelity-bfloat16 (loadtests.fidelity: TEXTS texts alone and in a CROWD, against generate()),
@@ -32,9 +28,8 @@ common=("${service_env[@]}" --out "$work")
 requests=${REQUESTS:-1024}
 for variant in "$@"; do
   echo "=== $variant $(date +%T)"
-  if [ "${variant%-eager}" = profile ]; then  # the engine without HTTP, and a torch.profiler trace
-    norms=auto; [ "$variant" = profile-eager ] && norms=off
-    HYMT_COMPILE_NORMS=$norms HYMT_LOAD_FORMAT=dummy HYMT_DATA_DIR="$work/data" timeout "${VARIANT_TIMEOUT:-280}" \
+  if [ "$variant" = profile ]; then  # the engine without HTTP, and a torch.profiler trace
+    HYMT_LOAD_FORMAT=dummy HYMT_DATA_DIR="$work/data" timeout "${VARIANT_TIMEOUT:-280}" \
       python3 -m loadtests.profile --requests "$requests" --report "$work/$variant.json" \
       > "$work/$variant.out" 2>&1
     echo "exit $?"; cat "$work/$variant.json" 2>/dev/null || tail -c 3000 "$work/$variant.out"
@@ -61,7 +56,7 @@ for variant in "$@"; do
   fi
   if [ "$variant" = stream ]; then  # loadtests.streaming: a 2,000-word document streamed
     timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.streaming --label stream \
-      "${common[@]}" --env HYMT_ENGINE=continuous > "$work/stream.out" 2>&1
+      "${common[@]}" > "$work/stream.out" 2>&1
     echo "exit $?"; cat "$work/stream.json" 2>/dev/null || tail -c 3000 "$work/stream.out"
     cp "$work/stream.json" "$out/" 2>/dev/null; continue
   fi
@@ -86,22 +81,14 @@ for variant in "$@"; do
     cp "$work/ipc.json" "$out/" 2>/dev/null; continue
   fi
   case $variant in
-    overload)   args=(--env HYMT_ENGINE=continuous --env HYMT_MAX_QUEUE_SIZE="${QUEUE:-512}" --baseline-requests 0
+    overload)   args=(--env HYMT_MAX_QUEUE_SIZE="${QUEUE:-512}" --baseline-requests 0
                       --flood-requests 4096 --flood-processes "${FLOOD_PROCESSES:-4}" --goodput-rate "${RATE:-85}"
                       --goodput-deadline "${DEADLINE:-5}" --goodput-duration 20) ;;
-    cb)         args=(--env HYMT_ENGINE=continuous --baseline-requests "${BASELINE:-12}") ;;
     fast)       args=(--env HYMT_ENGINE=fast --baseline-requests "${BASELINE:-12}") ;;
     fast-fp8)   args=(--env HYMT_ENGINE=fast --env HYMT_QUANTIZATION=fp8 --baseline-requests 0) ;;
-    cb-eager)   args=(--env HYMT_ENGINE=continuous --env HYMT_COMPILE_NORMS=off --baseline-requests 0) ;;
-    cb-sdpa)    args=(--env HYMT_ENGINE=continuous --env HYMT_CB_ATTENTION=sdpa --baseline-requests 0) ;;
-    cb-kv*)     args=(--env HYMT_ENGINE=continuous --env HYMT_CB_KV_PADDING="${variant#cb-kv}" --baseline-requests 0) ;;
-    nf4-head)   args=(--env HYMT_ENGINE=continuous --env HYMT_QUANTIZATION=nf4 --env HYMT_QUANTIZE_LM_HEAD=true --baseline-requests 0) ;;
-    nf4-head-sdpa) args=(--env HYMT_ENGINE=continuous --env HYMT_QUANTIZATION=nf4 --env HYMT_QUANTIZE_LM_HEAD=true --env HYMT_CB_ATTENTION=sdpa --env HYMT_CB_CUDA_GRAPH=off --baseline-requests 0) ;;
-    cb-graph)   args=(--env HYMT_ENGINE=continuous --env HYMT_CB_CUDA_GRAPH=on --baseline-requests 0) ;;
-    cb-compile) args=(--env HYMT_ENGINE=continuous --env HYMT_CB_CUDA_GRAPH=on --env HYMT_CB_COMPILE_LEVEL=1 --baseline-requests 0) ;;
-    cb-r512)    args=(--env HYMT_ENGINE=continuous --env HYMT_CB_CUDA_GRAPH=on --env HYMT_CB_MAX_REQUESTS_PER_BATCH=512 --baseline-requests 0) ;;
-    static)     args=(--env HYMT_ENGINE=static --env HYMT_MAX_BATCH_SIZE=128 --env HYMT_MAX_BATCH_TOKENS=65536 --baseline-requests 0) ;;
-    nf4)        args=(--env HYMT_ENGINE=continuous --env HYMT_QUANTIZATION=nf4 --baseline-requests 0) ;;
+    nf4-head)   args=(--env HYMT_QUANTIZATION=nf4 --env HYMT_QUANTIZE_LM_HEAD=true --baseline-requests 0) ;;
+    nf4)        args=(--env HYMT_QUANTIZATION=nf4 --baseline-requests 0) ;;
+    int8)       args=(--env HYMT_QUANTIZATION=int8 --baseline-requests 0) ;;
     *) echo "unknown variant $variant"; continue ;;
   esac
   n=$requests; [ "$variant" = overload ] && n=256  # its throughput step is only a check

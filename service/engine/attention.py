@@ -3,10 +3,8 @@
 transformers' continuous batching packs every request of a step into one sequence. With SDPA it
 then builds a block-diagonal mask over *all* keys of the step and attends every query to every
 key of every request: work and memory grow with (tokens in the step) x (KV tokens of all running
-requests), which held this project's H200 runs to 1,097.1-1,292.6 tokens/s. With a flash
-implementation it instead calls a varlen kernel that sees each request's own keys only
-(``cu_seq_lens``), a path transformers' own benchmarks put 3.3x ahead (4,585 vs 1,373 tokens/s,
-transformers PR #42839); here it measured 3,063.2-3,567.4 (docs/benchmarks.md). That path
+requests). With a flash implementation it instead calls a varlen kernel that sees each
+request's own keys only (``cu_seq_lens``), several times faster (docs/benchmarks.md). That path
 normally needs the ``flash-attn`` package (a CUDA build per torch version, absent on machines
 without internet), but
 torch itself contains the FlashAttention-2 varlen kernel (``aten._flash_attention_forward``, GQA

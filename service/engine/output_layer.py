@@ -2,9 +2,9 @@
 
 Hunyuan-MT-7B's vocabulary has 128,167 entries, an odd number of output rows. In bf16 that makes
 every logits row misaligned for vectorised stores, and cuBLAS falls back to an ``align1`` GEMM
-kernel: the H200 profile of a lone request put it at 1.18 of 12.49 ms of GPU time per token
-(``loadtests.profile``). bitsandbytes 0.50's kernels fail on the shape outright (NF4 on CUDA:
-"misaligned address" under load; on CPU the 4-bit kernel asserts rows divisible by 32). So the
+kernel, a visible share of a lone request's GPU time (``loadtests.profile``). bitsandbytes
+0.50's kernels fail on the shape outright (NF4 on CUDA: "misaligned address" under load; on CPU
+the 4-bit kernel asserts rows divisible by 32). So the
 untied output layer is rebuilt with its rows padded with zeros to a multiple of 128, and the
 extra logits are sliced off: callers see exactly the vocabulary they expect, and the padded
 tokens can never be chosen. Tied output layers (one matrix with the input embeddings) are left

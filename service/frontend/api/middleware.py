@@ -281,8 +281,7 @@ class RequestContextMiddleware:
         The app runs in this task, not a task of its own: it then reaches admission before
         the event loop serves any other request. From its own task it ran only on the loop's
         next turn, after every other request of the same burst had passed the check for a
-        full queue, and hundreds of them went the long way to a refusal (seen: 347 of a burst
-        of 1,500, each about 410 ms).
+        full queue, and hundreds of them went the long way to a refusal.
 
         Returns False when the client went away before the app finished.
         """

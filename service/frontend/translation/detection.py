@@ -6,19 +6,18 @@ Three signals, strongest first:
   Thai, Hebrew, Tamil...) decide alone, and kana means Japanese. Otherwise the candidates are the
   languages written in the text's main script: a Latin-script word is never Arabic, whatever a
   character model makes of five letters.
-- **py3langid** (a maintained fork of langid.py) over those candidates. Chosen over lingua and
-  langdetect on the shipped corpus: 88 of 89 sentences and 85 of 89 three-word fragments right
-  (lingua 89 and 85 but 37 ms per text and 96 MB; langdetect 88 and 73, randomised unless
-  seeded), a 4.5 MB model inside the package, deterministic. It knows 37 of the 38 languages;
+- **py3langid** (a maintained fork of langid.py) over those candidates. Chosen over lingua
+  (as accurate, much slower and larger) and langdetect (less accurate, randomised unless
+  seeded): a small model inside the package, deterministic. It knows 37 of the 38 languages;
   Tibetan script is reported by it as Dzongkha.
 - **Word frequencies** (wordfreq's small lists, 42 languages) for short texts, up to
   ``_SHORT_WORDS`` words, where a character model has too little to go on ("Hello" came out
-  Italian at 0.17, "World" Arabic): each word's frequency in each candidate language, as in a
+  Italian, "World" Arabic): each word's frequency in each candidate language, as in a
   naive Bayes over words, multiplied into py3langid's probabilities.
 
 ``confidence`` is the winner's share of the combined probability over the candidates; below
-``UNCERTAIN_BELOW`` the source language is reported as uncertain. The README has the measured
-accuracy (``python -m loadtests.detection``).
+``UNCERTAIN_BELOW`` the source language is reported as uncertain. docs/benchmarks.md has the
+measured accuracy (``python -m loadtests.detection``).
 """
 
 from __future__ import annotations
