@@ -29,7 +29,7 @@ from service.engine.generation import eos_ids, generation_config, pad_token_id
 from service.engine.loading import LoadedModel, load_model
 from service.engine.tokenization import tokenizer_spec
 from service.frontend import layers
-from service.frontend.translation.translator import PromptBuilder
+from service.frontend.translation.prompt_builder import PromptBuilder
 
 
 @dataclass

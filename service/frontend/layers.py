@@ -12,7 +12,7 @@ from service.frontend.documents.service import DocumentsConfig
 from service.frontend.glossaries import GlossaryLimits
 from service.frontend.policy.config import PolicyConfig
 from service.frontend.shared import RedisConfig
-from service.frontend.translation.translator import TranslationConfig
+from service.frontend.translation.results import TranslationConfig
 
 
 def policy_config(settings: Settings) -> PolicyConfig:

@@ -35,9 +35,12 @@ from service.frontend.policy.supervisor import EngineState, EngineSupervisor
 from service.frontend.shared import Redis, SharedCache
 from service.frontend.stalls import StallMonitor
 from service.frontend.translation.cache import ResultCache, SecondLevel
+from service.frontend.translation.core import TranslationCore
 from service.frontend.translation.languages import LanguageTable
 from service.frontend.translation.preparation import Preparer
-from service.frontend.translation.translator import PromptBuilder, TranslationConfig, Translator
+from service.frontend.translation.prompt_builder import PromptBuilder
+from service.frontend.translation.results import TranslationConfig
+from service.frontend.translation.translator import Translator
 
 log = logging.getLogger(__name__)
 
@@ -194,13 +197,15 @@ class Runtime:
             languages=self._languages,
         )
         translator = Translator(
-            self._translation,
-            prompts=prompts,
-            generator=self._dispatcher,
-            admission=self.admission,
-            cache=self._cache,
-            metrics=self.metrics,
-            preparer=preparer,
+            TranslationCore(
+                self._translation,
+                prompts=prompts,
+                generator=self._dispatcher,
+                admission=self.admission,
+                cache=self._cache,
+                metrics=self.metrics,
+                preparer=preparer,
+            )
         )
         if self._translation.warmup:
             warm_started = time.monotonic()

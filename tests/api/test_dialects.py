@@ -112,3 +112,25 @@ async def test_bad_libretranslate_forms_are_400(plain: ServiceClient, form: dict
     response = await client.http.post("/libretranslate/translate", data=form)
     assert response.status_code == 400, response.text
     assert "error" in response.json()
+
+
+@pytest.mark.parametrize("text", ["12345", "https://example.com/a/b", "Bonjour tout le monde"])
+async def test_a_detected_language_is_the_detectors_never_a_made_up_one(
+    start_app: StartApp, fake: FakeControl, text: str
+) -> None:
+    client = await start_app(loader=fake.loader(), warmup=False)
+    (detection,) = (await client.http.post("/detect", json={"texts": [text]})).json()
+    deepl = await client.http.post("/v2/translate", json={"text": [text], "target_lang": "DE"})
+    assert deepl.status_code == 200, deepl.text
+    (translation,) = deepl.json()["translations"]
+    assert (
+        translation["detected_source_language"].lower().split("-")[0]
+        == (detection["language"].lower().split("-")[0])
+    )
+    libre = await client.http.post(
+        "/libretranslate/translate", json={"q": text, "source": "auto", "target": "de"}
+    )
+    assert libre.status_code == 200, libre.text
+    detected = libre.json()["detectedLanguage"]
+    assert detected["language"] == detection["language"]
+    assert detected["confidence"] == round(detection["confidence"] * 100, 1)

@@ -263,11 +263,21 @@ def create_deepl_app(
             outcomes = await translator.translate_batch(
                 texts, target.code, source_code, deadline=context.deadline, options=wanted
             )
-        translations: list[dict[str, object]] = []
-        for text, outcome in zip(texts, outcomes, strict=True):
+        for outcome in outcomes:
             if isinstance(outcome, ServiceError):
                 raise outcome
-            detected = outcome.source or source or languages["en"]
+        # A text the model never saw (numbers, a URL) was not detected on the way: the
+        # detector says what it makes of it, rather than a language made up here.
+        undetected = [i for i, o in enumerate(outcomes) if getattr(o, "source", None) is None]
+        guesses = dict(
+            zip(undetected, await translator.detect([texts[i] for i in undetected]), strict=True)
+        )
+        translations: list[dict[str, object]] = []
+        for index, (text, outcome) in enumerate(zip(texts, outcomes, strict=True)):
+            assert not isinstance(outcome, ServiceError)
+            guess = guesses.get(index)
+            detected = outcome.source or (guess.language if guess else source)
+            assert detected is not None
             translations.append(
                 {
                     "detected_source_language": deepl_code(detected),

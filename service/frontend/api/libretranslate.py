@@ -8,6 +8,7 @@ of texts with ``source=auto`` is detected text by text.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -32,7 +33,8 @@ from service.frontend.documents.formats import EXTENSIONS
 from service.frontend.documents.service import Documents
 from service.frontend.runtime import Runtime
 from service.frontend.translation.markup import INLINE
-from service.frontend.translation.translator import Translation
+from service.frontend.translation.results import Translation
+from service.frontend.translation.translator import Translator
 
 # LibreTranslate's own status codes where they differ from the native API's.
 _STATUS = {InvalidInput: 400, Unauthenticated: 403, Forbidden: 403, DeadlineExceeded: 504}
@@ -120,6 +122,8 @@ def create_libretranslate_app(
             if isinstance(outcome, ServiceError):
                 raise outcome
             done.append(outcome)
+        if source == "auto":
+            done = await _with_detections(translator, texts, done)
         answer: dict[str, Any] = {}
         alternatives = body.alternatives
         if isinstance(q, str):
@@ -202,9 +206,28 @@ def create_libretranslate_app(
     return app
 
 
+async def _with_detections(
+    translator: Translator, texts: list[str], done: list[Translation]
+) -> list[Translation]:
+    """Each translation with the language its text was detected in: a text the model never
+    saw (numbers, a URL) was not detected on the way, so the detector says what it makes of it
+    (with its own, low, confidence) rather than an answer made up here."""
+    missing = [i for i, t in enumerate(done) if t.source is None or t.detected_confidence is None]
+    if not missing:
+        return done
+    detections = await translator.detect([texts[i] for i in missing])
+    found = list(done)
+    for index, detection in zip(missing, detections, strict=True):
+        found[index] = dataclasses.replace(
+            done[index], source=detection.language, detected_confidence=detection.confidence
+        )
+    return found
+
+
 def _detected(translation: Translation) -> dict[str, object]:
-    confidence = translation.detected_confidence
+    assert translation.source is not None
+    assert translation.detected_confidence is not None
     return {
-        "confidence": round((confidence if confidence is not None else 1.0) * 100, 1),
-        "language": translation.source.code if translation.source else "auto",
+        "confidence": round(translation.detected_confidence * 100, 1),
+        "language": translation.source.code,
     }

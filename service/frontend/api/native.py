@@ -33,7 +33,7 @@ from service.frontend.api.schemas import (
 )
 from service.frontend.glossaries import GlossaryStore
 from service.frontend.translation.prompts import TranslationOptions
-from service.frontend.translation.translator import Translation
+from service.frontend.translation.results import Translation
 
 _ERRORS: dict[int | str, dict[str, object]] = {
     status: {"model": ErrorResponse, "description": description}

@@ -45,7 +45,7 @@ from service.frontend.api.errors import Dialect, install_dialect_errors
 from service.frontend.api.middleware import NO_TELEMETRY
 from service.frontend.api.params import Params, parse, read_params
 from service.frontend.runtime import Runtime
-from service.frontend.translation.translator import Completion
+from service.frontend.translation.results import Completion
 
 _STATUS = {
     InvalidInput: 400,

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.frontend.translation.detection import UNCERTAIN_BELOW
 from service.frontend.translation.languages import LanguageTable
 from service.frontend.translation.prompts import TranslationOptions
-from service.frontend.translation.translator import Translation
+from service.frontend.translation.results import Translation
 
 
 class _Strict(BaseModel):

@@ -21,7 +21,8 @@ from service.frontend.documents.formats import Parsed, Unit
 from service.frontend.documents.jobs import HEARTBEAT_S, Job, JobStore
 from service.frontend.policy.admission import patiently
 from service.frontend.translation.prompts import TranslationOptions
-from service.frontend.translation.translator import Translation, Translator
+from service.frontend.translation.results import Translation
+from service.frontend.translation.translator import Translator
 
 log = logging.getLogger(__name__)
 

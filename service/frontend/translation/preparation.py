@@ -47,9 +47,10 @@ from service.contract.tokenizer import TokenizerSpec
 from service.contract.types import Decoding
 from service.frontend.translation.detection import Detection, LanguageDetector
 from service.frontend.translation.languages import Language, LanguageTable
+from service.frontend.translation.prompt_builder import PromptBuilder
 from service.frontend.translation.prompts import PLAIN, TranslationOptions
+from service.frontend.translation.results import Prepared, TranslationConfig
 from service.frontend.translation.segments import Document, split_document
-from service.frontend.translation.translator import Prepared, PromptBuilder, TranslationConfig
 
 log = logging.getLogger(__name__)
 
