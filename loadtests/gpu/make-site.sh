@@ -9,7 +9,7 @@ dest=.gpu-site
 rm -rf "$dest"
 pkgs=(fastapi starlette pydantic pydantic-core pydantic-settings uvicorn h11 httptools
       cachetools python-dotenv annotated-types typing-inspection typing-extensions
-      opentelemetry-api importlib-metadata zipp bitsandbytes "$@")
+      opentelemetry-api importlib-metadata zipp bitsandbytes fastapi-offline "$@")
 python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --target "$dest" \
   --python-version 3.12 --implementation cp --abi cp312 \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
