@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 # Triton reads its interpreter switch when it is first imported: the GPU kernels' tests
 # (tests/engine/test_gemv.py, test_decode_kernel.py, test_fast.py) run them through the
@@ -183,3 +184,22 @@ async def keyed(
 def fake(tmp_path: Path) -> FakeControl:
     """A fake engine's controls (gate, record of batches) in this test's folder."""
     return FakeControl(tmp_path / "fake")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Fail, rather than hang, when a test left a thread that is not a daemon running: the
+    interpreter waits for every such thread at exit, so the run would never end (transformers'
+    continuous-batching thread of an engine not closed did this in CI)."""
+    left = [
+        thread
+        for thread in threading.enumerate()
+        if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()
+    ]
+    for thread in left:
+        thread.join(timeout=5)
+    stuck = [thread.name for thread in left if thread.is_alive()]
+    if stuck:
+        sys.stdout.flush()
+        sys.stderr.write(f"\ntests left threads running that keep the process alive: {stuck}\n")
+        sys.stderr.flush()
+        os._exit(3)

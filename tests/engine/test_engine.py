@@ -4,6 +4,7 @@ loads, through the engine that serves each (``load_engine``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -133,10 +134,10 @@ def test_quantized_demo_model_loads_and_translates(
     loaded = load_model(settings.engine_config())
     linear_types = {type(m).__name__ for m in loaded.model.modules()}
     assert ("Linear4bit" if quantization == "nf4" else "Linear8bitLt") in linear_types
-    engine = load_engine_from(loaded, settings)
-    assert engine.info.quantization == quantization
-    request = GenerationRequest(engine.encoder.encode_chat("Quantized hello"), 6, GREEDY)
-    (result,) = generate(engine, [request])
+    with contextlib.closing(load_engine_from(loaded, settings)) as engine:
+        assert engine.info.quantization == quantization
+        request = GenerationRequest(engine.encoder.encode_chat("Quantized hello"), 6, GREEDY)
+        (result,) = generate(engine, [request])
     assert result.completion_tokens > 0
     assert isinstance(result.text, str)
     # bitsandbytes' default skip: the output layer stays in the model's dtype (padded rows).
@@ -155,23 +156,24 @@ def test_the_output_layer_can_be_quantized_too(
     assert type(head.inner).__name__ == ("Linear4bit" if quantization == "nf4" else "Linear8bitLt")
     footprint = loaded.model.get_memory_footprint()  # type: ignore[no-untyped-call]
     assert footprint < default.model.get_memory_footprint()  # type: ignore[no-untyped-call]
-    engine = load_engine_from(
-        loaded, make_settings(quantization=quantization, quantize_lm_head=True)
-    )
-    assert engine.info.quantization == f"{quantization}+lm_head"
     # The demo vocabulary (4,106) is not a multiple of 32, which bitsandbytes' CPU 4-bit kernel
     # needs: the padded layer must still run and give one logit per real token.
     vocabulary = loaded.model.config.vocab_size
     assert vocabulary % 32 != 0
     hidden = torch.zeros(1, 2, loaded.model.config.hidden_size)
     assert head(hidden).shape == (1, 2, vocabulary)
-    request = GenerationRequest(engine.encoder.encode_chat("Quantized hello"), 6, GREEDY)
-    (result,) = generate(engine, [request])
+    settings = make_settings(quantization=quantization, quantize_lm_head=True)
+    with contextlib.closing(load_engine_from(loaded, settings)) as engine:
+        assert engine.info.quantization == f"{quantization}+lm_head"
+        request = GenerationRequest(engine.encoder.encode_chat("Quantized hello"), 6, GREEDY)
+        (result,) = generate(engine, [request])
     assert result.completion_tokens > 0
 
 
 def load_engine_from(loaded: LoadedModel, settings: Settings) -> ContinuousBatchingEngine:
-    """The engine that serves bitsandbytes weights, on an already loaded model."""
+    """The engine that serves bitsandbytes weights, on an already loaded model. Close it:
+    transformers' generation thread is not a daemon, and one left running keeps the test
+    process from exiting."""
     config = settings.engine_config()
     assert config.kind() == "continuous"
     return ContinuousBatchingEngine(loaded, config)
