@@ -44,7 +44,7 @@ from service.config.engine import EngineConfig
 from service.config.settings import Settings
 from service.contract.errors import ServiceError
 from service.contract.types import Decoding, Engine, GenerationRequest, GenerationResult
-from service.engine.fast.engine import FastEngine, _Sequence
+from service.engine.fast.engine import FastEngine
 from service.engine.generation import eos_ids, generation_config, pad_token_id
 from service.engine.loading import LoadedModel, load_model
 
@@ -99,11 +99,7 @@ class RecordingEngine(FastEngine):
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
         self.tokens: dict[str, list[int]] = {}
-        super().__init__(loaded, config)
-
-    def _finish_now(self, sequence: _Sequence, generated: list[int]) -> None:
-        self.tokens[sequence.request_id] = list(generated)
-        super()._finish_now(sequence, generated)
+        super().__init__(loaded, config, observe=self.tokens.__setitem__)
 
 
 async def submit_all(

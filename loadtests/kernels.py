@@ -36,7 +36,8 @@ from torch.nn.attention.flex_attention import FlexKernelOptions
 from service.engine.fast import gemv
 from service.engine.fast.attention import DecodeAttention, FlexDecode, TritonDecode, triton_runs
 from service.engine.fast.batch import DeviceRows
-from service.engine.fast.cache import CacheShape, PagedKVCache, pages_for
+from service.engine.fast.cache import CacheShape, PagedKVCache
+from service.engine.fast.pages import pages_for
 from service.engine.fast.projections import swiglu
 from service.engine.fast.weights import Geometry, fp8_linear, quantize_fp8, row_product
 
@@ -100,7 +101,7 @@ def attention(
     cache.keys[0].normal_()
     cache.values[0].normal_()
     rows = DeviceRows(most, pages_for(32768, page), 16, device)
-    pages = [cache.take() for _ in range(most * per_row)]
+    pages = list(range(1, 1 + most * per_row))  # page 0 is the scratch page
     for row in range(most):
         mine = pages[row * per_row : (row + 1) * per_row]
         rows.set_pages([row] * per_row, list(range(per_row)), mine)

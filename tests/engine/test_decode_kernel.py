@@ -12,7 +12,8 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from service.engine.fast.attention import FlexDecode, GatherDecode, SmallBatchDecode, TritonDecode
 from service.engine.fast.batch import DeviceRows
-from service.engine.fast.cache import CacheShape, PagedKVCache, pages_for
+from service.engine.fast.cache import CacheShape, PagedKVCache
+from service.engine.fast.pages import pages_for
 from service.engine.fast.weights import Geometry
 
 pytest.importorskip("triton")

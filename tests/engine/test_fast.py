@@ -152,7 +152,7 @@ async def test_greedy_equals_generate_alone_and_in_a_crowd(
     # A crowd of 4x the texts, in 4 decode rows: they queue, join and leave mid-flight.
     assert await _generated(engine, requests * 4, "crowd") == wanted * 4
     # Every page went back once everything finished.
-    assert engine._cache.committed_pages == 0
+    assert engine.pages.committed == 0
 
 
 @pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl-launches"])
@@ -178,10 +178,10 @@ async def test_one_row_kernels_with_passed_norm_sums_equal_generate(
     wanted = _wanted(reference, reference_greedy(reference, prompts[:3], MAX_NEW))
     engine = RecordingEngine(_uneven_norms(load_model(config)), config)
     try:
-        sums = engine._model._sums
+        sums = engine.runner.model._sums
         assert sums is not None
         assert not engine.plan.one_row_pdl  # a CPU has no CUDA graphs to launch them in
-        engine._model._one_row_pdl = pdl
+        engine.runner.model._one_row_pdl = pdl
         requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts[:3]]
         assert await _alone(engine, requests) == wanted
         # At rest every layer's sums are cleared for the next step (the first layer's input sum
@@ -255,7 +255,7 @@ async def test_compiled_step_equals_generate(
     # and the logits-and-sampling tail compiled by inductor (for this CPU), in two decode rows:
     # with the batch size symbolic after the first bucket, or compiled for each bucket.
     config = _config(data_dir, attention="gather", compile="on", max_rows=2, decode_shapes=shapes)
-    with caplog.at_level(logging.INFO, logger="service.engine.fast.engine"):
+    with caplog.at_level(logging.INFO, logger="service.engine.fast.runner"):
         engine = RecordingEngine(load_model(config), config)
     compiled = counters["stats"]["unique_graphs"]
     warmed = [r for r in caplog.records if r.getMessage() == "decode compiled"]
@@ -295,7 +295,7 @@ async def test_folded_norms_equal_generate(data_dir: Path, prompts: list[tuple[i
     wanted = _wanted(reference, reference_greedy(reference, prompts, MAX_NEW))
     engine = RecordingEngine(_uneven_norms(load_model(config)), config)
     try:
-        layer = engine._weights.layers[0]
+        layer = engine.runner.weights.layers[0]
         assert layer.input_norm is None
         assert layer.post_norm is None
         requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
@@ -319,7 +319,7 @@ async def test_mixture_of_experts_equals_generate(
     wanted = _wanted(reference, reference_greedy(reference, prompts, MAX_NEW))
     engine = RecordingEngine(load_model(config), config)
     try:
-        assert engine._weights.layers[1].moe is not None
+        assert engine.runner.weights.layers[1].moe is not None
         requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
         assert await _alone(engine, requests) == wanted
         assert await _generated(engine, requests * 2, "crowd") == wanted * 2
@@ -378,7 +378,7 @@ async def test_cancelled_requests_leave_and_free_their_pages(
         (result,) = await submit_all(engine, [GenerationRequest(prompts[0], 4, GREEDY)], "after")
         assert isinstance(result, GenerationResult)
         await asyncio.sleep(0.2)
-        assert engine._cache.committed_pages == 0
+        assert engine.pages.committed == 0
         assert engine.running() == 0
         # A cancelled request may have finished before its cancel arrived; none errs.
         assert set(called) <= {f"c{i}" for i in range(6)}
@@ -528,7 +528,7 @@ async def test_compressed_tensors_fp8_checkpoint_runs_as_fp8_quantized_at_load(
         engine = RecordingEngine(load_model(config), config)
         try:
             assert engine.info.quantization == "fp8"
-            assert engine._weights.layers[0].qkv.weight.dtype == torch.float8_e4m3fn
+            assert engine.runner.weights.layers[0].qkv.weight.dtype == torch.float8_e4m3fn
             requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
             await submit_all(engine, requests, prefix="fp8")
             outputs.append([engine.tokens[f"fp8-{i}"] for i in range(len(requests))])
@@ -567,7 +567,7 @@ async def test_mixture_of_experts_fp8_checkpoint_reads_every_expert_with_its_sca
         RecordingEngine(reference, _with(base, quantization="fp8")),
     ]
     try:
-        read, wanted = (engine._weights.layers[1].moe for engine in engines)
+        read, wanted = (engine.runner.weights.layers[1].moe for engine in engines)
         assert read is not None
         assert wanted is not None
         assert read.shared_gate_up.weight.dtype == torch.float8_e4m3fn

@@ -1,5 +1,5 @@
-"""The decode batch's state: one row per running request, rows ``0..n-1`` in use, on the device
-(``DeviceRows``) and its mirror on the host (``HostRows``).
+"""The decode batch's state on the device: one row per running request, rows ``0..n-1`` in use
+(``host_rows.HostRows`` is its mirror on the host).
 
 A decode step reads and writes only these buffers (the token each row feeds in, its position,
 its page table, its sampling parameters and the tokens it has seen), so the step can be a
@@ -11,14 +11,10 @@ packed down into the holes (``compact``), a handful of batched copies whatever t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
-import numpy as np
 import torch
 
 from service.engine.fast.sampler import RowSampling
-
-Owner = TypeVar("Owner")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,62 +131,3 @@ class DeviceRows:
 
     def _index(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long).to(self.device, non_blocking=True)
-
-
-class HostRows(Generic[Owner]):
-    """The host's side of the same rows: each row's request and the counts the step loop reads
-    (vectorised over the rows, so a step costs the host a few array operations)."""
-
-    def __init__(self, rows: int, max_new_tokens: int) -> None:
-        # Position the row's next token is written at (advanced when a step is launched).
-        self.length = np.zeros(rows, dtype=np.int64)
-        # Tokens generated and read back so far, and the most the request may have.
-        self.count = np.zeros(rows, dtype=np.int64)
-        self.budget = np.zeros(rows, dtype=np.int64)
-        self.streams = np.zeros(rows, dtype=bool)
-        self.full_sort = np.zeros(rows, dtype=bool)
-        self.generated = np.zeros((rows, max_new_tokens + 1), dtype=np.int64)
-        self.owner: list[Owner | None] = [None] * rows
-
-    def join(
-        self,
-        row: int,
-        owner: Owner,
-        *,
-        position: int,
-        first_token: int,
-        budget: int,
-        streams: bool,
-        full_sort: bool,
-    ) -> None:
-        self.owner[row] = owner
-        self.length[row] = position
-        self.count[row] = 1
-        self.generated[row, 0] = first_token
-        self.budget[row] = budget
-        self.streams[row] = streams
-        self.full_sort[row] = full_sort
-
-    def tokens(self, row: int) -> list[int]:
-        return [int(t) for t in self.generated[row, : self.count[row]]]
-
-    def held(self, row: int) -> Owner:
-        owner = self.owner[row]
-        assert owner is not None, f"row {row} holds no request"
-        return owner
-
-    def move(self, holes: list[int], movers: list[int]) -> None:
-        """Rows ``movers`` take the places ``holes``."""
-        if not holes:
-            return
-        for array in (self.length, self.count, self.budget, self.streams, self.full_sort):
-            array[holes] = array[movers]
-        self.generated[holes] = self.generated[movers]
-        for hole, mover in zip(holes, movers, strict=True):
-            self.owner[hole] = self.owner[mover]
-
-    def clear(self, start: int, end: int) -> None:
-        for row in range(start, end):
-            self.owner[row] = None
-        self.streams[start:end] = False
-        self.full_sort[start:end] = False

@@ -1,13 +1,11 @@
-"""The paged KV cache: fixed-size pages of keys and values for every layer, and who owns them.
+"""The paged KV cache's tensors: fixed-size pages of keys and values for every layer, the tables
+that say which decode row owns each page, and how many pages fit on the device.
 
 One tensor per layer and kind, ``[kv_heads, pages * page_size, head_dim]``: a token's slot is
 ``page * page_size + offset``, the layout FlexAttention reads as one long key sequence. Page 0 is
-never given out: rows of a decode batch that hold no request write there.
-
-Pages are committed when a request is admitted (its prompt and its whole token budget, so a
-running request never waits for memory) but taken one at a time as its tokens need them, which
-is when the device learns the page's owner and its place in the owner's sequence (the decode
-mask reads both).
+never given out: rows of a decode batch that hold no request write there. Which pages are free or
+committed is ``pages.PageManager``'s; a page's owner row and its place in the owner's sequence are
+written here when the scheduler says so (the decode mask reads both).
 """
 
 from __future__ import annotations
@@ -19,13 +17,10 @@ from pathlib import Path
 
 import torch
 
+from service.engine.fast.pages import pages_for
 from service.engine.fast.weights import Geometry
 
 log = logging.getLogger(__name__)
-
-
-def pages_for(tokens: int, page_size: int) -> int:
-    return -(-tokens // page_size)
 
 
 def page_bytes(geometry: Geometry, layers: int, page_size: int, dtype: torch.dtype) -> int:
@@ -159,7 +154,7 @@ class CacheShape:
 
 
 class PagedKVCache:
-    """The cache tensors, the ownership tables the decode mask reads, and the free pages."""
+    """The cache tensors and the ownership tables the decode mask reads."""
 
     def __init__(
         self,
@@ -179,9 +174,7 @@ class PagedKVCache:
         # Decode-batch row owning each page (-1: free) and the page's index in that sequence.
         self.owner = torch.full((shape.pages,), -1, dtype=torch.int32, device=device)
         self.logical = torch.zeros(shape.pages, dtype=torch.int32, device=device)
-        self._free = list(range(shape.pages - 1, 0, -1))
         self.page_bytes = page_bytes(geometry, layers, shape.page_size, dtype)
-        self._committed = 0
         log.info(
             "kv cache allocated",
             extra={
@@ -190,30 +183,6 @@ class PagedKVCache:
                 "bytes": 2 * layers * self.keys[0].nelement() * self.keys[0].element_size(),
             },
         )
-
-    @property
-    def usable_pages(self) -> int:
-        return self.shape.pages - 1
-
-    @property
-    def committed_pages(self) -> int:
-        return self._committed
-
-    def can_commit(self, pages: int) -> bool:
-        return self._committed + pages <= self.usable_pages
-
-    def commit(self, pages: int) -> None:
-        if not self.can_commit(pages):
-            raise RuntimeError("KV cache pages over-committed")
-        self._committed += pages
-
-    def take(self) -> int:
-        """One free page (within what was committed)."""
-        return self._free.pop()
-
-    def release(self, pages: list[int], committed: int) -> None:
-        self._free.extend(pages)
-        self._committed -= committed
 
     def assign(self, pages: list[int], rows: list[int], logical: list[int]) -> None:
         """Record on the device that ``pages[i]`` is page ``logical[i]`` of decode row

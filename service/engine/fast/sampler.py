@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-TOP_K_CAP = 64
+from service.engine.fast.sequence import TOP_K_CAP
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +102,3 @@ def _chunks(values: torch.Tensor, chunk: int) -> torch.Tensor:
     if padded:
         values = torch.nn.functional.pad(values, (0, padded), value=-torch.inf)
     return values.view(rows, -1, chunk)
-
-
-def needs_full_sort(greedy: bool, top_k: int) -> bool:
-    """Whether a row's parameters need the whole vocabulary sorted."""
-    return not greedy and not 0 < top_k <= TOP_K_CAP

@@ -1,0 +1,365 @@
+"""The fast engine's model runner: everything on the device.
+
+It owns the weights, the KV cache's tensors, the decode rows' tensors, the model's forward, the
+decode graphs (or the compiled or eager decode step) and sampling, and carries out what the
+scheduler planned: a prefill of the chunks it chose (sampling the first token of each prompt
+that completes), rows that join, pages that rows take, a decode step launched without waiting
+for it (``launch``) and its tokens read back later (``collect``), rows packed down when others
+finish. It decides nothing about which request runs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch._inductor.config
+
+from service.config.engine import EngineConfig, EngineSettings
+from service.engine.fast.attention import (
+    DecodeAttention,
+    FlexDecode,
+    GatherDecode,
+    SmallBatchDecode,
+    TritonDecode,
+)
+from service.engine.fast.batch import DeviceRows, Joining
+from service.engine.fast.cache import CacheShape, PagedKVCache, fit_rows_and_pages
+from service.engine.fast.checkpoint import Fp8Checkpoint
+from service.engine.fast.compile_cache import use_compile_cache
+from service.engine.fast.forward import Transformer, passes_norm_sums
+from service.engine.fast.graphs import DecodeGraphs, buckets_up_to
+from service.engine.fast.pages import pages_for
+from service.engine.fast.plan import (
+    Plan,
+    fold_norms_for,
+    fused_rope_for,
+    one_row_pdl_for,
+    pdl_ready,
+    plan_for,
+)
+from service.engine.fast.prefill import Piece, pack
+from service.engine.fast.sampler import RowSampling, race_noise, sample
+from service.engine.fast.scheduler import Chunk, DecodePlan, Joined, PageOwners, Retired
+from service.engine.fast.sequence import Sequence
+from service.engine.fast.weights import Geometry, ModelWeights, is_dense, take_weights
+from service.engine.loading import LoadedModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Launched:
+    """A decode step on its way: its row count and where its tokens arrive on the host."""
+
+    rows: int
+    tokens: torch.Tensor
+    ready: torch.cuda.Event | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Choices:
+    """What ``plan_for`` and the lone request's kernel choices settled on."""
+
+    rows: int
+    prefill: int
+    graphs: bool
+    compiled: bool
+    attention: str
+    fused_rope: bool
+    pdl_ready: bool
+    fp8: Fp8Checkpoint | None
+
+
+class ModelRunner:
+    """The device side of the fast engine for ``loaded`` under ``config``."""
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        fast = config.fast
+        self.device = loaded.device
+        choices = _choose(loaded, config)
+        fold = fold_norms_for(
+            fast.fold_norms, loaded, not is_dense(loaded.model), choices.fp8, choices.pdl_ready
+        )
+        self.weights: ModelWeights = take_weights(
+            loaded.model, config.model.quantization, choices.fp8, fold_norms=fold
+        )
+        geometry = self.weights.geometry
+        layers = len(self.weights.layers)
+        self.page_size = fast.page_size
+        rows, pages = choices.rows, fast.num_pages
+        if not pages:
+            rows, pages = fit_rows_and_pages(
+                geometry,
+                layers,
+                fast.page_size,
+                loaded.dtype,
+                self.device,
+                fast.memory_fraction,
+                rows,
+                choices.prefill,
+                rows_given=fast.max_rows is not None,
+            )
+        self.cache = PagedKVCache(
+            geometry, layers, CacheShape(pages, fast.page_size), loaded.dtype, self.device
+        )
+        self._max_pages = pages_for(geometry.max_positions, fast.page_size)
+        self.rows = DeviceRows(rows, self._max_pages, geometry.vocab, self.device)
+        attention = self._attention(choices, geometry, fast)
+        self._static = fast.decode_shapes == "static" and choices.compiled
+        pdl = one_row_pdl_for(
+            fast.pdl, choices.pdl_ready and passes_norm_sums(self.weights, self.device)
+        )
+        self.model = Transformer(
+            self.weights,
+            self.cache,
+            self.rows,
+            attention,
+            fast.compile_scope if choices.compiled else None,
+            static_decode=fast.decode_shapes == "static",
+            fused_rope=choices.fused_rope,
+            one_row_pdl=pdl,
+        )
+        self._choose_step: Callable[[torch.Tensor, torch.Tensor, int, bool], None] = (
+            torch.compile(
+                self._choose_tokens,
+                fullgraph=True,
+                dynamic=False if fast.decode_shapes == "static" else None,
+            )
+            if choices.compiled
+            else self._choose_tokens
+        )
+        # Two host buffers: a step's tokens arrive in one while the next step fills the other.
+        pinned = self.device.type == "cuda"
+        self._host_tokens = [
+            torch.zeros(rows, dtype=torch.long, pin_memory=pinned) for _ in range(2)
+        ]
+        self._flip = 0
+        self._buckets = buckets_up_to(rows)
+        self._graphs = self._prepare_decode(choices, fast)
+        if choices.compiled:
+            # The prefill's compiled parts, before ready: for one token (sizes 0 and 1 are
+            # always specialised) and two other counts, the second of which makes the count
+            # dynamic, so no prompt length compiles while requests wait.
+            for tokens in (1, 16, 17):
+                scratch = list(range(1, 1 + pages_for(tokens, self.page_size)))
+                self.teacher_forced_logits(tuple(range(tokens)), scratch)
+        self.plan = Plan(
+            rows=rows,
+            page_size=fast.page_size,
+            pages=pages,
+            prefill_tokens=choices.prefill,
+            attention=attention.name,
+            cuda_graphs=choices.graphs,
+            compiled=choices.compiled,
+            buckets=self._buckets,
+            decode_shapes=fast.decode_shapes if choices.compiled else "eager",
+            fused_rope=choices.fused_rope,
+            one_row_pdl=pdl,
+        )
+        self.attention = attention.name
+        self.fp8 = choices.fp8 is not None
+
+    def _attention(
+        self, choices: _Choices, geometry: Geometry, fast: EngineSettings
+    ) -> DecodeAttention:
+        if choices.attention == "gather":
+            return GatherDecode(self.cache, self.rows)
+        flex = FlexDecode(self.cache, self.rows, choices.compiled)
+        if choices.attention == "flex":
+            return flex
+        small = min(fast.triton_attention_rows, self.rows.rows)
+        return SmallBatchDecode(TritonDecode(self.cache, self.rows, geometry, small), flex)
+
+    def _prepare_decode(self, choices: _Choices, fast: EngineSettings) -> DecodeGraphs | None:
+        """Capture the decode graphs, or compile the decode step for every bucket, before the
+        engine reports ready: serving runs only these sizes."""
+        if not (choices.graphs or choices.compiled):
+            return None
+        # Static decode shapes compile each decode function once per bucket, and the layer
+        # once per bucket and kind of layer (a mixture of experts after a dense first layer):
+        # more than dynamo's default of 8 recompiles, past which a fullgraph compile fails.
+        kinds = len({layer.moe is None for layer in self.weights.layers})
+        extra = len(self._buckets) * kinds if fast.decode_shapes == "static" else 0
+        limit = torch._dynamo.config.recompile_limit + extra
+        started = time.perf_counter()
+        graphs = None
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            if choices.graphs:
+                graphs = DecodeGraphs(self._decode_and_sample, self._buckets, self.device)
+            else:
+                # Under inference mode, as the step loop runs them: dynamo guards on grad mode,
+                # so a warm-up outside it would compile every bucket again while serving (past
+                # the limit above, which only holds here: every request would fail).
+                with torch.inference_mode():
+                    for bucket in reversed(self._buckets):
+                        self._decode_and_sample(bucket, False)
+        log.info(
+            "decode graphs captured" if graphs is not None else "decode compiled",
+            extra={
+                "buckets": len(self._buckets),
+                "seconds": round(time.perf_counter() - started, 3),
+                "decode_shapes": fast.decode_shapes,
+                **({"graphs": graphs.count} if graphs is not None else {}),
+            },
+        )
+        return graphs
+
+    # --- prefill ---------------------------------------------------------------------------
+
+    def prefill(self, chunks: list[Chunk]) -> list[int]:
+        """Prefill ``chunks`` (their pages taken); the first token of each prompt that
+        completes, in order."""
+        pieces = [Piece(c.sequence.prompt, c.sequence.pages, c.start, c.count) for c in chunks]
+        logits = self.model.prefill(pack(pieces, self.page_size, self.device))
+        completing = [c.sequence for c in chunks if c.completes]
+        return self._first_tokens(completing, logits) if completing else []
+
+    def _first_tokens(self, sequences: list[Sequence], logits: torch.Tensor) -> list[int]:
+        device = self.device
+        params = [s.parameters for s in sequences]
+        # The prompts' tokens count as seen (the repetition penalty): one scatter for all.
+        seen = torch.zeros(
+            len(sequences), self.weights.geometry.vocab, dtype=torch.bool, device=device
+        )
+        owners = [i for i, sequence in enumerate(sequences) for _ in sequence.prompt]
+        tokens_seen = [token for sequence in sequences for token in sequence.prompt]
+        seen.index_put_(
+            (_on(owners, device), _on(tokens_seen, device)),
+            torch.ones((), dtype=torch.bool, device=device),
+        )
+        rows = RowSampling(
+            greedy=torch.tensor([p.greedy for p in params], device=device),
+            temperature=torch.tensor([p.temperature for p in params], device=device),
+            top_k=torch.tensor([p.top_k for p in params], device=device),
+            top_p=torch.tensor([p.top_p for p in params], device=device),
+            penalty=torch.tensor([p.penalty for p in params], device=device),
+            seen=seen,
+        )
+        full = any(p.full_sort for p in params)
+        tokens: list[int] = sample(logits, rows, full).tolist()
+        return tokens
+
+    def join(self, joined: Joined) -> None:
+        """Write the rows of the requests that joined, and forget the pages of those that
+        ended at their first token."""
+        self.cache.clear_owner(joined.freed)
+        self.rows.activate(
+            [
+                Joining(
+                    row=row,
+                    token=token,
+                    position=len(sequence.prompt),
+                    pages=list(sequence.pages),
+                    greedy=sequence.parameters.greedy,
+                    temperature=sequence.parameters.temperature,
+                    top_k=sequence.parameters.top_k,
+                    top_p=sequence.parameters.top_p,
+                    penalty=sequence.parameters.penalty,
+                    seen=[*sequence.prompt, token],
+                )
+                for row, sequence, token in joined.rows
+            ]
+        )
+        self._own(joined.owners)
+
+    def teacher_forced_logits(self, ids: tuple[int, ...], pages: list[int]) -> torch.Tensor:
+        """Float32 logits ``[len(ids), vocab]`` of every position of ``ids`` through the prefill
+        path, written into ``pages`` (free ones: call only while the engine is idle)."""
+        packed = pack([Piece(ids, pages, 0, len(ids))], self.page_size, self.device)
+        every = torch.arange(len(ids), device=self.device)
+        with torch.inference_mode():
+            return self.model.prefill(dataclasses.replace(packed, last=every))
+
+    # --- decode ----------------------------------------------------------------------------
+
+    def launch(self, plan: DecodePlan) -> Launched:
+        """Give rows the pages they took and start one decode step; its tokens are read by
+        ``collect``."""
+        n = plan.rows
+        if plan.grown.pages:
+            grown = plan.grown
+            self.rows.set_pages(grown.rows, grown.logical, grown.pages)
+            self._own(grown)
+        bucket = self._buckets[bisect.bisect_left(self._buckets, n)]
+        if self._graphs is not None:
+            self._graphs.replay(bucket, plan.full_sort)
+        elif self._static:
+            # Compiled for the buckets' shapes only: run the step a graph would run.
+            self._decode_and_sample(bucket, plan.full_sort)
+        else:
+            self._decode_and_sample(n, plan.full_sort, pages_for(plan.longest, self.page_size))
+        buffer = self._host_tokens[self._flip]
+        self._flip ^= 1
+        buffer[:n].copy_(self.rows.sampled[:n], non_blocking=True)
+        ready = None
+        if self.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
+        return Launched(rows=n, tokens=buffer, ready=ready)
+
+    def collect(self, step: Launched) -> np.ndarray:
+        """A launched step's tokens, one per row (waits for the step)."""
+        if step.ready is not None:
+            step.ready.synchronize()
+        tokens: np.ndarray = step.tokens[: step.rows].numpy()
+        return tokens
+
+    def _decode_and_sample(self, batch: int, full: bool, pages: int | None = None) -> None:
+        """One decode step of the first ``batch`` rows, ending with the sampled tokens fed back:
+        the work a graph captures (no host synchronisation)."""
+        hidden = self.model.decode(batch, pages or self._max_pages)
+        noise = race_noise(batch, self.weights.geometry.vocab, full, self.device)
+        # The full sort's cumsum over the vocabulary fails inductor's codegen at one row
+        # ("NYI TritonSplitDimKernel reductions", torch 2.11); that mode is rare: eager.
+        choose = self._choose_tokens if full else self._choose_step
+        choose(hidden, noise, batch, full)
+
+    def _choose_tokens(
+        self, hidden: torch.Tensor, noise: torch.Tensor, batch: int, full: bool
+    ) -> None:
+        """Logits, the sampler and the chosen tokens written back into the rows: compiled with
+        the engine, some sixty small eager kernels become a few fused ones."""
+        rows = self.rows
+        tokens = sample(self.model.logits(hidden), rows.rows_of(batch), full, noise)
+        rows.sampled[:batch] = tokens
+        rows.tokens[:batch] = tokens
+        rows.sampling.seen[:batch].scatter_(1, tokens[:, None], True)
+        rows.positions[:batch] += rows.live[:batch]
+
+    def retire(self, retired: Retired) -> None:
+        """Pack the rows down as the scheduler did, and forget the freed pages' owners."""
+        self.rows.compact(retired.holes, retired.movers, retired.keep, retired.old_n)
+        self.cache.clear_owner(retired.freed)
+        self._own(retired.owners)
+
+    def _own(self, owners: PageOwners) -> None:
+        self.cache.assign(owners.pages, owners.rows, owners.logical)
+
+
+def _choose(loaded: LoadedModel, config: EngineConfig) -> _Choices:
+    """Rows, prefill chunk, graphs, compile, attention and the lone request's kernels for this
+    device and model (``plan.py`` holds each decision)."""
+    fast, device = config.fast, loaded.device
+    moe = not is_dense(loaded.model)
+    rows, prefill, graphs, compiled, attention = plan_for(fast, device, loaded.dtype, moe)
+    if compiled:
+        use_compile_cache(config.model.data_dir)
+        # Compiled kernels round to the model's dtype where the eager code does (inductor
+        # otherwise keeps float32 between fused operations): closer to transformers in bf16.
+        if hasattr(torch._inductor.config, "emulate_precision_casts"):
+            torch._inductor.config.emulate_precision_casts = True
+    fp8 = None if loaded.fp8_checkpoint is None else Fp8Checkpoint.open(loaded.fp8_checkpoint)
+    fused_rope = fused_rope_for(fast.fused_rope, loaded.dtype, device)
+    ready = pdl_ready(fast.pdl, graphs, device, fused_rope, attention)
+    return _Choices(rows, prefill, graphs, compiled, attention, fused_rope, ready, fp8)
+
+
+def _on(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)

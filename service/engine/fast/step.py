@@ -1,0 +1,116 @@
+"""One step of the fast engine: the scheduler plans, the model runner executes, the tokens go back.
+
+``Stepper`` holds the one decode step in flight. A decode step's tokens are read one turn later,
+so the host's bookkeeping overlaps the next step instead of leaving the device idle. The next
+step is launched before the host knows which rows the previous one finished: when some did, the
+next step is read at once and its tokens of those rows dropped, and nothing more is launched
+before the rows are packed. One speculative token stays inside a request's committed pages (its
+budget's last position is never written by the step that produces the last token).
+
+The runner and the output processor are protocols here, so the scheduler's tests drive this same
+step with a fake device and no model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from collections.abc import Sequence as Seq
+from typing import Generic, Protocol, TypeVar
+
+import numpy as np
+
+from service.contract.errors import ServiceError
+from service.engine.fast.scheduler import (
+    Chunk,
+    DecodePlan,
+    Finished,
+    Joined,
+    Retired,
+    Scheduler,
+)
+from service.engine.fast.sequence import Sequence
+
+
+class InFlight(Protocol):
+    """A launched decode step: how many rows it ran."""
+
+    @property
+    def rows(self) -> int: ...
+
+
+Step = TypeVar("Step", bound=InFlight)
+
+
+class Device(Protocol[Step]):
+    """What the step needs of the model runner."""
+
+    def prefill(self, chunks: list[Chunk]) -> list[int]: ...
+
+    def join(self, joined: Joined) -> None: ...
+
+    def launch(self, plan: DecodePlan) -> Step: ...
+
+    def collect(self, step: Step) -> np.ndarray: ...
+
+    def retire(self, retired: Retired) -> None: ...
+
+
+class Answers(Protocol):
+    """What the step needs of the output processor."""
+
+    def joined(self, joined: Joined) -> None: ...
+
+    def stream(self, pieces: Iterable[tuple[str, int]]) -> None: ...
+
+    def finish(self, finished: Seq[Finished]) -> None: ...
+
+    def forget(self, request_ids: Iterable[str]) -> None: ...
+
+    def fail(self, sequences: Iterable[Sequence], error: ServiceError) -> None: ...
+
+
+class Stepper(Generic[Step]):
+    def __init__(self, scheduler: Scheduler, device: Device[Step], output: Answers) -> None:
+        self._scheduler = scheduler
+        self._device = device
+        self._output = output
+        self._inflight: Step | None = None
+
+    def busy(self) -> bool:
+        """Whether a step has anything to do."""
+        return self._scheduler.has_work() or self._inflight is not None
+
+    def step(self) -> None:
+        """One prefill (if a prompt waits) and one decode step."""
+        scheduler, device = self._scheduler, self._device
+        chunks = scheduler.schedule_prefill()
+        if chunks:
+            firsts = device.prefill(chunks)
+            if firsts:
+                joined = scheduler.join([c.sequence for c in chunks if c.completes], firsts)
+                device.join(joined)
+                self._output.joined(joined)
+        plan = scheduler.schedule_decode()
+        launched = device.launch(plan) if plan is not None else None
+        previous, self._inflight = self._inflight, launched
+        if previous is None:
+            return
+        update = scheduler.update(previous.rows, device.collect(previous))
+        if update.finished and launched is not None:
+            later = scheduler.update(launched.rows, device.collect(launched), update.finished)
+            update = update.then(later)
+            self._inflight = None
+        self._output.stream(update.streamed)
+        if update.finished:
+            retired = scheduler.retire(sorted(update.finished))
+            device.retire(retired)
+            self._output.forget(retired.dropped)
+            self._output.finish(retired.finished)
+
+    def fail_all(self, failure: ServiceError) -> None:
+        """Answer every request held with ``failure`` (a step failed) and start clean."""
+        self._inflight = None
+        retired, failed = self._scheduler.fail_all()
+        self._device.retire(retired)
+        self._output.forget(retired.dropped)
+        self._output.fail(failed, failure)
