@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from service.contract.errors import InvalidInput, ServiceError
-from service.contract.types import GenerationResult
+from service.contract.types import Completion, GenerationResult
 from service.engine.demo import ensure_demo_model
 from service.engine.fast.output import Client, IncrementalText, OutputProcessor
 from service.engine.fast.scheduler import Finished
@@ -47,7 +47,7 @@ def test_incremental_text_is_the_whole_decode(
     incremental = IncrementalText(tokenizer)
     for count, token in enumerate(tokens, start=1):
         incremental.add(token)
-        whole = tokenizer.decode(tokens[:count], skip_special_tokens=True)
+        whole = str(tokenizer.decode(tokens[:count], skip_special_tokens=True))
         assert whole.startswith(incremental.text)
         if not whole.endswith("\ufffd"):
             assert incremental.text == whole
@@ -64,24 +64,23 @@ async def test_streamed_text_grows_and_every_caller_is_answered_once(
     answers: dict[str, list[GenerationResult | ServiceError]] = {}
     texts: list[str] = []
     output = OutputProcessor(tokenizer, frozenset(tokenizer.all_special_ids))
+
+    def answered(name: str) -> Completion:
+        def done(result: GenerationResult | ServiceError, _queued: float, _ran: float) -> None:
+            answers.setdefault(name, []).append(result)
+
+        return done
+
     for name in ("a", "b"):
-        output.register(
-            name,
-            Client(
-                loop=loop,
-                on_done=lambda result, _q, _r, name=name: answers.setdefault(name, []).append(
-                    result
-                ),
-                on_text=texts.append if name == "a" else None,
-            ),
-        )
+        on_text = texts.append if name == "a" else None
+        output.register(name, Client(loop=loop, on_done=answered(name), on_text=on_text))
     tokens = list(tokenizer.encode("hello there, how are you", add_special_tokens=False))
     output.stream(("a", token) for token in tokens)
     output.finish([Finished(_sequence("a"), tokens)])
     output.answer(_sequence("b"), InvalidInput("no"))
     output.answer(_sequence("b"), InvalidInput("again"))  # already answered: nothing
     await asyncio.sleep(0)
-    whole = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    whole = str(tokenizer.decode(tokens, skip_special_tokens=True)).strip()
     assert texts
     assert all(whole.startswith(text) for text in texts)
     assert all(len(a) < len(b) for a, b in itertools.pairwise(texts))

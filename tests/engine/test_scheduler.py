@@ -359,8 +359,12 @@ def test_a_failure_lets_everything_go_and_answers_everyone_not_cancelled() -> No
     assert all(row is None for row in device.rows[:2])
 
 
+# Requests (name, prompt length, budget, streams), EOS index by request, cancels by step.
+Workload = tuple[list[tuple[str, int, int, bool]], dict[str, int], dict[int, list[str]]]
+
+
 @st.composite
-def workloads(draw: st.DrawFn) -> tuple[list[tuple[str, int, int, bool]], dict[str, int], dict]:
+def workloads(draw: st.DrawFn) -> Workload:
     count = draw(st.integers(1, 24))
     requests = []
     eos_at: dict[str, int] = {}
@@ -387,7 +391,7 @@ def workloads(draw: st.DrawFn) -> tuple[list[tuple[str, int, int, bool]], dict[s
     arrivals=st.integers(1, 8),
 )
 def test_every_request_gets_exactly_its_tokens_or_its_one_outcome(
-    workload: tuple[list[tuple[str, int, int, bool]], dict[str, int], dict[int, list[str]]],
+    workload: Workload,
     rows: int,
     prefill: int,
     pages: int,
