@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -78,6 +79,60 @@ def create_app(
         before_engine_stop=before_engine_stop,
         redis=redis,
     )
+    parts = _Parts(
+        runtime=runtime,
+        access=AccessControl(layers.access_config(settings), redis),
+        glossaries=GlossaryStore(
+            settings.model.data_dir / "glossaries.sqlite3", layers.glossary_limits(settings)
+        ),
+        documents=Documents(
+            JobStore(
+                settings.model.data_dir / "documents", layers.documents_config(settings).limits
+            ),
+            lambda: runtime.translator,
+            layers.documents_config(settings),
+        ),
+        door=Door(runtime.metrics, AdmissionGate(runtime)),
+    )
+    app = FastAPI(
+        title="Hunyuan-MT translation service",
+        version=__version__,
+        summary="Continuously batched, cached translation with Tencent's Hunyuan-MT models.",
+        root_path=settings.server.root_path,
+        docs_url=None,
+        redoc_url=None,
+        lifespan=_lifespan(parts, settings, follow, on_serving, before_listening),
+        telemetry=NO_TELEMETRY,
+    )
+    app.state.runtime, app.state.access = runtime, parts.access
+    app.state.glossaries = parts.glossaries
+    app.state.door = parts.door  # the HTTP server's protocol refuses through it too
+    _install_routes(app, settings, parts)
+    _install_middleware(app, settings, parts)
+    return app
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """What the app's routes share: the runtime, keys, glossaries, documents, the door."""
+
+    runtime: Runtime
+    access: AccessControl
+    glossaries: GlossaryStore
+    documents: Documents
+    door: Door
+
+
+def _lifespan(
+    parts: _Parts,
+    settings: Settings,
+    follow: Peer | None,
+    on_serving: Callable[[], None] | None,
+    before_listening: Callable[[], Awaitable[None]] | None,
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """Start the runtime (the engine loads in the background) and drain and stop it at the
+    end; a follower listens only once it serves."""
+    runtime = parts.runtime
 
     async def announce() -> None:
         await runtime.wait_started()
@@ -87,7 +142,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if follow is None:  # the first process of the service: no job runs anywhere yet
-            await documents.recover()
+            await parts.documents.recover()
         runtime.start()
         announcing = asyncio.create_task(announce(), name="announce-serving")
         if follow is not None:
@@ -101,43 +156,29 @@ def create_app(
             yield
         finally:
             announcing.cancel()
-            door.close()
-            await documents.close()
+            parts.door.close()
+            await parts.documents.close()
             await runtime.stop(settings.reliability.drain_timeout_s)
-            glossaries.close()
+            parts.glossaries.close()
 
-    app = FastAPI(
-        title="Hunyuan-MT translation service",
-        version=__version__,
-        summary="Continuously batched, cached translation with Tencent's Hunyuan-MT models.",
-        root_path=settings.server.root_path,
-        docs_url=None,
-        redoc_url=None,
-        lifespan=lifespan,
-        telemetry=NO_TELEMETRY,
-    )
-    access = AccessControl(layers.access_config(settings), redis)
-    glossaries = GlossaryStore(
-        settings.model.data_dir / "glossaries.sqlite3", layers.glossary_limits(settings)
-    )
-    app.state.glossaries = glossaries
-    documents = Documents(
-        JobStore(settings.model.data_dir / "documents", layers.documents_config(settings).limits),
-        lambda: runtime.translator,
-        layers.documents_config(settings),
-    )
-    app.state.runtime = runtime
-    app.state.access = access
+    return lifespan
+
+
+def _install_routes(app: FastAPI, settings: Settings, parts: _Parts) -> None:
     app.include_router(native.router)
     app.include_router(probes.router)
     install_docs(app)
     # Compatibility dialects: thin routers over the same runtime, each with its own error shape.
-    app.mount("/libretranslate", create_libretranslate_app(runtime, access, documents))
-    app.mount("/v2", create_deepl_app(runtime, access, glossaries, documents))
+    runtime, access = parts.runtime, parts.access
+    app.mount("/libretranslate", create_libretranslate_app(runtime, access, parts.documents))
+    app.mount("/v2", create_deepl_app(runtime, access, parts.glossaries, parts.documents))
     app.mount("/v1", create_openai_app(runtime, access))
     if settings.server.web_page:
         install_web_page(app)
     install_error_handlers(app)
+
+
+def _install_middleware(app: FastAPI, settings: Settings, parts: _Parts) -> None:
     if settings.server.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -146,18 +187,15 @@ def create_app(
             allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
             expose_headers=["X-Request-ID", "X-Queue-Time-Ms", "X-Inference-Time-Ms", "X-Cache"],
         )
-    door = Door(runtime.metrics, AdmissionGate(runtime))
-    app.state.door = door  # the HTTP server's protocol refuses through it too
     app.add_middleware(
         RequestContextMiddleware,
-        metrics=runtime.metrics,
+        metrics=parts.runtime.metrics,
         max_body_bytes=settings.limits.max_body_bytes,
-        door=door,
+        door=parts.door,
         uploads=UPLOADS,
         max_upload_bytes=settings.documents.max_file_bytes,
         dialects=(LIBRETRANSLATE, DEEPL, OPENAI),
     )
-    return app
 
 
 # The routes that take a document upload (their body limit is the file limit).

@@ -77,7 +77,14 @@ class Metrics:
         environment's ``PROMETHEUS_MULTIPROC_DIR``, set before prometheus-client was imported)."""
         self._shared_dir = shared_dir
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        self._model_labels: tuple[str, ...] | None = None
+        self._declare_http(self.registry)
+        self._declare_translations(self.registry)
+        self._declare_queue(self.registry)
+        self._declare_engine(self.registry)
+        self._declare_process(self.registry)
+
+    def _declare_http(self, r: CollectorRegistry) -> None:
         self.requests = Counter(
             f"{PREFIX}_requests_total",
             "HTTP requests by route template, method and status code.",
@@ -91,6 +98,8 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+
+    def _declare_translations(self, r: CollectorRegistry) -> None:
         self.target_mismatches = Counter(
             f"{PREFIX}_target_language_mismatches_total",
             "Translations whose detected language is surely not their target language "
@@ -117,6 +126,13 @@ class Metrics:
             multiprocess_mode="livesum",
             registry=r,
         )
+        self.shared_cache_hits = Counter(
+            f"{PREFIX}_shared_cache_hits_total",
+            "Translations found in the shared (Redis) cache after a miss in this process's own.",
+            registry=r,
+        )
+
+    def _declare_queue(self, r: CollectorRegistry) -> None:
         self.in_flight = Gauge(
             f"{PREFIX}_in_flight_texts",
             "Texts admitted and not yet answered (being prepared, waiting or generating).",
@@ -168,6 +184,8 @@ class Metrics:
             ["code"],
             registry=r,
         )
+
+    def _declare_engine(self, r: CollectorRegistry) -> None:
         self.engine_up = Gauge(
             f"{PREFIX}_engine_up",
             "1 while an engine process is running and loaded, 0 while it is down or loading.",
@@ -212,25 +230,6 @@ class Metrics:
             multiprocess_mode="livemax",
             registry=r,
         )
-        self._model_labels: tuple[str, ...] | None = None
-        self.redis_up = Gauge(
-            f"{PREFIX}_redis_up",
-            "1 while the shared state (HYMT_REDIS_URL) answers, 0 while the service uses local "
-            "limits and cache instead; absent without Redis.",
-            multiprocess_mode="livemin",
-            registry=r,
-        )
-        self.shared_cache_hits = Counter(
-            f"{PREFIX}_shared_cache_hits_total",
-            "Translations found in the shared (Redis) cache after a miss in this process's own.",
-            registry=r,
-        )
-        self.ready = Gauge(
-            f"{PREFIX}_ready",
-            "1 when the model is loaded, warm and serving.",
-            multiprocess_mode="livemin",
-            registry=r,
-        )
         self.gpu_memory = Gauge(
             f"{PREFIX}_gpu_memory_bytes",
             "Accelerator memory held by the model process, by kind (allocated, reserved).",
@@ -239,6 +238,20 @@ class Metrics:
             registry=r,
         )
 
+    def _declare_process(self, r: CollectorRegistry) -> None:
+        self.redis_up = Gauge(
+            f"{PREFIX}_redis_up",
+            "1 while the shared state (HYMT_REDIS_URL) answers, 0 while the service uses local "
+            "limits and cache instead; absent without Redis.",
+            multiprocess_mode="livemin",
+            registry=r,
+        )
+        self.ready = Gauge(
+            f"{PREFIX}_ready",
+            "1 when the model is loaded, warm and serving.",
+            multiprocess_mode="livemin",
+            registry=r,
+        )
         self.event_loop_lag = Histogram(
             f"{PREFIX}_event_loop_lag_seconds",
             "How much later than asked the API process's event loop ran a timer set every "

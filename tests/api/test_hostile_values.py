@@ -312,3 +312,57 @@ def test_the_openai_route_checks_the_key_before_the_body(hostile: httpx.Client) 
     answer = hostile.post("/v1/chat/completions", json={"messages": 3})
     assert answer.status_code == 401
     assert answer.json()["error"]["code"] in ("invalid_api_key", "unauthenticated")
+
+
+# The form fields of a document upload and of a glossary, each of which a client may repeat.
+FORM_FIELDS = {
+    "/v2/document": (
+        "target_lang",
+        "source_lang",
+        "output_format",
+        "formality",
+        "glossary_id",
+        "context",
+        "filename",
+        "custom_instructions",
+    ),
+    "/v2/glossaries": ("name", "source_lang", "target_lang", "entries", "entries_format"),
+    "/libretranslate/translate_file": ("target", "source", "filename", "api_key"),
+}
+# A valid form of each route, which the drawn fields then override.
+FORM_BASE = {
+    "/v2/document": {"target_lang": "DE"},
+    "/v2/glossaries": {"name": "n", "source_lang": "en", "target_lang": "de", "entries": "a\tb"},
+    "/libretranslate/translate_file": {"target": "de", "api_key": KEY},
+}
+FORM_VALUES = st.one_of(
+    st.sampled_from(["DE", "en", "txt", "docx", "more", "tsv", "csv", "auto", "", KEY]),
+    st.text(max_size=12),
+)
+
+
+@pytest.mark.parametrize("path", sorted(FORM_FIELDS))
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(data=st.data())
+def test_a_form_with_any_fields_repeated_is_answered_in_its_shape(
+    hostile: httpx.Client, path: str, data: st.DataObject
+) -> None:
+    """A multipart form whose fields come once, several times or empty: a 4xx or a success in
+    the route's JSON, never a 500 (a repeated ``output_format`` was one)."""
+    names = FORM_FIELDS[path]
+    drawn = data.draw(
+        st.dictionaries(st.sampled_from(names), st.lists(FORM_VALUES, min_size=1, max_size=3))
+    )
+    fields = {**FORM_BASE[path], **drawn}
+    files = {"file": ("a.txt", b"Hello there.", "text/plain")}
+    answer = hostile.post(
+        path, data=fields, files=files, headers={"authorization": f"DeepL-Auth-Key {KEY}"}
+    )
+    assert answer.status_code < 500, (fields, answer.text)
+    assert answer.headers["content-type"].startswith("application/json"), (fields, answer.text)

@@ -144,12 +144,7 @@ class ModelRunner:
         self._buckets = buckets_up_to(rows)
         self._graphs = self._prepare_decode(choices, fast)
         if choices.compiled:
-            # The prefill's compiled parts, before ready: for one token (sizes 0 and 1 are
-            # always specialised) and two other counts, the second of which makes the count
-            # dynamic, so no prompt length compiles while requests wait.
-            for tokens in (1, 16, 17):
-                scratch = list(range(1, 1 + pages_for(tokens, self.page_size)))
-                self.teacher_forced_logits(tuple(range(tokens)), scratch)
+            self._compile_prefill()
         self.plan = Plan(
             rows=rows,
             page_size=fast.page_size,
@@ -210,6 +205,14 @@ class ModelRunner:
             },
         )
         return graphs
+
+    def _compile_prefill(self) -> None:
+        """The prefill's compiled parts, before ready: for one token (sizes 0 and 1 are always
+        specialised) and two other counts, the second of which makes the count dynamic, so no
+        prompt length compiles while requests wait."""
+        for tokens in (1, 16, 17):
+            scratch = list(range(1, 1 + pages_for(tokens, self.page_size)))
+            self.teacher_forced_logits(tuple(range(tokens)), scratch)
 
     # --- prefill ---------------------------------------------------------------------------
 

@@ -234,7 +234,28 @@ def take_weights(
     config = model.config
     # transformers' submodules are typed as Tensor | Module: read them untyped.
     inner: Any = model.model
-    geometry = Geometry(
+    geometry = geometry_of(config)
+    embed = inner.embed_tokens.weight.data
+    cos, sin = _rope_tables(inner, geometry, embed)
+    projector = _Projector(quantization, fp8)
+    layers = tuple(
+        _layer_weights(layer, index, projector, config, fold_norms)
+        for index, layer in enumerate(inner.layers)
+    )
+    return ModelWeights(
+        geometry=geometry,
+        embed=embed,
+        layers=layers,
+        norm=inner.norm.weight.data,
+        lm_head=Linear(_output_weight(model)),
+        cos=cos,
+        sin=sin,
+    )
+
+
+def geometry_of(config: Any) -> Geometry:
+    """The shapes the engine needs, from a transformers config."""
+    return Geometry(
         hidden=int(config.hidden_size),
         heads=int(config.num_attention_heads),
         kv_heads=int(config.num_key_value_heads),
@@ -247,14 +268,27 @@ def take_weights(
         max_positions=int(config.max_position_embeddings),
         norm_before_rope=config.model_type == "hy_v3",
     )
-    embed = inner.embed_tokens.weight.data
-    cos, sin = _rope_tables(inner, geometry, embed)
 
-    def from_checkpoint(index: int, prefix: str, name: str) -> bool:
-        return fp8 is not None and fp8.has(f"model.layers.{index}.{prefix}.{name}")
 
-    def project(
-        layer: nn.Module, index: int, prefix: str, *names: str, norm: torch.Tensor | None = None
+class _Projector:
+    """Fused projections out of a layer's modules (emptied on the way): from the FP8
+    checkpoint where it has them, else the model's weights, a norm folded in on request,
+    quantized to FP8 when asked."""
+
+    def __init__(self, quantization: str, fp8: Fp8Source | None) -> None:
+        self.quantization = quantization
+        self.fp8 = fp8
+
+    def from_checkpoint(self, index: int, prefix: str, name: str) -> bool:
+        return self.fp8 is not None and self.fp8.has(f"model.layers.{index}.{prefix}.{name}")
+
+    def __call__(
+        self,
+        layer: nn.Module,
+        index: int,
+        prefix: str,
+        *names: str,
+        norm: torch.Tensor | None = None,
     ) -> Linear:
         owner = functools.reduce(getattr, prefix.split("."), layer)
         modules = [getattr(owner, name) for name in names]
@@ -262,65 +296,54 @@ def take_weights(
         weight = torch.cat([_weight_of(module) for module in modules])
         for module in modules:
             module.weight = nn.Parameter(weight.new_empty(0), requires_grad=False)
-        if fp8 is not None and fp8.has(full_names[0]):
-            return fp8.projection(full_names, weight.device)
+        if self.fp8 is not None and self.fp8.has(full_names[0]):
+            return self.fp8.projection(full_names, weight.device)
         if norm is not None:
             weight = (weight.float() * norm.float()).to(weight.dtype)
-        return quantize_fp8(weight) if quantization == "fp8" else Linear(weight.contiguous())
+        if self.quantization == "fp8":
+            return quantize_fp8(weight)
+        return Linear(weight.contiguous())
 
-    layers = []
-    for index, layer in enumerate(inner.layers):
-        attention = layer.self_attn
-        query_norm = getattr(attention, "query_layernorm", None) or getattr(
-            attention, "q_norm", None
-        )
-        key_norm = getattr(attention, "key_layernorm", None) or getattr(attention, "k_norm", None)
-        moe = (
-            _experts(layer, index, project, config, fp8) if hasattr(layer.mlp, "experts") else None
-        )
-        input_norm = layer.input_layernorm.weight.data
-        post_norm = layer.post_attention_layernorm.weight.data
-        fold_input = fold_norms and not from_checkpoint(index, "self_attn", "q_proj")
-        fold_post = fold_norms and moe is None and not from_checkpoint(index, "mlp", "gate_proj")
-        qkv = project(
-            layer,
-            index,
-            "self_attn",
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            norm=input_norm if fold_input else None,
-        )
-        gate_up = None
-        if moe is None:
-            norm = post_norm if fold_post else None
-            gate_up = project(layer, index, "mlp", "gate_proj", "up_proj", norm=norm)
-        layers.append(
-            LayerWeights(
-                input_norm=None if fold_input else input_norm,
-                qkv=qkv,
-                query_norm=None if query_norm is None else query_norm.weight.data,
-                key_norm=None if key_norm is None else key_norm.weight.data,
-                o=project(layer, index, "self_attn", "o_proj"),
-                post_norm=None if fold_post else post_norm,
-                gate_up=gate_up,
-                down=None if moe else project(layer, index, "mlp", "down_proj"),
-                moe=moe,
-            )
-        )
-    return ModelWeights(
-        geometry=geometry,
-        embed=embed,
-        layers=tuple(layers),
-        norm=inner.norm.weight.data,
-        lm_head=Linear(_output_weight(model)),
-        cos=cos,
-        sin=sin,
+
+def _layer_weights(
+    layer: Any, index: int, project: _Projector, config: Any, fold_norms: bool
+) -> LayerWeights:
+    """One decoder layer's weights (``fold_norms``: as ``take_weights`` says)."""
+    attention = layer.self_attn
+    query_norm = getattr(attention, "query_layernorm", None) or getattr(attention, "q_norm", None)
+    key_norm = getattr(attention, "key_layernorm", None) or getattr(attention, "k_norm", None)
+    moe = (
+        _experts(layer, index, project, config, project.fp8)
+        if hasattr(layer.mlp, "experts")
+        else None
+    )
+    input_norm = layer.input_layernorm.weight.data
+    post_norm = layer.post_attention_layernorm.weight.data
+    fold_input = fold_norms and not project.from_checkpoint(index, "self_attn", "q_proj")
+    fold_post = (
+        fold_norms and moe is None and not project.from_checkpoint(index, "mlp", "gate_proj")
+    )
+    norm = input_norm if fold_input else None
+    qkv = project(layer, index, "self_attn", "q_proj", "k_proj", "v_proj", norm=norm)
+    gate_up = None
+    if moe is None:
+        norm = post_norm if fold_post else None
+        gate_up = project(layer, index, "mlp", "gate_proj", "up_proj", norm=norm)
+    return LayerWeights(
+        input_norm=None if fold_input else input_norm,
+        qkv=qkv,
+        query_norm=None if query_norm is None else query_norm.weight.data,
+        key_norm=None if key_norm is None else key_norm.weight.data,
+        o=project(layer, index, "self_attn", "o_proj"),
+        post_norm=None if fold_post else post_norm,
+        gate_up=gate_up,
+        down=None if moe else project(layer, index, "mlp", "down_proj"),
+        moe=moe,
     )
 
 
 def _experts(
-    layer: Any, index: int, project: Any, config: Any, fp8: Fp8Source | None
+    layer: Any, index: int, project: _Projector, config: Any, fp8: Fp8Source | None
 ) -> MoeWeights:
     """A mixture-of-experts block's weights; the routed experts run in the model's dtype (FP8
     covers the dense projections and the shared expert), an FP8 checkpoint's dequantized."""

@@ -21,6 +21,12 @@ from starlette.types import Receive, Scope, Send
 
 from service.contract.errors import InvalidInput, NotFound
 from service.frontend.api.context import RequestContext
+from service.frontend.api.deepl_requests import (
+    DeepLOptions,
+    DocumentKeyParams,
+    DocumentParams,
+    parse_deepl,
+)
 from service.frontend.api.params import Params, read_params
 from service.frontend.documents.jobs import Job
 from service.frontend.documents.service import Documents
@@ -28,9 +34,10 @@ from service.frontend.translation.languages import Language
 from service.frontend.translation.prompts import TranslationOptions
 
 ContextOf = Callable[[Request, Params], RequestContext]
-LanguageOf = Callable[[Params, str], Language | None]
+# (the code given or None, the parameter's name) -> the language it names, or None when absent.
+LanguageOf = Callable[[str | None, str], Language | None]
 OptionsOf = Callable[
-    [Params, RequestContext, Language | None, Language], Awaitable[TranslationOptions]
+    [DeepLOptions, RequestContext, Language | None, Language], Awaitable[TranslationOptions]
 ]
 
 
@@ -78,22 +85,23 @@ def install_deepl_document_routes(
     options_of: OptionsOf,
 ) -> None:
     def key_of(params: Params) -> str:
-        key = params.get("document_key")
-        if not isinstance(key, str) or not key:
+        key = parse_deepl(DocumentKeyParams, params).document_key
+        if key is None:
             raise InvalidInput("Parameter 'document_key' not specified.")
         return key
 
     async def upload(request: Request) -> JSONResponse:
         params, filename, data = await read_upload(request)
         context = context_of(request, params)
-        target = target_of(params, "target_lang")
+        wanted = parse_deepl(DocumentParams, params)
+        target = target_of(wanted.target_lang, "target_lang")
         if target is None:
             raise InvalidInput("Parameter 'target_lang' not specified.")
-        source = source_of(params, "source_lang")
-        output_format = params.get("output_format")
+        source = source_of(wanted.source_lang, "source_lang")
+        output_format = wanted.output_format
         if output_format and output_format.lower() != filename.rsplit(".", 1)[-1].lower():
             raise InvalidInput("output_format: a document is translated into its own format")
-        options = await options_of(params, context, source, target)
+        options = await options_of(wanted, context, source, target)
         job = await documents.upload(
             context.owner,
             filename,

@@ -18,14 +18,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from service.contract.errors import InvalidInput
 from service.frontend.api.context import RequestContext
+from service.frontend.api.deepl_requests import GlossaryParams, parse_deepl
 from service.frontend.api.params import Params, read_params
 from service.frontend.glossaries import Glossary, GlossaryStore, parse_entries, to_tsv
 from service.frontend.translation.languages import Language
 
 ContextOf = Callable[[Request, Params], RequestContext]
-# (params, parameter name) -> the language it names, or None when absent.
-LanguageOf = Callable[[Params, str], Language | None]
-Value = Callable[[Params, str], str | None]
+# (the code given or None, the parameter's name) -> the language it names, or None when absent.
+LanguageOf = Callable[[str | None, str], Language | None]
 
 
 def glossary_code(language: Language) -> str:
@@ -51,7 +51,6 @@ def install_glossary_routes(
     store: GlossaryStore,
     context_of: ContextOf,
     language_of: LanguageOf,
-    value: Value,
 ) -> None:
     async def language_pairs(request: Request) -> JSONResponse:
         context = context_of(request, await read_params(request))
@@ -67,21 +66,20 @@ def install_glossary_routes(
     async def create(request: Request) -> JSONResponse:
         params = await read_params(request)
         context = context_of(request, params)
-        name = value(params, "name")
-        if name is None:
+        wanted = parse_deepl(GlossaryParams, params)
+        if wanted.name is None:
             raise InvalidInput("Parameter 'name' not specified.")
-        source, target = language_of(params, "source_lang"), language_of(params, "target_lang")
+        source = language_of(wanted.source_lang, "source_lang")
+        target = language_of(wanted.target_lang, "target_lang")
         if source is None or target is None:
             raise InvalidInput("Parameters 'source_lang' and 'target_lang' must be specified.")
-        entries_text = value(params, "entries")
-        if entries_text is None:
+        if wanted.entries is None:
             raise InvalidInput("Parameter 'entries' not specified.")
-        entries_format = (value(params, "entries_format") or "tsv").lower()
-        entries = parse_entries(entries_text, entries_format)
+        entries = parse_entries(wanted.entries, (wanted.entries_format or "tsv").lower())
         glossary = await asyncio.to_thread(
             store.create,
             context.owner,
-            name,
+            wanted.name,
             glossary_code(source),
             glossary_code(target),
             entries,

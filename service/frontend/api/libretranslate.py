@@ -88,65 +88,19 @@ def create_libretranslate_app(
 
     install_dialect_errors(app, LIBRETRANSLATE)
 
-    def context_of(request: Request, params: Params) -> RequestContext:
-        key = params.get("api_key")
-        header = request.headers.get("authorization") or (
-            f"Bearer {key}" if isinstance(key, str) and key else None
-        )
-        return RequestContext.build(request, header)
-
     @app.post("/translate")
     async def translate(request: Request) -> JSONResponse:
         params = await read_params(request)
         body = parse(TranslateBody, params)
-        context = context_of(request, params)
-        q = body.q
-        texts = [q] if isinstance(q, str) else q
-        source = body.source
-        context.charge(sum(len(text) for text in texts))
-        translator = context.translator
-        if body.format == "html":
-            outcomes = await translator.translate_markup(
-                texts, body.target, source, deadline=context.deadline, inline=INLINE
-            )
-        else:
-            outcomes = await translator.translate_batch(
-                texts,
-                body.target,
-                source,
-                deadline=context.deadline,
-                alternatives=body.alternatives,
-            )
-        done: list[Translation] = []
-        for outcome in outcomes:
-            if isinstance(outcome, ServiceError):
-                raise outcome
-            done.append(outcome)
-        if source == "auto":
-            done = await _with_detections(translator, texts, done)
-        answer: dict[str, Any] = {}
-        alternatives = body.alternatives
-        if isinstance(q, str):
-            answer["translatedText"] = done[0].text
-            if source == "auto":
-                answer["detectedLanguage"] = _detected(done[0])
-            if alternatives:
-                answer["alternatives"] = list(done[0].alternatives)
-        else:
-            answer["translatedText"] = [t.text for t in done]
-            if source == "auto":
-                answer["detectedLanguage"] = [_detected(t) for t in done]
-            if alternatives:
-                answer["alternatives"] = [list(t.alternatives) for t in done]
-        return JSONResponse(answer)
+        return JSONResponse(await _translate(body, libretranslate_context(request, params)))
 
-    install_libretranslate_file_routes(app, documents, context_of)
+    install_libretranslate_file_routes(app, documents, libretranslate_context)
 
     @app.post("/detect")
     async def detect(request: Request) -> JSONResponse:
         params = await read_params(request)
         body = parse(DetectBody, params)
-        context = context_of(request, params)
+        context = libretranslate_context(request, params)
         context.charge(len(body.q))
         (detection,) = await context.translator.detect([body.q])
         return JSONResponse(
@@ -187,23 +141,74 @@ def create_libretranslate_app(
 
     @app.get("/frontend/settings")
     async def frontend_settings() -> JSONResponse:
-        return JSONResponse(
-            {
-                "charLimit": runtime.max_text_chars,
-                "frontendTimeout": 500,
-                "apiKeys": access.requires_keys,
-                "keyRequired": access.requires_keys,
-                "suggestions": False,
-                "filesTranslation": True,
-                "supportedFilesFormat": [f".{name}" for name in EXTENSIONS],
-                "language": {
-                    "source": {"code": "auto", "name": "Auto Detect"},
-                    "target": {"code": "en", "name": "English"},
-                },
-            }
-        )
+        return JSONResponse(_frontend_settings(runtime, access))
 
     return app
+
+
+def libretranslate_context(request: Request, params: Params) -> RequestContext:
+    """The caller, from the ``Authorization`` header or LibreTranslate's ``api_key``."""
+    key = params.get("api_key")
+    header = request.headers.get("authorization") or (
+        f"Bearer {key}" if isinstance(key, str) and key else None
+    )
+    return RequestContext.build(request, header)
+
+
+async def _translate(body: TranslateBody, context: RequestContext) -> dict[str, Any]:
+    """LibreTranslate's answer: one text or a list, with detections when the source is
+    ``auto`` and alternatives when asked for."""
+    q = body.q
+    texts = [q] if isinstance(q, str) else q
+    source = body.source
+    context.charge(sum(len(text) for text in texts))
+    translator = context.translator
+    if body.format == "html":
+        outcomes = await translator.translate_markup(
+            texts, body.target, source, deadline=context.deadline, inline=INLINE
+        )
+    else:
+        outcomes = await translator.translate_batch(
+            texts, body.target, source, deadline=context.deadline, alternatives=body.alternatives
+        )
+    done: list[Translation] = []
+    for outcome in outcomes:
+        if isinstance(outcome, ServiceError):
+            raise outcome
+        done.append(outcome)
+    if source == "auto":
+        done = await _with_detections(translator, texts, done)
+    answer: dict[str, Any] = {}
+    if isinstance(q, str):
+        answer["translatedText"] = done[0].text
+        if source == "auto":
+            answer["detectedLanguage"] = _detected(done[0])
+        if body.alternatives:
+            answer["alternatives"] = list(done[0].alternatives)
+    else:
+        answer["translatedText"] = [t.text for t in done]
+        if source == "auto":
+            answer["detectedLanguage"] = [_detected(t) for t in done]
+        if body.alternatives:
+            answer["alternatives"] = [list(t.alternatives) for t in done]
+    return answer
+
+
+def _frontend_settings(runtime: Runtime, access: AccessControl) -> dict[str, object]:
+    """What LibreTranslate's own web page asks the server for."""
+    return {
+        "charLimit": runtime.max_text_chars,
+        "frontendTimeout": 500,
+        "apiKeys": access.requires_keys,
+        "keyRequired": access.requires_keys,
+        "suggestions": False,
+        "filesTranslation": True,
+        "supportedFilesFormat": [f".{name}" for name in EXTENSIONS],
+        "language": {
+            "source": {"code": "auto", "name": "Auto Detect"},
+            "target": {"code": "en", "name": "English"},
+        },
+    }
 
 
 async def _with_detections(

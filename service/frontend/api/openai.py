@@ -181,26 +181,30 @@ def create_openai_app(runtime: Runtime, access: AccessControl) -> FastAPI:
         completion = await translator.complete(
             content, decoding=decoding, max_new_tokens=budget, deadline=context.deadline
         )
-        text, finish = _cut(completion, stops)
-        usage = _usage(completion)
-        return JSONResponse(
-            {
-                "id": ident,
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body.model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": finish,
-                    }
-                ],
-                "usage": usage,
-            }
-        )
+        return JSONResponse(_completion(ident, body.model, completion, stops))
 
     return app
+
+
+def _completion(
+    ident: str, model: str, completion: Completion, stops: list[str]
+) -> dict[str, object]:
+    """A whole chat completion, cut at the first stop sequence."""
+    text, finish = _cut(completion, stops)
+    return {
+        "id": ident,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish,
+            }
+        ],
+        "usage": _usage(completion),
+    }
 
 
 def _refuse_unsupported(body: ChatRequest, params: Params) -> None:
