@@ -61,6 +61,9 @@ class EchoEngine:
     def steps(self) -> int | None:
         return 0
 
+    def step_seconds(self) -> dict[int, float]:
+        return {}
+
     def is_alive(self) -> bool:
         return True
 

@@ -62,6 +62,8 @@ class FakeOptions:
     load_s: float = 0.0
     # Every text's answer instead of its prompt length.
     answer: str | None = None
+    # What the engine says one decode step takes, by batch size (``Engine.step_seconds``).
+    step_seconds: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(slots=True)
@@ -113,6 +115,9 @@ class FakeEngine:
 
     def steps(self) -> int | None:
         return self._steps
+
+    def step_seconds(self) -> dict[int, float]:
+        return dict(self._options.step_seconds)
 
     def is_alive(self) -> bool:
         return self._thread.is_alive() and not self._stopping

@@ -173,6 +173,11 @@ class Engine(Protocol):
         cannot tell: how the supervisor tells a working engine from a wedged one."""
         ...
 
+    def step_seconds(self) -> dict[int, float]:
+        """Seconds of one decode step by batch size, as the engine measured them at start
+        (empty where it did not): admission's estimate before any answer has come back."""
+        ...
+
     def submit(
         self,
         request_id: str,

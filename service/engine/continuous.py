@@ -134,6 +134,9 @@ class ContinuousBatchingEngine(LoadedEngine):
     def steps(self) -> int | None:
         return None  # transformers' manager does not count them
 
+    def step_seconds(self) -> dict[int, float]:
+        return {}  # not measured: admission waits for answers
+
     def is_alive(self) -> bool:
         return bool(self._manager.is_running())
 

@@ -150,6 +150,7 @@ class EngineHost:
             kind=kind,
             capacity=scheduler.capacity,
             incarnation=os.getpid(),
+            step_seconds=engine.step_seconds(),
         )
         await self._send(self._ready)
         log.info("engine ready", extra={"engine": kind, "capacity": scheduler.capacity})

@@ -178,7 +178,7 @@ class Runtime:
     async def _on_ready(self, ready: Ready) -> None:
         """A (re)started engine reported ready: build or keep the translator, warm up."""
         self.engine_info, self.engine_kind = ready.info, ready.kind
-        self.admission.set_capacity(ready.capacity)
+        self.admission.set_engine(ready.capacity, ready.step_seconds)
         fingerprint = ready.info.fingerprint
         preparer, started = self._preparer, self._preparer_started
         assert preparer is not None, "the runtime was not started"

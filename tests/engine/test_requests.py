@@ -61,6 +61,9 @@ class ManualEngine:
     def steps(self) -> int | None:
         return None
 
+    def step_seconds(self) -> dict[int, float]:
+        return {}
+
     def close(self) -> None:
         return None
 

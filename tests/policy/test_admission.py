@@ -22,7 +22,7 @@ def admission(clock: Clock, bound: int = 100, capacity: int = 8) -> Admission:
         return None
 
     made = Admission(bound, Metrics(), available, clock=clock)
-    made.set_capacity(capacity)
+    made.set_engine(capacity)
     return made
 
 
@@ -106,7 +106,7 @@ def test_a_deadline_already_past_and_a_closed_gate_are_refused() -> None:
 
 def test_each_of_several_api_processes_admits_its_share_of_the_bound() -> None:
     made = Admission(10, Metrics(), lambda: None, processes=4)
-    made.set_capacity(8)
+    made.set_engine(8)
     held = [made.reserve(1, None) for _ in range(2)]
     assert made.full  # 10 // 4
     with pytest.raises(Overloaded):
@@ -125,3 +125,75 @@ def test_requests_on_their_way_close_the_door_until_they_arrive() -> None:
     first()
     first()  # once only
     assert not gate.full
+
+
+def profiled(clock: Clock, bound: int, capacity: int, step_s: float) -> Admission:
+    """Admission in front of an engine that measured its full batch's decode step at start."""
+    made = Admission(bound, Metrics(), lambda: None, clock=clock)
+    made.set_engine(capacity, {1: step_s / 10, capacity: step_s})
+    return made
+
+
+def test_a_burst_s_first_answers_are_not_taken_for_its_throughput() -> None:
+    # Issue 36: 1,024 texts into an idle engine, three answered after 2 s: a rate of 1.5 texts/s
+    # taken from those refused everything for minutes while the engine had room.
+    clock = Clock()
+    gate = profiled(clock, bound=4096, capacity=256, step_s=0.02)
+    burst = [gate.reserve(1, clock.now + 100.0) for _ in range(1000)]
+    clock.now += 2.0
+    for reservation in burst[:3]:
+        gate.completed(tokens=20)
+        reservation.release()
+    # 998 in flight, 256 rows generating: a new text waits for about three waves of short ones.
+    late = gate.reserve(1, clock.now + 30.0)
+    assert gate.in_flight == 998
+    late.release()
+    for reservation in burst[3:]:
+        reservation.release()
+
+
+def test_a_burst_into_an_engine_that_answered_nothing_is_cut_at_what_fits() -> None:
+    # Issue 36's mirror case: with no answer yet there was no rate, everything was admitted,
+    # and what could not finish in time ended as 504s after its deadline.
+    clock = Clock()
+    gate = profiled(clock, bound=4096, capacity=256, step_s=0.05)
+    # A full batch: 256 texts per 2 x 0.05 s x 128 tokens = 12.8 s, 20 texts/s; 60% of a 30 s
+    # deadline holds 360 texts.
+    admitted, refused = [], []
+    for _ in range(1000):
+        try:
+            admitted.append(gate.reserve(1, clock.now + 30.0))
+        except Overloaded as error:
+            refused.append(error)
+    assert len(admitted) == 360
+    assert len(refused) == 640
+    assert refused[0].retry_after_s == 18  # the 360 admitted drain in about 18 s
+    for reservation in admitted:
+        reservation.release()
+
+
+def test_while_a_decode_row_is_free_the_deadline_estimate_refuses_nothing() -> None:
+    clock = Clock()
+    gate = admission(clock, capacity=8)
+    serve_one_at_a_time(gate, clock, 5, seconds=1.0)  # one text a second, alone
+    held = [gate.reserve(1, None) for _ in range(7)]
+    # The eighth row is free: admitted with any deadline the estimate would have refused.
+    gate.reserve(1, clock.now + 1.0).release()
+    with pytest.raises(Overloaded):
+        gate.reserve(2, clock.now + 1.0)  # past the rows: the estimate applies
+    for reservation in held:
+        reservation.release()
+
+
+def test_the_measured_rate_takes_over_once_the_engine_was_busy_for_a_generation() -> None:
+    clock = Clock()
+    gate = profiled(clock, bound=4096, capacity=4, step_s=0.01)  # prior: 2.56 s a generation
+    held = [gate.reserve(1, None) for _ in range(40)]
+    for _ in range(40):  # 4 answers a second for 10 s
+        clock.now += 0.25
+        gate.completed(tokens=128)
+    rate = gate.drain_rate()
+    assert rate is not None
+    assert 3.5 < rate < 4.5  # measured, not the prior's 4 / 2.56 s
+    for reservation in held:
+        reservation.release()

@@ -77,7 +77,14 @@ class FastEngine(LoadedEngine):
             weights_bytes=self.runner.weights.nbytes(),
             attention=self.runner.attention,
         )
-        log.info("fast engine ready", extra=dataclasses.asdict(plan))
+        self._step_seconds = self.runner.time_steps()
+        log.info(
+            "fast engine ready",
+            extra={
+                **dataclasses.asdict(plan),
+                "step_ms": {b: round(1000 * t, 3) for b, t in self._step_seconds.items()},
+            },
+        )
         self._thread = threading.Thread(target=self._loop, name="fast-engine", daemon=True)
         self._thread.start()
 
@@ -123,6 +130,9 @@ class FastEngine(LoadedEngine):
 
     def running(self) -> int | None:
         return self.scheduler.running
+
+    def step_seconds(self) -> dict[int, float]:
+        return dict(self._step_seconds)
 
     def steps(self) -> int | None:
         return self._steps

@@ -53,6 +53,10 @@ from service.engine.loading import LoadedModel
 
 log = logging.getLogger(__name__)
 
+# The context length a timed step reads where the kernels read only what is there (an eager
+# step): a translation's prompt and output.
+_TYPICAL_CONTEXT = 256
+
 
 @dataclass(frozen=True, slots=True)
 class Launched:
@@ -290,14 +294,7 @@ class ModelRunner:
             grown = plan.grown
             self.rows.set_pages(grown.rows, grown.logical, grown.pages)
             self._own(grown)
-        bucket = self._buckets[bisect.bisect_left(self._buckets, n)]
-        if self._graphs is not None:
-            self._graphs.replay(bucket, plan.full_sort)
-        elif self._static:
-            # Compiled for the buckets' shapes only: run the step a graph would run.
-            self._decode_and_sample(bucket, plan.full_sort)
-        else:
-            self._decode_and_sample(n, plan.full_sort, pages_for(plan.longest, self.page_size))
+        self._step(n, plan.full_sort, plan.longest)
         buffer = self._host_tokens[self._flip]
         self._flip ^= 1
         buffer[:n].copy_(self.rows.sampled[:n], non_blocking=True)
@@ -313,6 +310,39 @@ class ModelRunner:
             step.ready.synchronize()
         tokens: np.ndarray = step.tokens[: step.rows].numpy()
         return tokens
+
+    def _step(self, n: int, full: bool, longest: int) -> None:
+        """One decode step of rows ``0..n-1`` whose longest sequence is ``longest`` tokens."""
+        bucket = self._buckets[bisect.bisect_left(self._buckets, n)]
+        if self._graphs is not None:
+            self._graphs.replay(bucket, full)
+        elif self._static:
+            # Compiled for the buckets' shapes only: run the step a graph would run.
+            self._decode_and_sample(bucket, full)
+        else:
+            self._decode_and_sample(n, full, pages_for(longest, self.page_size))
+
+    def time_steps(self) -> dict[int, float]:
+        """Seconds of one decode step at each batch-size bucket, measured now (the engine is
+        idle: the rows hold nothing, so the steps write only the scratch page). The fastest of
+        a few runs on a GPU, one run elsewhere (a CPU's steps are slow and steady)."""
+        repeats = 3 if self.device.type == "cuda" else 1
+        times: dict[int, float] = {}
+        with torch.inference_mode():
+            for bucket in self._buckets:
+                best = float("inf")
+                for _ in range(repeats):
+                    self._synchronize()
+                    started = time.perf_counter()
+                    self._step(bucket, False, _TYPICAL_CONTEXT)
+                    self._synchronize()
+                    best = min(best, time.perf_counter() - started)
+                times[bucket] = best
+        return times
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _decode_and_sample(self, batch: int, full: bool, pages: int | None = None) -> None:
         """One decode step of the first ``batch`` rows, ending with the sampled tokens fed back:

@@ -5,24 +5,25 @@ is exact, it needs no message from the engine. A request for ``n`` texts is refu
 (``Overloaded``, 429) when
 
 - ``in_flight + n`` would pass ``max_in_flight`` (the configured bound), or
-- it would likely not finish inside its own deadline. By Little's law a text admitted now is
+- it would likely not finish inside its own deadline. This is never the reason while the
+  engine has a free decode row for every text in flight (``capacity``, from the engine's
+  ``Ready``): such a text starts at once. Past that, by Little's law a text admitted now is
   answered after about ``(in_flight + n) / rate``, where ``rate`` is the texts the engine answers
   per second *of busy time* (time with anything in flight): idle time is left out, so a lightly
   loaded engine is not mistaken for a slow one, and under saturation it is the engine's
-  throughput. With continuous batching this also covers the case where everything admitted
-  runs at once but the batch is so large that each step is slow. The estimate must fit in
-  ``_DEADLINE_SHARE`` of the time left, leaving room for the spread of output lengths. Admitting
-  what cannot finish in time only turns a 429 now into a 504 later, and spends GPU time on
-  answers nobody receives.
+  throughput. The estimate must fit in ``_DEADLINE_SHARE`` of the time left, leaving room for
+  the spread of output lengths. Admitting what cannot finish in time only turns a 429 now into
+  a 504 later, and spends GPU time on answers nobody receives.
 
-A rate measured while few texts were in flight says little about a larger batch: a batching
-engine answers more texts per second the more it holds, up to what it generates at once
-(``capacity``, from the engine's ``Ready``). So the rate is scaled by half of how much more the
-engine would batch than it did while measured, never below the measured rate: a burst after a
-quiet spell is estimated at the engine's per-text latency, not refused for the lone requests'
-rate. "While measured" is the in-flight count each answer came out at, averaged over the same
-decaying answers as the rate: a burst still arriving has no answers yet, so it cannot count as
-the load its predecessors' rate was measured at.
+The measured rate is trusted only once the engine has been busy for longer than one text's
+generation at a full batch: the first answers of a burst into an idle engine are its shortest
+texts, and a rate taken from them (three answers after two seconds while a thousand texts
+generate) would predict waits of minutes. Until then, and before any answer, the rate comes
+from what the engine measured about itself at start (``Ready.step_seconds``, one decode step's
+time by batch size): a full batch answers ``capacity`` texts every ``tokens per text`` steps,
+the tokens per text being the answers' own mean once there are a few, ``_PRIOR_TOKENS`` before,
+and the step time doubled (``_PRIOR_MARGIN``) for what the measured step leaves out (prefill,
+the host's work, attention over real contexts).
 
 ``retry_after_s`` is the one estimator of Retry-After for every refusal: the time the current
 backlog needs to drain at that rate.
@@ -40,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import TypeVar
 
@@ -50,6 +51,10 @@ from service.frontend.metrics import Children, Metrics
 # Time constant of the rate's decaying sums, and the (decayed) answers it needs to be trusted.
 _RATE_TAU_S = 5.0
 _MIN_ANSWERS = 3.0
+# Output tokens a text is taken to need before answers have said (a paragraph's translation).
+_PRIOR_TOKENS = 128.0
+# The engine's measured decode step, times this, for a step of real work (see above).
+_PRIOR_MARGIN = 2.0
 # The expected wait may take this share of the time left to the deadline.
 _DEADLINE_SHARE = 0.6
 
@@ -103,11 +108,19 @@ class Admission:
         self._arriving = 0
         self._closed = False
         self._capacity = 1
+        self._engine_capacity = 1
+        # The engine's decode step seconds by batch size, sorted by batch size.
+        self._step_seconds: tuple[tuple[int, float], ...] = ()
         # Decaying sums of answers, of busy seconds and of the in-flight count at each answer,
         # as of ``_updated``.
         self._answers = 0.0
         self._busy_s = 0.0
         self._answered_at = 0.0
+        # Decaying sums of the completion tokens of answered texts, and of those answers.
+        self._tokens = 0.0
+        self._tokened = 0.0
+        # When the engine last went from idle to busy (None: idle now).
+        self._busy_since: float | None = None
         self._updated = clock()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -133,9 +146,14 @@ class Admission:
         """Refuse everything from now on (shutdown)."""
         self._closed = True
 
-    def set_capacity(self, capacity: int) -> None:
-        """Texts the engine generates at once (from its ``Ready``)."""
+    def set_engine(self, capacity: int, step_seconds: Mapping[int, float] | None = None) -> None:
+        """Texts the engine generates at once, and the seconds of its decode step by batch size
+        (from its ``Ready``; none where it did not measure them)."""
+        self._engine_capacity = max(1, capacity)
         self._capacity = max(1, capacity // self._processes)
+        self._step_seconds = tuple(
+            sorted((b, t) for b, t in (step_seconds or {}).items() if b > 0 and t > 0)
+        )
 
     @property
     def limit(self) -> int:
@@ -200,18 +218,57 @@ class Admission:
         self._enter(texts, now)
         return Reservation(self, texts)
 
-    def completed(self) -> None:
-        """One text was answered by the engine (whatever the outcome)."""
+    def completed(self, tokens: int | None = None) -> None:
+        """One text was answered by the engine (whatever the outcome); ``tokens``: the tokens
+        it generated, where it has a result."""
         self._advance(self._clock())
         self._answers += 1
         self._answered_at += self._in_flight
+        if tokens is not None:
+            self._tokens += tokens
+            self._tokened += 1
 
     def drain_rate(self) -> float | None:
-        """Texts answered per second of busy time, or None before it is known."""
+        """Texts answered per second of busy time (measured, or the engine's prior), or None
+        before either is known."""
         self._advance(self._clock())
+        measured = self._measured_rate()
+        return measured if measured is not None else self._prior_rate()
+
+    def _measured_rate(self) -> float | None:
+        """Answers per busy second, from ``_MIN_ANSWERS`` answers on, once the engine has been
+        busy for longer than a generation at a full batch (where its step time is known)."""
         if self._answers < _MIN_ANSWERS or self._busy_s <= 0:
             return None
+        # The longer of the prior and the answers' mean: the first answers are the short ones.
+        generation = self._generation_s(at_least_prior=True)
+        busy_for = 0.0 if self._busy_since is None else self._clock() - self._busy_since
+        if generation is not None and busy_for < generation:
+            return None
         return self._answers / self._busy_s
+
+    def _prior_rate(self) -> float | None:
+        """This process's share of what a full engine answers per second, from its own step
+        time; None where the engine measured none."""
+        generation = self._generation_s()
+        if generation is None:
+            return None
+        return self._engine_capacity / generation / self._processes
+
+    def _generation_s(self, at_least_prior: bool = False) -> float | None:
+        """Seconds one text's generation takes at a full batch (with ``_PRIOR_MARGIN``), for
+        the answers' mean tokens per text (``at_least_prior``: no fewer than the prior's)."""
+        if not self._step_seconds:
+            return None
+        # The step of the smallest measured batch that holds a full engine, or the largest.
+        step = next(
+            (t for b, t in self._step_seconds if b >= self._engine_capacity),
+            self._step_seconds[-1][1],
+        )
+        tokens = self._tokens / self._tokened if self._tokened >= _MIN_ANSWERS else _PRIOR_TOKENS
+        if at_least_prior:
+            tokens = max(tokens, _PRIOR_TOKENS)
+        return _PRIOR_MARGIN * step * max(1.0, tokens)
 
     def retry_after_s(self) -> float:
         """Seconds until the current backlog has likely drained: at least 1, at most 60."""
@@ -221,9 +278,13 @@ class Admission:
         return float(min(60, max(1, math.ceil(self._in_flight / rate))))
 
     def _expected_finish_s(self, position: int, now: float) -> float | None:
-        rate = self.drain_rate()
+        if position <= self._capacity:
+            return None  # a free decode row for every text: it starts now
+        self._advance(now)
+        rate = self._measured_rate()
         if rate is None:
-            return None
+            prior = self._prior_rate()
+            return None if prior is None else position / prior
         measured_at = self._answered_at / self._answers  # in flight, on average, at an answer
         batched = min(position, self._capacity)
         # Halved: near saturation more in flight no longer buys proportionally more throughput,
@@ -241,10 +302,14 @@ class Admission:
         busy = _RATE_TAU_S * (1 - decay) if self._in_flight else 0.0
         self._busy_s = self._busy_s * decay + busy
         self._answered_at *= decay
+        self._tokens *= decay
+        self._tokened *= decay
         self._updated = now
 
     def _enter(self, texts: int, now: float) -> None:
         self._advance(now)
+        if not self._in_flight:
+            self._busy_since = now
         self._in_flight += texts
         self._idle.clear()
         self._metrics.in_flight.set(self._in_flight)
@@ -253,6 +318,7 @@ class Admission:
         self._advance(self._clock())
         self._in_flight -= texts
         if not self._in_flight:
+            self._busy_since = None
             self._idle.set()
         self._metrics.in_flight.set(self._in_flight)
 

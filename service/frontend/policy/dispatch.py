@@ -65,7 +65,7 @@ class Dispatcher:
             raise
         total = time.monotonic() - sent
         queue_s = max(0.0, total - answer.inference_s)
-        self._admission.completed()
+        self._admission.completed(answer.result.completion_tokens)
         self._metrics.queue_wait.observe(queue_s)
         self._metrics.inference_duration.observe(answer.inference_s)
         self._metrics.prompt_tokens.inc(answer.result.prompt_tokens)
