@@ -15,6 +15,7 @@ os.environ.setdefault("HYMT_FAST_NUM_PAGES", "128")
 os.environ.setdefault("HYMT_FAST_PAGE_SIZE", "16")
 
 import asyncio
+import concurrent.futures.thread
 import contextlib
 import threading
 import time
@@ -193,7 +194,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     left = [
         thread
         for thread in threading.enumerate()
-        if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()
+        if thread is not threading.main_thread()
+        and not thread.daemon
+        and thread.is_alive()
+        # An executor's idle worker: its module's exit hook stops and joins it.
+        and getattr(thread, "_target", None) is not concurrent.futures.thread._worker
     ]
     for thread in left:
         thread.join(timeout=5)
