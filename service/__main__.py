@@ -24,14 +24,14 @@ def main(argv: list[str] | None = None) -> None:
     settings = Settings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
     configure_logging(
         settings.observability.log_level,
-        process="launcher" if settings.server.api_processes > 1 else "api",
+        process="launcher" if settings.server.processes > 1 else "api",
     )
     if settings.uses_demo_model:
         log.warning(
             "no model configured: serving the demo model (random weights, built here); its "
             "translations are noise. Set HYMT_MODEL_ID=tencent/Hunyuan-MT-7B to translate."
         )
-    if settings.server.api_processes > 1:
+    if settings.server.processes > 1:
         sys.exit(Launcher(settings).run())
     sys.exit(
         serve(settings, lambda on_fatal: create_service(settings, on_fatal=on_fatal, tune_gc=True))

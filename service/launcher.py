@@ -78,6 +78,8 @@ class Member:
     index: int
     peers: tuple[Peer, ...]
     metrics_dir: Path
+    # The group's rate and quota counters (``frontend.local_limits``).
+    limits_file: Path
 
     @property
     def leads(self) -> bool:
@@ -115,6 +117,7 @@ def run_member(
                 followers=member.peers,
                 before_engine_stop=wait_followers,
                 on_serving=leader_serving.set,
+                limits_file=member.limits_file,
             )
         return create_service(
             settings,
@@ -123,6 +126,7 @@ def run_member(
             tune_gc=True,
             follow=member.peers[0],
             before_listening=wait_leader,
+            limits_file=member.limits_file,
         )
 
     sys.exit(
@@ -145,7 +149,7 @@ class Launcher:
         self._folder = Path(tempfile.mkdtemp(prefix="hymt-api-"))
         self._metrics_dir = self._folder / "metrics"
         self._metrics_dir.mkdir()
-        count = settings.server.api_processes
+        count = settings.server.processes
         self._peers = tuple(
             (f"ipc://{self._folder}/api-{i}-requests", f"ipc://{self._folder}/api-{i}-results")
             for i in range(1, count)
@@ -162,12 +166,12 @@ class Launcher:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._signalled)
         try:
-            for index in range(self._settings.server.api_processes):
+            for index in range(self._settings.server.processes):
                 self._start(index)
             log.info(
                 "API processes started",
                 extra={
-                    "processes": self._settings.server.api_processes,
+                    "processes": self._settings.server.processes,
                     "port": self._settings.server.port,
                 },
             )
@@ -181,7 +185,7 @@ class Launcher:
 
     def _member(self, index: int) -> Member:
         peers = self._peers if index == 0 else (self._peers[index - 1],)
-        return Member(index, peers, self._metrics_dir)
+        return Member(index, peers, self._metrics_dir, self._folder / "limits.sqlite3")
 
     def _start(self, index: int) -> None:
         process = self._context.Process(

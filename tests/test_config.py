@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from service.config import server
 from service.config.settings import Settings
 from service.frontend import layers
 
@@ -63,18 +64,24 @@ def test_invalid_values_are_refused() -> None:
         Settings(_env_file=None, max_input_tokens=4096, max_prompt_tokens=1024)
 
 
-def test_several_api_processes_refuse_limits_each_would_count_alone() -> None:
-    with pytest.raises(ValidationError, match="rate_limit and char_quota need api_processes=1"):
-        Settings(_env_file=None, api_processes=4, rate_limit="10/minute")
-    with pytest.raises(ValidationError, match="rate_limit and char_quota"):
-        Settings(_env_file=None, api_processes=2, char_quota="1000/hour")
-    # With Redis the processes count together.
+def test_several_api_processes_take_limits_and_their_number_from_the_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Limits are counted for all processes together (a shared file, or Redis): allowed.
+    limited = Settings(_env_file=None, api_processes=4, rate_limit="10/minute")
+    assert limited.server.processes == 4
     shared = Settings(
         _env_file=None, api_processes=2, char_quota="1000/hour", redis_url="redis://x:6379/0"
     )
     assert layers.redis_config(shared).url == "redis://x:6379/0"
     policy = layers.policy_config(Settings(_env_file=None, api_processes=4, max_queue_size=512))
     assert (policy.max_in_flight, policy.processes) == (512, 4)
+    # Unset: half the cores, 1 to 8, and never more than the queue has places.
+    for cores, expected in ((1, 1), (2, 1), (4, 2), (16, 8), (64, 8)):
+        monkeypatch.setattr(server, "usable_cores", lambda cores=cores: cores)
+        assert Settings(_env_file=None).server.processes == expected
+    monkeypatch.setattr(server, "usable_cores", lambda: 16)
+    assert Settings(_env_file=None, max_queue_size=3).server.processes == 3
 
 
 def test_only_the_30b_a3b_has_its_think_blocks_taken_out() -> None:

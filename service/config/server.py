@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 
 from pydantic import Field, field_validator
 
 from service.config.section import Section
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity: a container's cpuset), else the
+    machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 class ServerSettings(Section):
@@ -48,13 +57,14 @@ class ServerSettings(Section):
         "net.core.somaxconn); a burst larger than the queue has its excess retried by the "
         "clients a second later.",
     )
-    api_processes: int = Field(
-        1,
+    api_processes: int | None = Field(
+        None,
         ge=1,
         le=64,
         description="API processes answering HTTP in front of the one engine process, all on "
-        "the same port (SO_REUSEPORT). Each admits its share of max_queue_size and keeps its "
-        "own result cache; rate limits and quotas need redis_url with more than one.",
+        "the same port (SO_REUSEPORT); unset: half the CPU cores, 1 to 8. Each admits its share "
+        "of max_queue_size and keeps its own result cache; rate limits and quotas are counted "
+        "for all of them together (in a shared file, or in Redis with redis_url).",
     )
     cors_origins: list[str] = Field(
         default_factory=list, description="Origins allowed by CORS; empty keeps CORS off."
@@ -90,9 +100,18 @@ class ServerSettings(Section):
         return value
 
     @property
+    def processes(self) -> int:
+        """API processes: as set, or half the cores (1 to 8; 1 without SO_REUSEPORT)."""
+        if self.api_processes is not None:
+            return self.api_processes
+        if not hasattr(socket, "SO_REUSEPORT"):
+            return 1
+        return max(1, min(8, usable_cores() // 2))
+
+    @property
     def preparation_workers(self) -> int:
         """Preparation workers of each API process."""
         if self.prepare_workers is not None:
             return self.prepare_workers
         # The quarter of the cores is shared by all API processes: each has workers of its own.
-        return max(1, min(8, (os.cpu_count() or 2) // 4) // self.api_processes)
+        return max(1, min(8, usable_cores() // 4) // self.processes)

@@ -123,16 +123,14 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_api_processes(self) -> Settings:
-        processes = self.server.api_processes
+        processes = self.server.processes
+        if self.server.api_processes is None and self.limits.max_queue_size < processes:
+            # Chosen from the cores, not asked for: no more processes than queue places.
+            fitted = self.server.model_copy(update={"api_processes": self.limits.max_queue_size})
+            object.__setattr__(self, "server", fitted)
+            processes = fitted.processes
         if processes == 1:
             return self
-        access = self.access
-        if (access.rate_limit is not None or access.char_quota is not None) and not (
-            self.cache.redis_url
-        ):
-            # Each process would count on its own: a client would get api_processes times
-            # the limit it was given.
-            raise ValueError("rate_limit and char_quota need api_processes=1 or redis_url")
         if not hasattr(socket, "SO_REUSEPORT"):
             raise ValueError("api_processes > 1 needs SO_REUSEPORT (Linux, BSD, macOS)")
         if self.limits.max_queue_size < processes:

@@ -5,8 +5,9 @@ constant time against every configured key, and never appear in logs: a client i
 short hash of its key (or by its address when no keys are configured). Rates and quotas use the
 ``limits`` library's sliding-window counters, per client, so one client's burst spends only its
 own allowance. With Redis (``frontend.shared``) the counters are shared by every replica and API
-process, so a client spread over them gets exactly its allowance; while Redis is away each
-process counts on its own (the allowance is then per process), and shares again when it is back.
+process, so a client spread over them gets exactly its allowance. Without Redis the API
+processes of one host share a file of counters (``local_limits``), with the same effect on one
+host; while Redis is away a replica counts on its own host, and shares again when it is back.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from limits import RateLimitItem, parse
 from limits.errors import StorageError
-from limits.storage import MemoryStorage, RedisStorage
+from limits.storage import MemoryStorage, RedisStorage, Storage
 from limits.strategies import SlidingWindowCounterRateLimiter
 from limits.util import WindowStats
 
@@ -47,9 +48,13 @@ class Client:
 
 
 class AccessControl:
-    def __init__(self, settings: AccessConfig, redis: Redis | None = None) -> None:
+    def __init__(
+        self, settings: AccessConfig, redis: Redis | None = None, local: Storage | None = None
+    ) -> None:
+        """``local``: the counters of this host's API processes (``local_limits``), where
+        there are several; this process's memory otherwise."""
         self._keys = [key.encode() for key in settings.api_keys]
-        self._limiter = SlidingWindowCounterRateLimiter(MemoryStorage())
+        self._limiter = SlidingWindowCounterRateLimiter(local or MemoryStorage())
         self._redis = redis
         self._shared = (
             SlidingWindowCounterRateLimiter(

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -34,6 +35,7 @@ from service.frontend.api.web import install_web_page
 from service.frontend.documents.jobs import JobStore
 from service.frontend.documents.service import Documents
 from service.frontend.glossaries import GlossaryStore
+from service.frontend.local_limits import SharedFileStorage
 from service.frontend.metrics import Metrics
 from service.frontend.runtime import Runtime
 from service.frontend.shared import Redis
@@ -51,6 +53,7 @@ def create_app(
     before_engine_stop: Callable[[], Awaitable[None]] | None = None,
     on_serving: Callable[[], None] | None = None,
     before_listening: Callable[[], Awaitable[None]] | None = None,
+    limits_file: Path | None = None,
 ) -> FastAPI:
     """A new app with its own runtime and metrics registry; nothing is loaded until it starts.
 
@@ -61,7 +64,8 @@ def create_app(
     one engine (``policy.following``);
     ``before_engine_stop`` is awaited on shutdown between the drain and the engine's stop;
     ``on_serving`` is called once the app first serves; a follower awaits ``before_listening``
-    (after it serves itself) before uvicorn listens.
+    (after it serves itself) before uvicorn listens. ``limits_file``: the rate and quota
+    counters shared by a group of API processes (``local_limits``).
     """
     metrics = metrics or Metrics()
     redis = Redis(layers.redis_config(settings), metrics) if settings.cache.redis_url else None
@@ -81,7 +85,11 @@ def create_app(
     )
     parts = _Parts(
         runtime=runtime,
-        access=AccessControl(layers.access_config(settings), redis),
+        access=AccessControl(
+            layers.access_config(settings),
+            redis,
+            SharedFileStorage(limits_file) if limits_file is not None else None,
+        ),
         glossaries=GlossaryStore(
             settings.model.data_dir / "glossaries.sqlite3", layers.glossary_limits(settings)
         ),

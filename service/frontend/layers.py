@@ -19,7 +19,7 @@ def policy_config(settings: Settings) -> PolicyConfig:
     reliability = settings.reliability
     return PolicyConfig(
         max_in_flight=settings.limits.max_queue_size,
-        processes=settings.server.api_processes,
+        processes=settings.server.processes,
         request_timeout_s=reliability.request_timeout_s,
         min_request_timeout_s=reliability.min_request_timeout_s,
         stall_timeout_s=reliability.stall_timeout_s,

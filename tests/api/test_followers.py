@@ -54,3 +54,25 @@ async def test_a_follower_follows_the_leaders_engine_through_its_restart(
         await until(lambda: follower.runtime.failure() is None, timeout_s=20)
         answer = await follower.http.post("/translate", json=BODY)
         assert answer.status_code == 200, answer.text
+
+
+async def test_two_api_processes_count_one_rate_limit_together(
+    make_settings: MakeSettings, tmp_path: Path
+) -> None:
+    """A client whose requests the kernel spreads over the processes gets its limit once, not
+    once per process (the group's counters are one file)."""
+    fake = FakeControl(tmp_path / "fake")
+    peer = (f"ipc://{tmp_path}/follower-requests", f"ipc://{tmp_path}/follower-results")
+    settings = make_settings(warmup=False, rate_limit="4/hour", api_keys=["k"])
+    shared = tmp_path / "limits.sqlite3"
+    headers = {"authorization": "Bearer k"}
+    async with (
+        started(settings, fake.loader(), followers=[peer], limits_file=shared) as leader,
+        started(settings, follow=peer, limits_file=shared) as follower,
+    ):
+        await until(lambda: follower.runtime.failure() is None)
+        statuses = [
+            (await client.http.post("/translate", json=BODY, headers=headers)).status_code
+            for client in (leader, follower) * 4
+        ]
+    assert statuses == [200, 200, 200, 200, 429, 429, 429, 429]
