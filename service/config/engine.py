@@ -40,6 +40,15 @@ class EngineSettings(Section):
         description="KV-cache pages, an explicit memory budget (unset: fast_memory_fraction of "
         "the memory free after loading, the GPU's or on a CPU the host's).",
     )
+    memory_gib: float | None = Field(
+        None,
+        gt=0,
+        alias="gpu_memory_gib",
+        description="The most memory the engine may take, in GiB: weights, KV cache, graphs "
+        "and workspace (a 16 or 24 GiB card, or a share of a larger one). The engine sizes its "
+        "cache and rows inside it, says at start what fits, and refuses to start when the "
+        "weights alone do not fit. Unset: the device's free memory.",
+    )
     memory_fraction: float = Field(
         0.85,
         gt=0,
@@ -110,6 +119,14 @@ class EngineSettings(Section):
         "request's one-row kernel applies the norm itself. auto: where every norm folds (a "
         "dense model, not an FP8 checkpoint) and a lone request's layers launch with PDL; on: "
         "also elsewhere. Rounds the folded weights once more.",
+    )
+    capability: str | None = Field(
+        None,
+        alias="fast_capability",
+        pattern=r"^\d+(\.\d+)?$",
+        description="Choose dtype and kernels as if the GPU had this older compute capability "
+        "(e.g. 7.5, a T4's: float16, SDPA prefill, no FP8), to run and measure the fallback "
+        "kernels on a newer GPU; unset: the GPU's own.",
     )
     attention: Literal["auto", "triton", "flex", "gather"] = Field(
         "auto",

@@ -21,6 +21,8 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
 
+from service.engine.capability import HALF, Capability
+
 # The name must contain "flash": that is how transformers' continuous batching decides to pack
 # requests without a dense mask and to pass ``cu_seq_lens_*`` (``is_flash_attention_requested``).
 VARLEN_ATTENTION = "flash_varlen_torch"
@@ -32,14 +34,13 @@ def varlen_unsupported(device: torch.device, dtype: torch.dtype) -> str | None:
     Off CUDA the reference path always can. On CUDA the kernel needs an Ampere or newer GPU
     (compute capability 8.0: not the T4 of the article, 7.5) and half precision.
     """
-    if device.type != "cuda":
+    capability = Capability.of(device)
+    if not capability.cuda or capability.flash_prefill(dtype):
         return None
-    major, minor = torch.cuda.get_device_capability(device)
-    if major < 8:
+    if dtype in HALF:
+        major, minor = capability.version
         return f"torch's flash kernel needs compute capability 8.0; this GPU has {major}.{minor}"
-    if dtype not in (torch.float16, torch.bfloat16):
-        return f"torch's flash kernel needs float16 or bfloat16, not {dtype}"
-    return None
+    return f"torch's flash kernel needs float16 or bfloat16, not {dtype}"
 
 
 def wants_varlen(setting: str, device: torch.device, dtype: torch.dtype) -> bool:
@@ -118,11 +119,14 @@ def packed_causal_attention(
     max_q: int,
     max_k: int,
     scale: float | None,
+    flash: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed sequences, ``[tokens, heads, dim]`` in and out; each sequence's
-    queries are the last positions of its keys. torch's flash kernel on CUDA in half precision,
-    SDPA one sequence at a time elsewhere (float32 on a GPU included)."""
-    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+    queries are the last positions of its keys. torch's flash kernel where ``flash`` (None: where
+    the device's capability and the dtype allow it), SDPA one sequence at a time elsewhere."""
+    if flash is None:
+        flash = Capability.of(q.device).flash_prefill(q.dtype)
+    if flash:
         return _flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale)
     return _reference_varlen(q, k, v, cu_q, cu_k, scale)
 

@@ -26,6 +26,7 @@ from transformers import (
 
 from service.config.engine import EngineConfig
 from service.contract.types import EngineInfo
+from service.engine.capability import Capability
 from service.engine.demo import demo_name, ensure_demo_model
 from service.engine.dummy import dummy_config, materialized_checkpoint, random_model
 from service.engine.output_layer import prepare_output_layer
@@ -61,20 +62,39 @@ def resolve_device(setting: str) -> torch.device:
     return torch.device(setting)
 
 
-def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
-    if setting != "auto":
-        return _DTYPES[setting]
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    # Half precision matmuls on CPU are slow or emulated; float32 is the fast path there.
-    return torch.float32
+def resolve_dtype(setting: str, capability: Capability) -> torch.dtype:
+    """The weights' dtype: as set, or ``capability``'s choice for ``auto``; bfloat16 on a GPU
+    without it is refused (it would run emulated, or not at all)."""
+    if setting == "auto":
+        return capability.auto_dtype()
+    dtype = _DTYPES[setting]
+    if dtype == torch.bfloat16 and not capability.bfloat16:
+        major, minor = capability.version
+        raise RuntimeError(
+            f"dtype=bfloat16 needs compute capability 8.0; this GPU has {major}.{minor}: "
+            "use float16 (or auto)"
+        )
+    return dtype
+
+
+def _device_and_dtype(settings: EngineConfig) -> tuple[torch.device, torch.dtype]:
+    """The device and the weights' dtype, what its capability allows, and its memory budget."""
+    device = resolve_device(settings.model.device)
+    capability = Capability.of(device, settings.fast.capability)
+    dtype = resolve_dtype(settings.model.dtype, capability)
+    capability.check_quantization(settings.model.quantization)
+    if settings.fast.memory_gib is not None and device.type == "cuda":
+        # The allocator refuses what would pass the budget (context memory aside).
+        total = torch.cuda.get_device_properties(device).total_memory
+        share = min(1.0, settings.fast.memory_gib * 2**30 / total)
+        torch.cuda.set_per_process_memory_fraction(share, device)
+    return device, dtype
 
 
 def load_model(settings: EngineConfig) -> LoadedModel:
     """Load tokenizer and model as ``settings`` say; builds the demo model first if none is set."""
     started = time.perf_counter()
-    device = resolve_device(settings.model.device)
-    dtype = resolve_dtype(settings.model.dtype, device)
+    device, dtype = _device_and_dtype(settings)
     quantization = quantization_config(settings.model.quantization, dtype)
     label = quantization_label(settings.model.quantization, settings.model.quantize_lm_head)
     revision = settings.model.model_revision

@@ -608,3 +608,25 @@ def test_auto_is_the_fast_engine_but_for_bitsandbytes_weights() -> None:
     assert EngineConfig(model=ModelSettings(quantization="fp8")).kind() == "fast"
     for bits in ("nf4", "int8"):
         assert EngineConfig(model=ModelSettings(quantization=bits)).kind() == "continuous"
+
+
+def test_a_memory_budget_sizes_the_cache_inside_it_and_refuses_what_cannot_fit(
+    data_dir: Path,
+) -> None:
+    """``HYMT_GPU_MEMORY_GIB``: weights and KV cache stay inside the budget (a bigger budget, a
+    bigger cache), and weights larger than the budget are refused with the way out named."""
+    pages = []
+    for budget_mib in (6, 12):
+        config = _config(data_dir, num_pages=None, memory_gib=budget_mib / 1024)
+        engine = FastEngine(load_model(config), config)
+        try:
+            runner = engine.runner
+            used = runner.weights.nbytes() + engine.plan.pages * runner.cache.page_bytes
+            assert used <= budget_mib * 2**20
+            pages.append(engine.plan.pages)
+        finally:
+            engine.close()
+    assert pages[1] > pages[0]
+    tiny = _config(data_dir, num_pages=None, memory_gib=1 / 1024)  # 1 MiB: the weights take 3
+    with pytest.raises(RuntimeError, match="HYMT_GPU_MEMORY_GIB"):
+        FastEngine(load_model(tiny), tiny)

@@ -79,10 +79,13 @@ def budget_pages(
     memory_fraction: float,
     reserved: int = 0,
     most: int | None = None,
+    left: int | None = None,
 ) -> int:
-    """Pages that fit in ``memory_fraction`` of the device's free memory less ``reserved``
-    bytes (``workspace_bytes``), and no more than ``most``."""
-    usable = max(0, free_bytes(device) - reserved) * memory_fraction
+    """Pages that fit in ``memory_fraction`` of the device's free memory (or of what is
+    ``left`` of the operator's budget, where that is less) less ``reserved`` bytes
+    (``workspace_bytes``), and no more than ``most``."""
+    free = free_bytes(device) if left is None else min(free_bytes(device), left)
+    usable = max(0, free - reserved) * memory_fraction
     pages = int(usable) // page_bytes(geometry, layers, page_size, dtype)
     if most is not None:
         pages = min(pages, most)
@@ -109,6 +112,7 @@ def fit_rows_and_pages(
     rows: int,
     prefill_tokens: int,
     rows_given: bool,
+    left: int | None = None,
 ) -> tuple[int, int]:
     """Decode rows and KV-cache pages for this device: ``budget_pages`` with the workspace of
     ``rows`` rows and a ``prefill_tokens`` chunk reserved. Where that leaves fewer pages than
@@ -122,7 +126,7 @@ def fit_rows_and_pages(
         # the free memory is the host's, far more than a small model's rows ever need).
         most = fitted * pages_for(geometry.max_positions, page_size) + 1
         pages = budget_pages(
-            geometry, layers, page_size, dtype, device, memory_fraction, reserved, most
+            geometry, layers, page_size, dtype, device, memory_fraction, reserved, most, left
         )
         if pages >= fitted:
             if fitted != rows:
@@ -132,13 +136,13 @@ def fit_rows_and_pages(
                 )
             return fitted, pages
         if rows_given or fitted // 2 < MIN_FITTED_ROWS:
-            free = free_bytes(device)
+            free = free_bytes(device) if left is None else min(free_bytes(device), left)
             raise RuntimeError(
                 f"the fast engine's KV cache would hold only {pages} pages for {fitted} decode "
-                f"rows: {free / 2**30:.2f} GiB are free after loading and "
+                f"rows: {free / 2**30:.2f} GiB are left after loading and "
                 f"{reserved / 2**30:.2f} GiB are set aside for the widest step; lower "
-                "HYMT_FAST_MAX_ROWS or HYMT_FAST_PREFILL_TOKENS, quantize the weights, or set "
-                "HYMT_FAST_NUM_PAGES"
+                "HYMT_FAST_MAX_ROWS or HYMT_FAST_PREFILL_TOKENS, quantize the weights, raise "
+                "HYMT_GPU_MEMORY_GIB, or set HYMT_FAST_NUM_PAGES"
             )
         fitted //= 2
 

@@ -78,10 +78,16 @@ class FastEngine(LoadedEngine):
             attention=self.runner.attention,
         )
         self._step_seconds = self.runner.time_steps()
+        cache_bytes = plan.pages * self.runner.cache.page_bytes
         log.info(
             "fast engine ready",
             extra={
                 **dataclasses.asdict(plan),
+                # What fits: the weights, a cache of so many tokens, so many decode rows.
+                "weights_gib": round(self.runner.weights.nbytes() / 2**30, 3),
+                "cache_gib": round(cache_bytes / 2**30, 3),
+                "cache_tokens": plan.pages * plan.page_size,
+                "memory_budget_gib": config.fast.memory_gib,
                 "step_ms": {b: round(1000 * t, 3) for b, t in self._step_seconds.items()},
             },
         )

@@ -160,8 +160,11 @@ class Transformer:
         static_decode: bool = False,
         fused_rope: bool = False,
         one_row_pdl: bool = False,
+        flash_prefill: bool = False,
     ) -> None:
         self.weights = weights
+        # Prefill attention by torch's varlen flash kernel (else SDPA): capability.py decides.
+        self._flash_prefill = flash_prefill
         # The decode layer's RoPE, query/key norms and cache writes as one kernel (rope.py).
         self._fused_rope = fused_rope
         self.cache = cache
@@ -213,7 +216,9 @@ class Transformer:
             write_kv(self.cache.keys[index], self.cache.values[index], p.slots, k, v)
             if p.key_slots is not None:
                 k, v = self.cache.gather(index, p.key_slots)
-            attended = packed_causal_attention(q, k, v, p.cu_q, p.cu_k, p.max_q, p.max_k, g.scale)
+            attended = packed_causal_attention(
+                q, k, v, p.cu_q, p.cu_k, p.max_q, p.max_k, g.scale, self._flash_prefill
+            )
             x = self._prefill_out(x, attended, layer, g)
         return self.logits(x.index_select(0, p.last))
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from service.config.engine import EngineSettings
+from service.engine.capability import Capability
 from service.engine.fast import gemv, launch, rope
 from service.engine.fast.attention import triton_runs
 from service.engine.fast.checkpoint import Fp8Checkpoint
@@ -102,7 +103,7 @@ def fold_norms_for(
 
 
 def pdl_ready(
-    setting: str, graphs: bool, device: torch.device, fused_rope: bool, attention: str
+    setting: str, graphs: bool, capability: Capability, fused_rope: bool, attention: str
 ) -> bool:
     """Whether a lone request's layers can launch with PDL, but for the folded norms (which
     ``fold_norms_for`` then decides on): wanted, in CUDA graphs on a GPU of compute capability
@@ -111,8 +112,7 @@ def pdl_ready(
     return (
         setting != "off"
         and graphs
-        and device.type == "cuda"
-        and torch.cuda.get_device_capability(device)[0] >= 9
+        and capability.pdl
         and fused_rope
         and attention == "triton"
         and launch.supported()

@@ -22,6 +22,7 @@ import torch
 import torch._inductor.config
 
 from service.config.engine import EngineConfig, EngineSettings
+from service.engine.capability import Capability
 from service.engine.fast.attention import (
     DecodeAttention,
     FlexDecode,
@@ -79,6 +80,7 @@ class _Choices:
     fused_rope: bool
     pdl_ready: bool
     fp8: Fp8Checkpoint | None
+    capability: Capability
 
 
 class ModelRunner:
@@ -97,19 +99,7 @@ class ModelRunner:
         geometry = self.weights.geometry
         layers = len(self.weights.layers)
         self.page_size = fast.page_size
-        rows, pages = choices.rows, fast.num_pages
-        if not pages:
-            rows, pages = fit_rows_and_pages(
-                geometry,
-                layers,
-                fast.page_size,
-                loaded.dtype,
-                self.device,
-                fast.memory_fraction,
-                rows,
-                choices.prefill,
-                rows_given=fast.max_rows is not None,
-            )
+        rows, pages = _size(self.weights, loaded, fast, choices)
         self.cache = PagedKVCache(
             geometry, layers, CacheShape(pages, fast.page_size), loaded.dtype, self.device
         )
@@ -129,16 +119,16 @@ class ModelRunner:
             static_decode=fast.decode_shapes == "static",
             fused_rope=choices.fused_rope,
             one_row_pdl=pdl,
+            flash_prefill=choices.capability.flash_prefill(loaded.dtype),
         )
         self._choose_step: Callable[[torch.Tensor, torch.Tensor, int, bool], None] = (
-            torch.compile(
-                self._choose_tokens,
-                fullgraph=True,
-                dynamic=False if fast.decode_shapes == "static" else None,
-            )
-            if choices.compiled
-            else self._choose_tokens
+            self._choose_tokens
         )
+        if choices.compiled:
+            static = fast.decode_shapes == "static"
+            self._choose_step = torch.compile(
+                self._choose_tokens, fullgraph=True, dynamic=False if static else None
+            )
         # Two host buffers: a step's tokens arrive in one while the next step fills the other.
         pinned = self.device.type == "cuda"
         self._host_tokens = [
@@ -376,6 +366,41 @@ class ModelRunner:
         self.cache.assign(owners.pages, owners.rows, owners.logical)
 
 
+def _size(
+    weights: ModelWeights, loaded: LoadedModel, fast: EngineSettings, choices: _Choices
+) -> tuple[int, int]:
+    """Decode rows and KV-cache pages: as set, or what fits the device's free memory and the
+    operator's budget (``gpu_memory_gib``) once the weights are in; refused where the weights
+    alone pass the budget."""
+    geometry, layers = weights.geometry, len(weights.layers)
+    if fast.num_pages:
+        return choices.rows, fast.num_pages
+    left = None
+    if fast.memory_gib is not None:
+        budget = int(fast.memory_gib * 2**30)
+        device = loaded.device
+        used = torch.cuda.memory_reserved(device) if device.type == "cuda" else weights.nbytes()
+        if used >= budget:
+            raise RuntimeError(
+                f"the weights take {used / 2**30:.2f} GiB, more than HYMT_GPU_MEMORY_GIB="
+                f"{fast.memory_gib:g} leaves for them and a KV cache: quantize them "
+                "(HYMT_QUANTIZATION=nf4, int8 or fp8) or raise the budget"
+            )
+        left = budget - used
+    return fit_rows_and_pages(
+        geometry,
+        layers,
+        fast.page_size,
+        loaded.dtype,
+        loaded.device,
+        fast.memory_fraction,
+        choices.rows,
+        choices.prefill,
+        rows_given=fast.max_rows is not None,
+        left=left,
+    )
+
+
 def _choose(loaded: LoadedModel, config: EngineConfig) -> _Choices:
     """Rows, prefill chunk, graphs, compile, attention and the lone request's kernels for this
     device and model (``plan.py`` holds each decision)."""
@@ -389,9 +414,10 @@ def _choose(loaded: LoadedModel, config: EngineConfig) -> _Choices:
         if hasattr(torch._inductor.config, "emulate_precision_casts"):
             torch._inductor.config.emulate_precision_casts = True
     fp8 = None if loaded.fp8_checkpoint is None else Fp8Checkpoint.open(loaded.fp8_checkpoint)
+    capability = Capability.of(device, fast.capability)
     fused_rope = fused_rope_for(fast.fused_rope, loaded.dtype, device)
-    ready = pdl_ready(fast.pdl, graphs, device, fused_rope, attention)
-    return _Choices(rows, prefill, graphs, compiled, attention, fused_rope, ready, fp8)
+    ready = pdl_ready(fast.pdl, graphs, capability, fused_rope, attention)
+    return _Choices(rows, prefill, graphs, compiled, attention, fused_rope, ready, fp8, capability)
 
 
 def _on(values: list[int], device: torch.device) -> torch.Tensor:

@@ -1,0 +1,83 @@
+"""The device's abilities, decided in one place from its compute capability: what a T4 (7.5),
+an A10 or RTX 3090 (8.6), an RTX 4090 (8.9) and an H100/H200 (9.0) each get, checked with a faked
+capability (no such GPU is here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from service.engine.attention import varlen_unsupported
+from service.engine.capability import Capability, parse_version
+from service.engine.loading import resolve_dtype
+
+CUDA = torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize(
+    ("version", "bfloat16", "flash", "fp8", "pdl", "auto"),
+    [
+        ((7, 5), False, False, False, False, torch.float16),
+        ((8, 0), True, True, False, False, torch.bfloat16),
+        ((8, 6), True, True, False, False, torch.bfloat16),
+        ((8, 9), True, True, True, False, torch.bfloat16),
+        ((9, 0), True, True, True, True, torch.bfloat16),
+    ],
+    ids=["t4", "a100", "a10-3090", "4090", "h100-h200"],
+)
+def test_each_generation_gets_its_kernels(
+    version: tuple[int, int],
+    bfloat16: bool,
+    flash: bool,
+    fp8: bool,
+    pdl: bool,
+    auto: torch.dtype,
+) -> None:
+    gpu = Capability(True, version)
+    assert gpu.bfloat16 is bfloat16
+    assert gpu.flash_prefill(torch.float16) is flash
+    assert gpu.flash_prefill(torch.float32) is False  # the flash kernel is half precision only
+    assert gpu.fp8 is fp8
+    assert gpu.pdl is pdl
+    assert gpu.auto_dtype() == auto
+    assert resolve_dtype("auto", gpu) == auto
+    assert resolve_dtype("float16", gpu) == torch.float16
+    if not bfloat16:
+        with pytest.raises(RuntimeError, match=r"bfloat16 needs compute capability 8\.0"):
+            resolve_dtype("bfloat16", gpu)
+    if not fp8:
+        with pytest.raises(RuntimeError, match=r"fp8 needs compute capability 8\.9"):
+            gpu.check_quantization("fp8")
+    gpu.check_quantization("nf4")
+
+
+def test_a_cpu_takes_float32_and_the_reference_kernels() -> None:
+    cpu = Capability.of(torch.device("cpu"))
+    assert not cpu.cuda
+    assert cpu.auto_dtype() == torch.float32
+    assert not cpu.flash_prefill(torch.bfloat16)
+    cpu.check_quantization("fp8")  # emulated on a CPU: allowed
+    assert varlen_unsupported(torch.device("cpu"), torch.float32) is None
+
+
+def test_an_older_capability_can_be_forced_and_a_newer_one_cannot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert Capability.of(CUDA).version == (9, 0)
+    forced = Capability.of(CUDA, "7.5")
+    assert forced.version == (7, 5)
+    assert forced.auto_dtype() == torch.float16
+    assert not forced.flash_prefill(torch.float16)
+    with pytest.raises(RuntimeError, match="only an older capability"):
+        Capability.of(CUDA, "10.0")
+    # transformers' continuous engine asks the same place.
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert "8.0" in str(varlen_unsupported(CUDA, torch.float16))
+
+
+def test_versions_are_read_as_written() -> None:
+    assert parse_version("8.9") == (8, 9)
+    assert parse_version("9") == (9, 0)
+    with pytest.raises(ValueError, match=r"like 7\.5"):
+        parse_version("ampere")
