@@ -1,16 +1,25 @@
-"""Glossary entries as DeepL takes them (TSV, CSV): what is stored reads back the same."""
+"""Glossary entries as DeepL takes them (TSV, CSV): what is stored reads back the same; the
+store's multilingual glossaries, their dictionaries and the upgrade of an older file."""
 
 from __future__ import annotations
 
 import csv
 import io
+import sqlite3
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.contract.errors import InvalidInput
-from service.frontend.glossaries import parse_entries, to_tsv
+from service.contract.errors import InvalidInput, LimitReached, NotFound
+from service.frontend.glossaries import (
+    Dictionary,
+    GlossaryLimits,
+    GlossaryStore,
+    parse_entries,
+    to_tsv,
+)
 
 TERMS = st.text(min_size=1, max_size=12)
 
@@ -34,3 +43,57 @@ def test_entries_accepted_from_csv_read_back_the_same_from_their_tsv(
 def test_a_term_with_a_line_break_is_refused_naming_its_line() -> None:
     with pytest.raises(InvalidInput, match="line 2 has a control character"):
         parse_entries('a,b\n"two\nlines",c\n', "csv")
+
+
+def test_a_file_of_the_first_layout_is_read_as_one_dictionary_glossaries(tmp_path: Path) -> None:
+    """Glossaries stored before multilingual ones existed (one pair each, terms in ``entries``)
+    are there after the upgrade, as glossaries of one dictionary."""
+    path = tmp_path / "glossaries.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.executescript(
+            "CREATE TABLE glossaries (id TEXT PRIMARY KEY, owner TEXT NOT NULL, name TEXT NOT "
+            "NULL, source_lang TEXT NOT NULL, target_lang TEXT NOT NULL, created REAL NOT NULL);"
+            "CREATE TABLE entries (glossary TEXT NOT NULL REFERENCES glossaries(id) ON DELETE "
+            "CASCADE, position INTEGER NOT NULL, source TEXT NOT NULL, target TEXT NOT NULL, "
+            "PRIMARY KEY (glossary, position));"
+            "CREATE INDEX glossaries_by_owner ON glossaries(owner);"
+            "INSERT INTO glossaries VALUES ('g1', 'me', 'ops', 'en', 'de', 1.0);"
+            "INSERT INTO entries VALUES ('g1', 0, 'node', 'Knoten'), ('g1', 1, 'cluster', "
+            "'Verbund');"
+        )
+    store = GlossaryStore(path)
+    (kept,) = store.owned("me")
+    assert (kept.id, kept.name, kept.dictionaries) == ("g1", "ops", (Dictionary("en", "de", 2),))
+    assert store.entries("me", "g1", "en", "de")[1] == [("node", "Knoten"), ("cluster", "Verbund")]
+    store.close()
+    assert GlossaryStore(path).get("me", "g1") == kept  # opened again: nothing to migrate
+
+
+def test_dictionaries_are_merged_replaced_and_deleted_within_the_limits(tmp_path: Path) -> None:
+    store = GlossaryStore(tmp_path / "g.sqlite3", GlossaryLimits(max_glossaries=2, max_bytes=64))
+    made = store.create("me", "ops", [("en", "de", [("node", "Knoten")]), ("de", "en", [])])
+    assert [(d.source_lang, d.target_lang, d.entry_count) for d in made.dictionaries] == [
+        ("en", "de", 1),
+        ("de", "en", 0),
+    ]
+    # PATCH: same source term replaced, new ones added, a new pair added; the name changes.
+    edited = store.update(
+        "me", made.id, "ops2", [("en", "de", [("node", "Knotenpunkt"), ("pod", "Pod")])]
+    )
+    assert edited.name == "ops2"
+    assert store.entries("me", made.id, "en", "de")[1] == [("node", "Knotenpunkt"), ("pod", "Pod")]
+    # PUT: the pair's entries are exactly the new ones.
+    assert store.replace("me", made.id, "de", "en", [("Knoten", "node")]).entry_count == 1
+    assert store.entries("me", made.id, "de", "en")[1] == [("Knoten", "node")]
+    store.delete_dictionary("me", made.id, "de", "en")
+    assert [d.source_lang for d in store.get("me", made.id).dictionaries] == ["en"]
+    with pytest.raises(InvalidInput, match="at least one dictionary"):
+        store.delete_dictionary("me", made.id, "en", "de")
+    with pytest.raises(NotFound):
+        store.get("someone else", made.id)
+    with pytest.raises(LimitReached, match="bytes"):
+        store.replace("me", made.id, "en", "fr", [("a" * 40, "b" * 40)])
+    with pytest.raises(InvalidInput, match="pair given twice"):
+        store.create("me", "x", [("en", "de", []), ("en", "de", [])])
+    store.delete("me", made.id)
+    assert store.owned("me") == []

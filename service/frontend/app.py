@@ -25,7 +25,7 @@ from service.contract.protocol import Peer
 from service.frontend import layers
 from service.frontend.access import AccessControl
 from service.frontend.api import native, probes
-from service.frontend.api.deepl import DEEPL, create_deepl_app
+from service.frontend.api.deepl import DEEPL, DEEPL_V3, create_deepl_app, create_deepl_v3_app
 from service.frontend.api.docs import install_docs
 from service.frontend.api.errors import NATIVE, Dialect, install_error_handlers
 from service.frontend.api.libretranslate import LIBRETRANSLATE, create_libretranslate_app
@@ -180,6 +180,7 @@ def _install_routes(app: FastAPI, settings: Settings, parts: _Parts) -> None:
     runtime, access = parts.runtime, parts.access
     app.mount("/libretranslate", create_libretranslate_app(runtime, access, parts.documents))
     app.mount("/v2", create_deepl_app(runtime, access, parts.glossaries, parts.documents))
+    app.mount("/v3", create_deepl_v3_app(runtime, access, parts.glossaries))
     app.mount("/v1", create_openai_app(runtime, access))
     if settings.server.web_page:
         install_web_page(app)
@@ -202,7 +203,7 @@ def _install_middleware(app: FastAPI, settings: Settings, parts: _Parts) -> None
         door=parts.door,
         uploads=UPLOADS,
         max_upload_bytes=settings.documents.max_file_bytes,
-        dialects=(LIBRETRANSLATE, DEEPL, OPENAI),
+        dialects=(LIBRETRANSLATE, DEEPL, DEEPL_V3, OPENAI),
     )
 
 

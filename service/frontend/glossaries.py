@@ -1,8 +1,9 @@
 """Glossaries as resources: stored in SQLite under the data directory, owned by the API key that
 created them.
 
-A glossary is a named list of source term -> target term for one language pair, as DeepL's
-``/v2/glossaries`` defines it (entries given as TSV or CSV, one pair per line). Each caller sees
+A glossary is a name and one or more dictionaries, each a list of source term -> target term for
+one language pair, as DeepL's ``/v3/glossaries`` defines it (entries given as TSV or CSV, one pair
+per line); a ``/v2/glossaries`` glossary is one with a single dictionary. Each caller sees
 only its own glossaries; another key's id is "not found", never "forbidden", so ids reveal
 nothing. On an open service (no keys) every caller shares one owner. The file survives restarts
 and is shared by the API processes of one service (SQLite's own locking, WAL journal).
@@ -15,8 +16,10 @@ from __future__ import annotations
 import csv
 import io
 import re
+import sqlite3
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,29 +37,81 @@ CREATE TABLE IF NOT EXISTS glossaries (
     id TEXT PRIMARY KEY,
     owner TEXT NOT NULL,
     name TEXT NOT NULL,
-    source_lang TEXT NOT NULL,
-    target_lang TEXT NOT NULL,
     created REAL NOT NULL
 );
-CREATE TABLE IF NOT EXISTS entries (
+CREATE TABLE IF NOT EXISTS dictionaries (
     glossary TEXT NOT NULL REFERENCES glossaries(id) ON DELETE CASCADE,
+    source_lang TEXT NOT NULL,
+    target_lang TEXT NOT NULL,
+    PRIMARY KEY (glossary, source_lang, target_lang)
+);
+CREATE TABLE IF NOT EXISTS terms (
+    glossary TEXT NOT NULL,
+    source_lang TEXT NOT NULL,
+    target_lang TEXT NOT NULL,
     position INTEGER NOT NULL,
     source TEXT NOT NULL,
     target TEXT NOT NULL,
-    PRIMARY KEY (glossary, position)
+    PRIMARY KEY (glossary, source_lang, target_lang, position),
+    FOREIGN KEY (glossary, source_lang, target_lang)
+        REFERENCES dictionaries(glossary, source_lang, target_lang) ON DELETE CASCADE
 );
 CREATE INDEX IF NOT EXISTS glossaries_by_owner ON glossaries(owner);
 """
+# The first layout (one language pair per glossary, its terms in ``entries``), moved into the
+# tables above when a file of it is opened.
+_MIGRATE_V1 = (
+    """
+ALTER TABLE glossaries RENAME TO glossaries_v1;
+ALTER TABLE entries RENAME TO entries_v1;
+DROP INDEX IF EXISTS glossaries_by_owner;
+"""
+    + _SCHEMA
+    + """
+INSERT INTO glossaries SELECT id, owner, name, created FROM glossaries_v1;
+INSERT INTO dictionaries SELECT id, source_lang, target_lang FROM glossaries_v1;
+INSERT INTO terms SELECT e.glossary, g.source_lang, g.target_lang, e.position, e.source, e.target
+    FROM entries_v1 e JOIN glossaries_v1 g ON g.id = e.glossary;
+DROP TABLE entries_v1;
+DROP TABLE glossaries_v1;
+"""
+)
+
+
+def _migrate(connection: sqlite3.Connection) -> None:
+    columns = {row[1] for row in connection.execute("PRAGMA table_info(glossaries)")}
+    if "source_lang" in columns:
+        connection.executescript("BEGIN;" + _MIGRATE_V1 + "COMMIT;")
+
+
+Entries = list[tuple[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Dictionary:
+    """One language pair of a glossary."""
+
+    source_lang: str
+    target_lang: str
+    entry_count: int
 
 
 @dataclass(frozen=True, slots=True)
 class Glossary:
     id: str
     name: str
-    source_lang: str
-    target_lang: str
     created: float
-    entry_count: int
+    dictionaries: tuple[Dictionary, ...]
+
+    def dictionary(self, source_lang: str, target_lang: str) -> Dictionary | None:
+        return next(
+            (
+                d
+                for d in self.dictionaries
+                if (d.source_lang, d.target_lang) == (source_lang, target_lang)
+            ),
+            None,
+        )
 
 
 def parse_entries(text: str, entries_format: str) -> list[tuple[str, str]]:
@@ -117,80 +172,102 @@ class GlossaryStore:
     """The glossaries of one service, in one SQLite file."""
 
     def __init__(self, path: Path, limits: GlossaryLimits | None = None) -> None:
-        self._db = Database(path, _SCHEMA)
+        self._db = Database(path, _SCHEMA, migrate=_migrate)
         self._limits = limits or GlossaryLimits()
 
     def create(
-        self,
-        owner: str,
-        name: str,
-        source_lang: str,
-        target_lang: str,
-        entries: list[tuple[str, str]],
+        self, owner: str, name: str, dictionaries: list[tuple[str, str, Entries]]
     ) -> Glossary:
-        if not name.strip():
-            raise InvalidInput("name: must not be empty")
-        glossary = Glossary(
-            str(uuid.uuid4()), name, source_lang, target_lang, time.time(), len(entries)
-        )
-        size = entries_bytes(entries)
+        """A new glossary of ``dictionaries`` (source, target, entries), one per pair."""
+        _check_name(name)
+        pairs = [(source, target) for source, target, _ in dictionaries]
+        if not pairs:
+            raise InvalidInput("dictionaries: at least one")
+        if len(set(pairs)) != len(pairs):
+            raise InvalidInput("dictionaries: a language pair given twice")
+        glossary_id = str(uuid.uuid4())
         with self._db.transaction() as db:
-            count, stored = db.execute(
-                "SELECT COUNT(DISTINCT g.id), "
-                "COALESCE(SUM(LENGTH(CAST(e.source AS BLOB)) + LENGTH(CAST(e.target AS BLOB))), 0) "
-                "FROM glossaries g LEFT JOIN entries e ON e.glossary = g.id WHERE g.owner = ?",
-                (owner,),
-            ).fetchone()
-            if count >= self._limits.max_glossaries:
-                raise LimitReached(
-                    f"Quota exceeded: at most {self._limits.max_glossaries} glossaries per key"
-                )
-            if stored + size > self._limits.max_bytes:
-                raise LimitReached(
-                    f"Quota exceeded: this key's glossaries would hold {stored + size} bytes of "
-                    f"entries, at most {self._limits.max_bytes}"
-                )
+            self._check_room(
+                db, owner, new=1, added=sum(entries_bytes(e) for *_, e in dictionaries)
+            )
             db.execute(
-                "INSERT INTO glossaries VALUES (?, ?, ?, ?, ?, ?)",
-                (glossary.id, owner, name, source_lang, target_lang, glossary.created),
+                "INSERT INTO glossaries VALUES (?, ?, ?, ?)",
+                (glossary_id, owner, name, time.time()),
             )
-            db.executemany(
-                "INSERT INTO entries VALUES (?, ?, ?, ?)",
-                [(glossary.id, i, source, target) for i, (source, target) in enumerate(entries)],
-            )
-        return glossary
+            for source, target, entries in dictionaries:
+                _write_dictionary(db, glossary_id, source, target, entries)
+            return _read(db, owner, glossary_id)
 
     def owned(self, owner: str) -> list[Glossary]:
         with self._db.transaction() as db:
-            rows = db.execute(
-                "SELECT g.id, g.name, g.source_lang, g.target_lang, g.created, "
-                "(SELECT COUNT(*) FROM entries e WHERE e.glossary = g.id) "
-                "FROM glossaries g WHERE g.owner = ? ORDER BY g.created",
-                (owner,),
+            ids = db.execute(
+                "SELECT id FROM glossaries WHERE owner = ? ORDER BY created", (owner,)
             ).fetchall()
-        return [Glossary(*row) for row in rows]
+            return [_read(db, owner, glossary_id) for (glossary_id,) in ids]
 
     def get(self, owner: str, glossary_id: str) -> Glossary:
         with self._db.transaction() as db:
-            row = db.execute(
-                "SELECT g.id, g.name, g.source_lang, g.target_lang, g.created, "
-                "(SELECT COUNT(*) FROM entries e WHERE e.glossary = g.id) "
-                "FROM glossaries g WHERE g.owner = ? AND g.id = ?",
-                (owner, glossary_id),
-            ).fetchone()
-        if row is None:
-            raise NotFound("Glossary not found")
-        return Glossary(*row)
+            return _read(db, owner, glossary_id)
 
-    def lookup(self, owner: str, glossary_id: str) -> tuple[Glossary, list[tuple[str, str]]]:
-        """The glossary and its entries, in one transaction."""
-        glossary = self.get(owner, glossary_id)
+    def entries(
+        self, owner: str, glossary_id: str, source_lang: str, target_lang: str
+    ) -> tuple[Glossary, Entries]:
+        """The glossary, and its entries for the pair (none: the glossary has no such pair)."""
         with self._db.transaction() as db:
+            glossary = _read(db, owner, glossary_id)
             rows = db.execute(
-                "SELECT source, target FROM entries WHERE glossary = ? ORDER BY position",
-                (glossary_id,),
+                "SELECT source, target FROM terms WHERE glossary = ? AND source_lang = ? AND "
+                "target_lang = ? ORDER BY position",
+                (glossary_id, source_lang, target_lang),
             ).fetchall()
         return glossary, [(source, target) for source, target in rows]
+
+    def update(
+        self,
+        owner: str,
+        glossary_id: str,
+        name: str | None = None,
+        dictionaries: Sequence[tuple[str, str, Entries]] = (),
+    ) -> Glossary:
+        """Rename, and merge ``dictionaries`` in: a pair's entries replace those of the same
+        source term and add the others; a new pair is added (DeepL's PATCH)."""
+        if name is not None:
+            _check_name(name)
+        with self._db.transaction() as db:
+            _read(db, owner, glossary_id)
+            if name is not None:
+                db.execute("UPDATE glossaries SET name = ? WHERE id = ?", (name, glossary_id))
+            for source, target, entries in dictionaries:
+                merged = dict(_terms(db, glossary_id, source, target))
+                before = entries_bytes(list(merged.items()))
+                merged.update(entries)
+                self._check_room(db, owner, 0, entries_bytes(list(merged.items())) - before)
+                _write_dictionary(db, glossary_id, source, target, list(merged.items()))
+            return _read(db, owner, glossary_id)
+
+    def replace(
+        self, owner: str, glossary_id: str, source: str, target: str, entries: Entries
+    ) -> Dictionary:
+        """Set the pair's dictionary to ``entries`` (added where the glossary had none)."""
+        with self._db.transaction() as db:
+            _read(db, owner, glossary_id)
+            before = entries_bytes(_terms(db, glossary_id, source, target))
+            self._check_room(db, owner, 0, entries_bytes(entries) - before)
+            _write_dictionary(db, glossary_id, source, target, entries)
+        return Dictionary(source, target, len(entries))
+
+    def delete_dictionary(self, owner: str, glossary_id: str, source: str, target: str) -> None:
+        with self._db.transaction() as db:
+            glossary = _read(db, owner, glossary_id)
+            if glossary.dictionary(source, target) is None:
+                raise NotFound("Dictionary not found")
+            if len(glossary.dictionaries) == 1:
+                raise InvalidInput("a glossary keeps at least one dictionary: delete the glossary")
+            db.execute(
+                "DELETE FROM dictionaries WHERE glossary = ? AND source_lang = ? AND "
+                "target_lang = ?",
+                (glossary_id, source, target),
+            )
 
     def delete(self, owner: str, glossary_id: str) -> None:
         with self._db.transaction() as db:
@@ -202,3 +279,67 @@ class GlossaryStore:
 
     def close(self) -> None:
         self._db.close()
+
+    def _check_room(self, db: sqlite3.Connection, owner: str, new: int, added: int) -> None:
+        """Refuse ``new`` more glossaries or ``added`` more bytes of entries past the key's
+        limits."""
+        count, stored = db.execute(
+            "SELECT (SELECT COUNT(*) FROM glossaries WHERE owner = ?), "
+            "COALESCE(SUM(LENGTH(CAST(t.source AS BLOB)) + LENGTH(CAST(t.target AS BLOB))), 0) "
+            "FROM terms t JOIN glossaries g ON g.id = t.glossary WHERE g.owner = ?",
+            (owner, owner),
+        ).fetchone()
+        if new and count + new > self._limits.max_glossaries:
+            raise LimitReached(
+                f"Quota exceeded: at most {self._limits.max_glossaries} glossaries per key"
+            )
+        if added > 0 and stored + added > self._limits.max_bytes:
+            raise LimitReached(
+                f"Quota exceeded: this key's glossaries would hold {stored + added} bytes of "
+                f"entries, at most {self._limits.max_bytes}"
+            )
+
+
+def _check_name(name: str) -> None:
+    if not name.strip():
+        raise InvalidInput("name: must not be empty")
+
+
+def _read(db: sqlite3.Connection, owner: str, glossary_id: str) -> Glossary:
+    row = db.execute(
+        "SELECT name, created FROM glossaries WHERE owner = ? AND id = ?", (owner, glossary_id)
+    ).fetchone()
+    if row is None:
+        raise NotFound("Glossary not found")
+    pairs = db.execute(
+        "SELECT d.source_lang, d.target_lang, "
+        "(SELECT COUNT(*) FROM terms t WHERE t.glossary = d.glossary AND "
+        "t.source_lang = d.source_lang AND t.target_lang = d.target_lang) "
+        "FROM dictionaries d WHERE d.glossary = ? ORDER BY d.rowid",
+        (glossary_id,),
+    ).fetchall()
+    return Glossary(glossary_id, row[0], row[1], tuple(Dictionary(*pair) for pair in pairs))
+
+
+def _terms(db: sqlite3.Connection, glossary_id: str, source: str, target: str) -> Entries:
+    rows = db.execute(
+        "SELECT source, target FROM terms WHERE glossary = ? AND source_lang = ? AND "
+        "target_lang = ? ORDER BY position",
+        (glossary_id, source, target),
+    ).fetchall()
+    return [(s, t) for s, t in rows]
+
+
+def _write_dictionary(
+    db: sqlite3.Connection, glossary_id: str, source: str, target: str, entries: Entries
+) -> None:
+    """The pair's dictionary, its entries replaced by ``entries``."""
+    db.execute("INSERT OR IGNORE INTO dictionaries VALUES (?, ?, ?)", (glossary_id, source, target))
+    db.execute(
+        "DELETE FROM terms WHERE glossary = ? AND source_lang = ? AND target_lang = ?",
+        (glossary_id, source, target),
+    )
+    db.executemany(
+        "INSERT INTO terms VALUES (?, ?, ?, ?, ?, ?)",
+        [(glossary_id, source, target, i, s, t) for i, (s, t) in enumerate(entries)],
+    )

@@ -6,15 +6,22 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 
 class Database:
-    def __init__(self, path: Path, schema: str) -> None:
+    def __init__(
+        self,
+        path: Path,
+        schema: str,
+        migrate: Callable[[sqlite3.Connection], None] | None = None,
+    ) -> None:
+        """``migrate``: brings a file of an earlier layout up to ``schema`` (before it runs)."""
         self._path = path
         self._schema = schema
+        self._migrate = migrate
         self._lock = threading.Lock()
         self._connection: sqlite3.Connection | None = None
 
@@ -24,6 +31,8 @@ class Database:
             connection = sqlite3.connect(self._path, check_same_thread=False, timeout=10)
             connection.execute("PRAGMA journal_mode=WAL")
             connection.execute("PRAGMA foreign_keys=ON")
+            if self._migrate is not None:
+                self._migrate(connection)
             connection.executescript(self._schema)
             self._connection = connection
         return self._connection

@@ -42,7 +42,11 @@ from service.frontend.api.deepl_requests import (
 )
 from service.frontend.api.documents import install_deepl_document_routes
 from service.frontend.api.errors import Dialect, install_dialect_errors
-from service.frontend.api.glossaries import glossary_entries, install_glossary_routes
+from service.frontend.api.glossaries import (
+    glossary_entries,
+    install_glossary_routes,
+    install_multilingual_routes,
+)
 from service.frontend.api.middleware import NO_TELEMETRY
 from service.frontend.api.params import Params, read_params
 from service.frontend.documents.service import Documents
@@ -70,6 +74,8 @@ _STATUS = {
     DeadlineExceeded: 504,
 }
 DEEPL = Dialect("/v2", _STATUS, lambda error: {"message": error.message})
+# DeepL's v3 API: its multilingual glossaries, in the same shape.
+DEEPL_V3 = Dialect("/v3/glossaries", _STATUS, DEEPL.body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +171,10 @@ async def translation_options(
     refused = wanted.refused()
     if refused:
         raise Unsupported(f"unsupported parameter(s): {', '.join(refused)}")
+    instructions = tuple(wanted.custom_instructions)
+    if instructions and "preferences" not in translator.options:
+        # The family's templates have no slot for them (Hy-MT2's have: its preferences).
+        raise InvalidInput("'custom_instructions' is not supported by this model.")
     terms = (
         await glossary_entries(glossaries, context, wanted.glossary_id, source, target)
         if wanted.glossary_id is not None
@@ -177,6 +187,7 @@ async def translation_options(
         # one, and is ignored (not billed) where there is none.
         context=hint if hint and "context" in translator.options else None,
         style=_STYLES[formality] if styled else None,
+        preferences=instructions,
     )
 
 
@@ -312,4 +323,22 @@ def create_deepl_app(
     install_deepl_document_routes(
         app, documents, deepl_context, document_target, glossary_language, options_of
     )
+    return app
+
+
+def create_deepl_v3_app(
+    runtime: Runtime, access: AccessControl, glossaries: GlossaryStore
+) -> FastAPI:
+    """DeepL's v3 API (multilingual glossaries), mounted at ``/v3``."""
+    app = FastAPI(
+        title="DeepL-compatible API v3", docs_url=None, redoc_url=None, telemetry=NO_TELEMETRY
+    )
+    app.state.runtime, app.state.access = runtime, access
+    install_dialect_errors(app, DEEPL_V3)
+
+    def glossary_language(given: str | None, name: str) -> Language | None:
+        table = runtime.translator.languages
+        return language_of(table, given, name, source_codes(table))
+
+    install_multilingual_routes(app, glossaries, deepl_context, glossary_language)
     return app

@@ -24,10 +24,12 @@ REFUSED = (
     "glossary_ids",
     "style_id",
     "style_rule",
-    "custom_instructions",
     "translation_memory",
     "translation_memory_id",
 )
+# DeepL's bounds on custom_instructions.
+MAX_INSTRUCTIONS = 10
+MAX_INSTRUCTION_CHARS = 300
 
 
 def single(value: object) -> str | None:
@@ -58,6 +60,19 @@ def _texts(value: object) -> list[str]:
 def _tags(value: object) -> list[str]:
     values = value if isinstance(value, list) else [value] if value else []
     return [tag.strip() for item in values if isinstance(item, str) for tag in item.split(",")]
+
+
+def _instructions(value: object) -> list[str]:
+    """``custom_instructions``: plain-language instructions, a list (or one), within DeepL's
+    bounds."""
+    if value is None or value == "" or value == []:
+        return []
+    given = value if isinstance(value, list) else [value]
+    if len(given) > MAX_INSTRUCTIONS or not all(
+        isinstance(item, str) and 0 < len(item) <= MAX_INSTRUCTION_CHARS for item in given
+    ):
+        raise PydanticCustomError("unsupported", "not a list of instructions")
+    return [item for item in given if isinstance(item, str)]
 
 
 def _one_of(*allowed: str) -> BeforeValidator:
@@ -93,7 +108,7 @@ class DeepLOptions(_DeepLParams):
     glossary_ids: Any = None
     style_id: Any = None
     style_rule: Any = None
-    custom_instructions: Any = None
+    custom_instructions: Annotated[list[str], BeforeValidator(_instructions)] = []
     translation_memory: Any = None
     translation_memory_id: Any = None
 
@@ -150,6 +165,29 @@ class GlossaryParams(_DeepLParams):
     target_lang: Value = None
     entries: Value = None
     entries_format: Value = None
+
+
+class DictionaryParams(_DeepLParams):
+    """One dictionary of a ``/v3/glossaries`` glossary."""
+
+    source_lang: Value = None
+    target_lang: Value = None
+    entries: Value = None
+    entries_format: Value = None
+
+
+class MultilingualParams(_DeepLParams):
+    """``POST /v3/glossaries`` and ``PATCH /v3/glossaries/{id}``."""
+
+    name: Value = None
+    dictionaries: list[DictionaryParams] | None = None
+
+
+class PairParams(_DeepLParams):
+    """A language pair named in the query (a dictionary's entries, its deletion)."""
+
+    source_lang: Value = None
+    target_lang: Value = None
 
 
 def parse_deepl(model: type[M], params: Params) -> M:
