@@ -4,12 +4,14 @@ another key, deleted."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import deepl
 import httpx
 import pytest
+from deepl.api_data import MultilingualGlossaryDictionaryEntries as Dictionary
 
 from tests.deploy.conftest import Process, start_service
 
@@ -95,5 +97,88 @@ def test_glossaries_persist_belong_to_their_key_and_reach_the_prompt(
         assert refused.status_code == 404
         owner.delete_glossary(kept)
         assert owner.list_glossaries() == []
+    finally:
+        service.stop()
+
+
+def test_multilingual_glossaries_through_the_official_client(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 38: DeepL's v3 glossaries with the unmodified ``deepl`` client against a service
+    process: two dictionaries created, listed, fetched, edited, replaced, used for a text and a
+    document, a dictionary deleted, the glossary deleted; custom instructions taken by Hy-MT2."""
+    monkeypatch.setattr(deepl.http_client, "max_network_retries", 0)
+    own = tmp_path / "data"
+    own.mkdir()
+    for built in data_dir.iterdir():
+        (own / built.name).symlink_to(built)
+    service = _start(own, tmp_path / "service.log")
+    try:
+        client = deepl.DeepLClient("owner-key", server_url=service.url)
+        made = client.create_multilingual_glossary(
+            "ops",
+            [
+                Dictionary("EN", "DE", {"node": "Knoten"}),
+                Dictionary("DE", "EN", {"Knoten": "node"}),
+            ],
+        )
+        pairs = [(d.source_lang, d.target_lang, d.entry_count) for d in made.dictionaries]
+        assert pairs == [("EN", "DE", 1), ("DE", "EN", 1)]
+        assert [g.glossary_id for g in client.list_multilingual_glossaries()] == [made.glossary_id]
+        assert client.get_multilingual_glossary(made.glossary_id).name == "ops"
+        edited = client.update_multilingual_glossary_dictionary(
+            made, Dictionary("EN", "DE", {"pod": "Pod"})
+        )
+        assert [d.entry_count for d in edited.dictionaries] == [2, 1]
+        client.update_multilingual_glossary_name(made, "ops 2")
+        replaced = client.replace_multilingual_glossary_dictionary(
+            made, Dictionary("DE", "EN", {"Pod": "pod"})
+        )
+        assert replaced.entry_count == 1
+        got = client.get_multilingual_glossary_entries(made, "EN", "DE")
+        entries = deepl.util.convert_tsv_to_dict(got.dictionaries[0].entries)
+        assert entries == {"node": "Knoten", "pod": "Pod"}
+        fresh = client.get_multilingual_glossary(made.glossary_id)
+        text = client.translate_text(
+            "Restart the pod.", source_lang="EN", target_lang="DE", glossary=fresh
+        )
+        assert isinstance(text, deepl.TextResult)
+        out = io.BytesIO()
+        status = client.translate_document(
+            b"Restart the node.", out, source_lang="EN", target_lang="DE",
+            filename="ops.txt", glossary=fresh,
+        )  # fmt: skip
+        assert status.done
+        assert out.getvalue()
+        instructed = client.translate_text(
+            "Restart the pod.", target_lang="DE", custom_instructions=["Keep it short"]
+        )
+        assert isinstance(instructed, deepl.TextResult)
+        client.delete_multilingual_glossary_dictionary(made, source_lang="DE", target_lang="EN")
+        left = client.get_multilingual_glossary(made.glossary_id)
+        assert [(d.source_lang, d.target_lang) for d in left.dictionaries] == [("EN", "DE")]
+        client.delete_multilingual_glossary(made)
+        assert client.list_multilingual_glossaries() == []
+        with pytest.raises(deepl.GlossaryNotFoundException):
+            client.get_multilingual_glossary(made.glossary_id)
+    finally:
+        service.stop()
+
+
+def test_custom_instructions_are_refused_by_hunyuan_mt_in_deepls_shape(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    service = start_service(data_dir, tmp_path / "service.log", HYMT_API_KEYS=KEYS)
+    try:
+        client = deepl.DeepLClient("owner-key", server_url=service.url)
+        with pytest.raises(deepl.DeepLException, match="custom_instructions"):
+            client.translate_text("Hi.", target_lang="DE", custom_instructions=["Be brief"])
+        raw = httpx.post(
+            f"{service.url}/v2/translate",
+            json={"text": ["Hi."], "target_lang": "DE", "custom_instructions": ["Be brief"]},
+            headers={"Authorization": "DeepL-Auth-Key owner-key"},
+        )
+        assert raw.status_code == 400
+        assert raw.json() == {"message": "'custom_instructions' is not supported by this model."}
     finally:
         service.stop()
