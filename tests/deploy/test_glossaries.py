@@ -136,7 +136,7 @@ def test_multilingual_glossaries_through_the_official_client(
         )
         assert replaced.entry_count == 1
         got = client.get_multilingual_glossary_entries(made, "EN", "DE")
-        entries = deepl.util.convert_tsv_to_dict(got.dictionaries[0].entries)
+        entries = deepl.util.convert_tsv_to_dict(str(got.dictionaries[0].entries))
         assert entries == {"node": "Knoten", "pod": "Pod"}
         fresh = client.get_multilingual_glossary(made.glossary_id)
         text = client.translate_text(
