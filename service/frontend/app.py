@@ -28,6 +28,12 @@ from service.frontend.api import native, probes
 from service.frontend.api.deepl import DEEPL, DEEPL_V3, create_deepl_app, create_deepl_v3_app
 from service.frontend.api.docs import install_docs
 from service.frontend.api.errors import NATIVE, Dialect, install_error_handlers
+from service.frontend.api.google import (
+    GOOGLE,
+    GOOGLE_V3,
+    create_google_v2_app,
+    create_google_v3_app,
+)
 from service.frontend.api.libretranslate import LIBRETRANSLATE, create_libretranslate_app
 from service.frontend.api.middleware import NO_TELEMETRY, Door, RequestContextMiddleware
 from service.frontend.api.openai import OPENAI, create_openai_app
@@ -180,6 +186,9 @@ def _install_routes(app: FastAPI, settings: Settings, parts: _Parts) -> None:
     runtime, access = parts.runtime, parts.access
     app.mount("/libretranslate", create_libretranslate_app(runtime, access, parts.documents))
     app.mount("/v2", create_deepl_app(runtime, access, parts.glossaries, parts.documents))
+    app.mount("/language/translate", create_google_v2_app(runtime, access))
+    # Google's v3 before DeepL's: both APIs live under /v3.
+    app.mount("/v3/projects", create_google_v3_app(runtime, access, parts.glossaries))
     app.mount("/v3", create_deepl_v3_app(runtime, access, parts.glossaries))
     app.mount("/v1", create_openai_app(runtime, access))
     if settings.server.web_page:
@@ -203,7 +212,7 @@ def _install_middleware(app: FastAPI, settings: Settings, parts: _Parts) -> None
         door=parts.door,
         uploads=UPLOADS,
         max_upload_bytes=settings.documents.max_file_bytes,
-        dialects=(LIBRETRANSLATE, DEEPL, DEEPL_V3, OPENAI),
+        dialects=(LIBRETRANSLATE, DEEPL, DEEPL_V3, OPENAI, GOOGLE, GOOGLE_V3),
     )
 
 
@@ -216,6 +225,7 @@ _ADMITTING = {
     "/libretranslate/translate": LIBRETRANSLATE,
     "/v2/translate": DEEPL,
     "/v1/chat/completions": OPENAI,
+    "/language/translate/v2": GOOGLE,
 }
 
 
@@ -259,4 +269,6 @@ def _admitting(scope: Scope) -> Dialect | None:
     if scope.get("method") != "POST":
         return None
     path = str(scope.get("path", "")).removeprefix(str(scope.get("root_path", "")))
+    if path.startswith("/v3/projects/") and path.endswith(":translateText"):
+        return GOOGLE_V3
     return _ADMITTING.get(path)

@@ -181,58 +181,78 @@ def install_multilingual_routes(
     app: FastAPI, store: GlossaryStore, context_of: ContextOf, language_of: LanguageOf
 ) -> None:
     """``/glossaries`` of DeepL's v3 API, on an app mounted at ``/v3``."""
-    pairs = _Pairs(language_of)
+    routes = _MultilingualRoutes(store, context_of, _Pairs(language_of))
+    app.add_api_route("/glossaries", routes.create, methods=["POST"])
+    app.add_api_route("/glossaries", routes.listed, methods=["GET"])
+    app.add_api_route("/glossaries/{glossary_id}", routes.info, methods=["GET"])
+    app.add_api_route("/glossaries/{glossary_id}", routes.edit, methods=["PATCH"])
+    app.add_api_route("/glossaries/{glossary_id}", routes.delete, methods=["DELETE"])
+    app.add_api_route("/glossaries/{glossary_id}/entries", routes.entries, methods=["GET"])
+    dictionaries = "/glossaries/{glossary_id}/dictionaries"
+    app.add_api_route(dictionaries, routes.replace, methods=["PUT"])
+    app.add_api_route(dictionaries, routes.delete_dictionary, methods=["DELETE"])
 
-    async def create(request: Request) -> JSONResponse:
+
+class _MultilingualRoutes:
+    """The handlers of DeepL's ``/v3/glossaries`` routes."""
+
+    def __init__(self, store: GlossaryStore, context_of: ContextOf, pairs: _Pairs) -> None:
+        self._store = store
+        self._context_of = context_of
+        self._pairs = pairs
+
+    async def _read(self, request: Request) -> tuple[Params, RequestContext]:
         params = await read_params(request)
-        context = context_of(request, params)
+        return params, self._context_of(request, params)
+
+    async def create(self, request: Request) -> JSONResponse:
+        params, context = await self._read(request)
         wanted = parse_deepl(MultilingualParams, params)
         if wanted.name is None:
             raise InvalidInput("Parameter 'name' not specified.")
         if not wanted.dictionaries:
             raise InvalidInput("Parameter 'dictionaries' not specified.")
-        dictionaries = [pairs.dictionary(given) for given in wanted.dictionaries]
-        glossary = await asyncio.to_thread(store.create, context.owner, wanted.name, dictionaries)
+        dictionaries = [self._pairs.dictionary(given) for given in wanted.dictionaries]
+        glossary = await asyncio.to_thread(
+            self._store.create, context.owner, wanted.name, dictionaries
+        )
         return JSONResponse(multilingual_json(glossary), status_code=201)
 
-    async def listed(request: Request) -> JSONResponse:
-        context = context_of(request, await read_params(request))
-        glossaries = await asyncio.to_thread(store.owned, context.owner)
+    async def listed(self, request: Request) -> JSONResponse:
+        _, context = await self._read(request)
+        glossaries = await asyncio.to_thread(self._store.owned, context.owner)
         return JSONResponse({"glossaries": [multilingual_json(g) for g in glossaries]})
 
-    async def info(request: Request, glossary_id: str) -> JSONResponse:
-        context = context_of(request, await read_params(request))
-        glossary = await asyncio.to_thread(store.get, context.owner, glossary_id)
+    async def info(self, request: Request, glossary_id: str) -> JSONResponse:
+        _, context = await self._read(request)
+        glossary = await asyncio.to_thread(self._store.get, context.owner, glossary_id)
         return JSONResponse(multilingual_json(glossary))
 
-    async def edit(request: Request, glossary_id: str) -> JSONResponse:
-        params = await read_params(request)
-        context = context_of(request, params)
+    async def edit(self, request: Request, glossary_id: str) -> JSONResponse:
+        params, context = await self._read(request)
         wanted = parse_deepl(MultilingualParams, params)
         if wanted.name is None and not wanted.dictionaries:
             raise InvalidInput("Parameter 'name' or 'dictionaries' must be specified.")
-        dictionaries = [pairs.dictionary(given) for given in wanted.dictionaries or []]
+        dictionaries = [self._pairs.dictionary(given) for given in wanted.dictionaries or []]
         glossary = await asyncio.to_thread(
-            store.update, context.owner, glossary_id, wanted.name, dictionaries
+            self._store.update, context.owner, glossary_id, wanted.name, dictionaries
         )
         return JSONResponse(multilingual_json(glossary))
 
-    async def replace(request: Request, glossary_id: str) -> JSONResponse:
-        params = await read_params(request)
-        context = context_of(request, params)
-        source, target, terms = pairs.dictionary(parse_deepl(DictionaryParams, params))
+    async def replace(self, request: Request, glossary_id: str) -> JSONResponse:
+        params, context = await self._read(request)
+        source, target, terms = self._pairs.dictionary(parse_deepl(DictionaryParams, params))
         dictionary = await asyncio.to_thread(
-            store.replace, context.owner, glossary_id, source, target, terms
+            self._store.replace, context.owner, glossary_id, source, target, terms
         )
         return JSONResponse(_dictionary_json(dictionary))
 
-    async def entries(request: Request, glossary_id: str) -> JSONResponse:
-        params = await read_params(request)
-        context = context_of(request, params)
+    async def entries(self, request: Request, glossary_id: str) -> JSONResponse:
+        params, context = await self._read(request)
         wanted = parse_deepl(PairParams, params)
-        source, target = pairs.pair(wanted.source_lang, wanted.target_lang)
+        source, target = self._pairs.pair(wanted.source_lang, wanted.target_lang)
         glossary, terms = await asyncio.to_thread(
-            store.entries, context.owner, glossary_id, source, target
+            self._store.entries, context.owner, glossary_id, source, target
         )
         if glossary.dictionary(source, target) is None:
             raise NotFound("Dictionary not found")
@@ -244,29 +264,19 @@ def install_multilingual_routes(
         }
         return JSONResponse({"dictionaries": [dictionary]})
 
-    async def delete_dictionary(request: Request, glossary_id: str) -> Response:
-        params = await read_params(request)
-        context = context_of(request, params)
+    async def delete_dictionary(self, request: Request, glossary_id: str) -> Response:
+        params, context = await self._read(request)
         wanted = parse_deepl(PairParams, params)
-        source, target = pairs.pair(wanted.source_lang, wanted.target_lang)
-        await asyncio.to_thread(store.delete_dictionary, context.owner, glossary_id, source, target)
+        source, target = self._pairs.pair(wanted.source_lang, wanted.target_lang)
+        await asyncio.to_thread(
+            self._store.delete_dictionary, context.owner, glossary_id, source, target
+        )
         return Response(status_code=204)
 
-    async def delete(request: Request, glossary_id: str) -> Response:
-        context = context_of(request, await read_params(request))
-        await asyncio.to_thread(store.delete, context.owner, glossary_id)
+    async def delete(self, request: Request, glossary_id: str) -> Response:
+        _, context = await self._read(request)
+        await asyncio.to_thread(self._store.delete, context.owner, glossary_id)
         return Response(status_code=204)
-
-    app.add_api_route("/glossaries", create, methods=["POST"])
-    app.add_api_route("/glossaries", listed, methods=["GET"])
-    app.add_api_route("/glossaries/{glossary_id}", info, methods=["GET"])
-    app.add_api_route("/glossaries/{glossary_id}", edit, methods=["PATCH"])
-    app.add_api_route("/glossaries/{glossary_id}", delete, methods=["DELETE"])
-    app.add_api_route("/glossaries/{glossary_id}/entries", entries, methods=["GET"])
-    app.add_api_route("/glossaries/{glossary_id}/dictionaries", replace, methods=["PUT"])
-    app.add_api_route(
-        "/glossaries/{glossary_id}/dictionaries", delete_dictionary, methods=["DELETE"]
-    )
 
 
 async def glossary_entries(
