@@ -28,6 +28,7 @@ from service.frontend.api.deepl_requests import (
     PairParams,
     parse_deepl,
 )
+from service.frontend.api.openapi_body import json_body
 from service.frontend.api.params import Params, read_params
 from service.frontend.glossaries import (
     Dictionary,
@@ -182,14 +183,19 @@ def install_multilingual_routes(
 ) -> None:
     """``/glossaries`` of DeepL's v3 API, on an app mounted at ``/v3``."""
     routes = _MultilingualRoutes(store, context_of, _Pairs(language_of))
-    app.add_api_route("/glossaries", routes.create, methods=["POST"])
+    glossary_body = json_body(MultilingualParams)
+    app.add_api_route("/glossaries", routes.create, methods=["POST"], openapi_extra=glossary_body)
     app.add_api_route("/glossaries", routes.listed, methods=["GET"])
     app.add_api_route("/glossaries/{glossary_id}", routes.info, methods=["GET"])
-    app.add_api_route("/glossaries/{glossary_id}", routes.edit, methods=["PATCH"])
+    app.add_api_route(
+        "/glossaries/{glossary_id}", routes.edit, methods=["PATCH"], openapi_extra=glossary_body
+    )
     app.add_api_route("/glossaries/{glossary_id}", routes.delete, methods=["DELETE"])
     app.add_api_route("/glossaries/{glossary_id}/entries", routes.entries, methods=["GET"])
     dictionaries = "/glossaries/{glossary_id}/dictionaries"
-    app.add_api_route(dictionaries, routes.replace, methods=["PUT"])
+    app.add_api_route(
+        dictionaries, routes.replace, methods=["PUT"], openapi_extra=json_body(DictionaryParams)
+    )
     app.add_api_route(dictionaries, routes.delete_dictionary, methods=["DELETE"])
 
 

@@ -27,6 +27,7 @@ from service.frontend.api.context import RequestContext
 from service.frontend.api.errors import Dialect, install_dialect_errors, status_of
 from service.frontend.api.glossaries import glossary_entries
 from service.frontend.api.middleware import NO_TELEMETRY
+from service.frontend.api.openapi_body import json_body
 from service.frontend.api.params import Params, read_params
 from service.frontend.glossaries import GlossaryStore
 from service.frontend.runtime import Runtime
@@ -287,9 +288,15 @@ def create_google_v2_app(runtime: Runtime, access: AccessControl) -> FastAPI:
     )
     app.state.runtime, app.state.access = runtime, access
     install_dialect_errors(app, GOOGLE)
-    app.add_api_route("/v2", _translate_v2, methods=["POST", "GET"])
-    app.add_api_route("/v2/detect", _detect_v2, methods=["POST", "GET"])
-    app.add_api_route("/v2/languages", _languages_v2, methods=["POST", "GET"])
+    app.add_api_route("/v2", _translate_v2, methods=["POST"], openapi_extra=json_body(TranslateV2))
+    app.add_api_route("/v2/detect", _detect_v2, methods=["POST"], openapi_extra=json_body(DetectV2))
+    app.add_api_route(
+        "/v2/languages", _languages_v2, methods=["POST"], openapi_extra=json_body(LanguagesV2)
+    )
+    # The same with the parameters in the query (Google's v2 takes both).
+    app.add_api_route("/v2", _translate_v2, methods=["GET"])
+    app.add_api_route("/v2/detect", _detect_v2, methods=["GET"])
+    app.add_api_route("/v2/languages", _languages_v2, methods=["GET"])
     return app
 
 
@@ -380,7 +387,17 @@ def create_google_v3_app(
         return await _translate_v3(request, glossaries)
 
     for parent in ("/{project}", "/{project}/locations/{location}"):
-        app.add_api_route(f"{parent}:translateText", translate, methods=["POST"])
-        app.add_api_route(f"{parent}:detectLanguage", _detect_v3, methods=["POST"])
+        app.add_api_route(
+            f"{parent}:translateText",
+            translate,
+            methods=["POST"],
+            openapi_extra=json_body(TranslateV3),
+        )
+        app.add_api_route(
+            f"{parent}:detectLanguage",
+            _detect_v3,
+            methods=["POST"],
+            openapi_extra=json_body(DetectV3),
+        )
         app.add_api_route(f"{parent}/supportedLanguages", _languages_v3, methods=["GET"])
     return app
