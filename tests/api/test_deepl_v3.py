@@ -8,16 +8,18 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import KEYS, ServiceClient, StartApp
+from tests.conftest import KEYS, ServiceClient, StartApp, own_data
 from tests.fakes import FakeControl
 
 AUTH = {"Authorization": f"DeepL-Auth-Key {KEYS[0]}"}
 
 
-async def hy_mt2(start_app: StartApp, tmp_path: Path) -> ServiceClient:
-    """A keyed Hy-MT2 service (the family with glossary and preferences slots), fake engine."""
+async def hy_mt2(start_app: StartApp, tmp_path: Path, data_dir: Path) -> ServiceClient:
+    """A keyed Hy-MT2 service (the family with glossary and preferences slots), fake engine,
+    with a data directory (and so a glossary file) of its own."""
     client: ServiceClient = await start_app(
         loader=FakeControl(tmp_path / "fake").loader(),
+        data_dir=own_data(data_dir, tmp_path / "data"),
         model_family="hy-mt2",
         model_size="1.8b",
         api_keys=list(KEYS),
@@ -41,9 +43,9 @@ def spy_options(client: ServiceClient, monkeypatch: pytest.MonkeyPatch) -> list[
 
 
 async def test_a_multilingual_glossary_lives_through_every_v3_route(
-    start_app: StartApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    start_app: StartApp, tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client = await hy_mt2(start_app, tmp_path)
+    client = await hy_mt2(start_app, tmp_path, data_dir)
     http = client.http
     made = await http.post(
         "/v3/glossaries",
@@ -143,9 +145,9 @@ async def test_a_multilingual_glossary_lives_through_every_v3_route(
 
 
 async def test_v3_requests_that_cannot_be_glossaries_get_deepls_400(
-    start_app: StartApp, tmp_path: Path
+    start_app: StartApp, tmp_path: Path, data_dir: Path
 ) -> None:
-    http = (await hy_mt2(start_app, tmp_path)).http
+    http = (await hy_mt2(start_app, tmp_path, data_dir)).http
     bodies: list[dict[str, object]] = [
         {"dictionaries": [{"source_lang": "en", "target_lang": "de", "entries": "a\tb"}]},
         {"name": "x"},
@@ -166,9 +168,9 @@ async def test_v3_requests_that_cannot_be_glossaries_get_deepls_400(
 
 
 async def test_custom_instructions_reach_hy_mt2_s_preferences(
-    start_app: StartApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    start_app: StartApp, tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client = await hy_mt2(start_app, tmp_path)
+    client = await hy_mt2(start_app, tmp_path, data_dir)
     seen = spy_options(client, monkeypatch)
     body = {
         "text": ["Deploy it."],

@@ -105,10 +105,11 @@ async def test_keys_and_bad_bodies_get_google_s_errors(keyed: ServiceClient) -> 
 
 
 async def test_glossary_config_takes_a_stored_glossary_s_pair(
-    start_app: StartApp, tmp_path: Path
+    start_app: StartApp, tmp_path: Path, data_dir: Path
 ) -> None:
     client: ServiceClient = await start_app(
         loader=FakeControl(tmp_path / "fake").loader(),
+        data_dir=own_data(data_dir, tmp_path / "data"),
         model_family="hy-mt2",
         model_size="1.8b",
         api_keys=list(KEYS),

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 from pydantic_core import PydanticCustomError
 
-from service.contract.errors import InvalidInput
-from service.frontend.api.params import Params
+from service.frontend.api.params import Params, parse
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -192,11 +191,9 @@ class PairParams(_DeepLParams):
 
 def parse_deepl(model: type[M], params: Params) -> M:
     """``params`` as ``model``, or ``InvalidInput`` in DeepL's words naming the parameter."""
-    try:
-        return model.model_validate(params)
-    except ValidationError as error:
-        problem = error.errors()[0]
-        name = str(problem.get("loc", ("body",))[0])
-        if problem.get("type") == "missing":
-            raise InvalidInput(f"Parameter '{name}' not specified.") from None
-        raise InvalidInput(f"Value for '{name}' not supported.") from None
+    return parse(
+        model,
+        params,
+        missing="Parameter '{name}' not specified.",
+        invalid="Value for '{name}' not supported.",
+    )

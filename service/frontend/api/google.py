@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.contract import errors
 from service.contract.errors import InvalidInput, ServiceError, Unsupported
@@ -28,7 +28,7 @@ from service.frontend.api.errors import Dialect, install_dialect_errors, status_
 from service.frontend.api.glossaries import glossary_entries
 from service.frontend.api.middleware import NO_TELEMETRY
 from service.frontend.api.openapi_body import json_body
-from service.frontend.api.params import Params, read_params
+from service.frontend.api.params import Params, parse, read_params
 from service.frontend.glossaries import GlossaryStore
 from service.frontend.runtime import Runtime
 from service.frontend.translation.languages import Language, LanguageTable
@@ -147,14 +147,12 @@ class LanguagesV3(_GoogleParams):
 
 def parse_google(model: type[M], params: Params) -> M:
     """``params`` as ``model``, or ``InvalidInput`` naming the field as Google's errors do."""
-    try:
-        return model.model_validate(params)
-    except ValidationError as error:
-        problem = error.errors()[0]
-        field = ".".join(str(part) for part in problem.get("loc", ())) or "body"
-        if problem.get("type") == "missing":
-            raise InvalidInput(f"Required Text or field {field!r} is missing.") from None
-        raise InvalidInput(f"Invalid value at {field!r}.") from None
+    return parse(
+        model,
+        params,
+        missing="Required Text or field '{field}' is missing.",
+        invalid="Invalid value at '{field}'.",
+    )
 
 
 def google_context(request: Request) -> RequestContext:
@@ -218,27 +216,47 @@ async def _detected(
     return [t.source if t.source is not None else found[i] for i, t in enumerate(done)]
 
 
+def _pair(
+    table: LanguageTable, target: str, source: str | None, fields: tuple[str, str]
+) -> tuple[Language, Language | None]:
+    """The target and the (optional) source language a request names."""
+    found = _language(table, target, fields[0])
+    assert found is not None  # the models require a target
+    return found, _language(table, source, fields[1])
+
+
+def _entries(
+    done: list[Translation],
+    detected: list[Language] | None,
+    model: str | None,
+    detected_key: str,
+) -> list[dict[str, object]]:
+    """Google's translations: the text, the detected language where none was given (under
+    ``detected_key``, which v2 and v3 name differently), the model where one was asked for."""
+    entries: list[dict[str, object]] = []
+    for index, translation in enumerate(done):
+        entry: dict[str, object] = {"translatedText": translation.text}
+        if detected is not None:
+            entry[detected_key] = google_code(detected[index])
+        if model is not None:
+            entry["model"] = model
+        entries.append(entry)
+    return entries
+
+
 async def _translate_v2(request: Request) -> JSONResponse:
     params = await read_params(request)
     context = google_context(request)
     body = parse_google(TranslateV2, params)
     if body.cid:
         raise Unsupported("cid: custom models are not served")
-    languages = context.translator.languages
-    target = _language(languages, body.target, "target")
-    assert target is not None
-    source = _language(languages, body.source, "source")
+    target, source = _pair(
+        context.translator.languages, body.target, body.source, ("target", "source")
+    )
     html = body.format != "text"
     done = await _translated(context, body.q, target, source, html, TranslationOptions())
     detected = await _detected(context, body.q, done) if source is None else None
-    translations: list[dict[str, object]] = []
-    for index, translation in enumerate(done):
-        entry: dict[str, object] = {"translatedText": translation.text}
-        if detected is not None:
-            entry["detectedSourceLanguage"] = google_code(detected[index])
-        if body.model is not None:
-            entry["model"] = body.model
-        translations.append(entry)
+    translations = _entries(done, detected, body.model, "detectedSourceLanguage")
     return JSONResponse({"data": {"translations": translations}})
 
 
@@ -311,10 +329,12 @@ async def _translate_v3(request: Request, glossaries: GlossaryStore) -> JSONResp
     body = parse_google(TranslateV3, params)
     if body.transliteration_config:
         raise Unsupported("transliterationConfig: transliteration is not served")
-    languages = context.translator.languages
-    target = _language(languages, body.target_language_code, "targetLanguageCode")
-    assert target is not None
-    source = _language(languages, body.source_language_code, "sourceLanguageCode")
+    target, source = _pair(
+        context.translator.languages,
+        body.target_language_code,
+        body.source_language_code,
+        ("targetLanguageCode", "sourceLanguageCode"),
+    )
     html = body.mime_type != "text/plain"
     terms = None
     if body.glossary_config is not None:  # found (or refused) before any work is done
@@ -322,24 +342,16 @@ async def _translate_v3(request: Request, glossaries: GlossaryStore) -> JSONResp
         terms = await glossary_entries(glossaries, context, glossary_id, source, target)
     plain = await _translated(context, body.contents, target, source, html, TranslationOptions())
     detected = await _detected(context, body.contents, plain) if source is None else None
-
-    def entries(done: list[Translation]) -> list[dict[str, object]]:
-        shown: list[dict[str, object]] = []
-        for index, translation in enumerate(done):
-            entry: dict[str, object] = {"translatedText": translation.text}
-            if detected is not None:
-                entry["detectedLanguageCode"] = google_code(detected[index])
-            if body.model is not None:
-                entry["model"] = body.model
-            shown.append(entry)
-        return shown
-
-    answer: dict[str, object] = {"translations": entries(plain)}
+    answer: dict[str, object] = {
+        "translations": _entries(plain, detected, body.model, "detectedLanguageCode")
+    }
     if terms is not None:
         # Google answers both: the translations without the glossary and with it.
         options = TranslationOptions(glossary=terms)
         with_terms = await _translated(context, body.contents, target, source, html, options)
-        answer["glossaryTranslations"] = entries(with_terms)
+        answer["glossaryTranslations"] = _entries(
+            with_terms, detected, body.model, "detectedLanguageCode"
+        )
     return JSONResponse(answer)
 
 

@@ -54,13 +54,20 @@ async def read_params(request: Request) -> Params:
     return {**query, **decoded}
 
 
-def parse(model: type[M], params: Params) -> M:
-    """``params`` as the dialect's typed request, or ``InvalidInput`` naming the field."""
+def parse(
+    model: type[M],
+    params: Params,
+    missing: str = "invalid request: missing {field} parameter",
+    invalid: str = "invalid request: {field}: {msg}",
+) -> M:
+    """``params`` as the dialect's typed request, or ``InvalidInput`` naming the field in the
+    dialect's words: ``missing`` and ``invalid`` are formatted with ``field`` (the dotted
+    path), ``name`` (its first part) and ``msg`` (pydantic's)."""
     try:
         return model.model_validate(params)
     except ValidationError as error:
         problem = error.errors()[0]
-        field = ".".join(str(part) for part in problem.get("loc", ())) or "body"
-        if problem.get("type") == "missing":
-            raise InvalidInput(f"invalid request: missing {field} parameter") from None
-        raise InvalidInput(f"invalid request: {field}: {problem.get('msg', 'invalid')}") from None
+        location = [str(part) for part in problem.get("loc", ())] or ["body"]
+        words = {"field": ".".join(location), "name": location[0]}
+        template = missing if problem.get("type") == "missing" else invalid
+        raise InvalidInput(template.format(msg=problem.get("msg", "invalid"), **words)) from None
