@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 # The context length a timed step reads where the kernels read only what is there (an eager
 # step): a translation's prompt and output.
 _TYPICAL_CONTEXT = 256
+# A timed step is repeated only while it is this cheap.
+_RETIME_BELOW_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,19 +316,22 @@ class ModelRunner:
 
     def time_steps(self) -> dict[int, float]:
         """Seconds of one decode step at each batch-size bucket, measured now (the engine is
-        idle: the rows hold nothing, so the steps write only the scratch page). The fastest of
-        a few runs on a GPU, one run elsewhere (a CPU's steps are slow and steady)."""
-        repeats = 3 if self.device.type == "cuda" else 1
+        idle: the rows hold nothing, so the steps write only the scratch page): the fastest of
+        a few runs. A step is run again only while that is cheap (under ``_RETIME_BELOW_S``):
+        a first run at a new shape pays one-time costs (on a CPU several times a small model's
+        step), which a 7B's steps on a CPU dwarf."""
         times: dict[int, float] = {}
         with torch.inference_mode():
             for bucket in self._buckets:
                 best = float("inf")
-                for _ in range(repeats):
+                for _ in range(3):
                     self._synchronize()
                     started = time.perf_counter()
                     self._step(bucket, False, _TYPICAL_CONTEXT)
                     self._synchronize()
                     best = min(best, time.perf_counter() - started)
+                    if best > _RETIME_BELOW_S:
+                        break
                 times[bucket] = best
         return times
 
