@@ -24,5 +24,5 @@ def language_name(language: Language, display: Language) -> str:
         return language.chinese_name
     try:
         return _cldr_name(language.code, display.code)
-    except (LookupError, ValueError):
+    except (LookupError, ValueError, ImportError):  # no language-data: the English name
         return language.english_name
