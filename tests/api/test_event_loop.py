@@ -57,6 +57,16 @@ async def test_no_route_waits_for_the_thread_pool(
         ("GET", "/v2/languages", {}),
         ("POST", "/v2/translate", {"json": {"text": ["hi"], "target_lang": "DE"}}),
         ("GET", "/v2/usage", {}),
+        ("POST", "/language/translate/v2", {"json": {"q": ["hi"], "target": "de"}}),
+        ("POST", "/language/translate/v2/detect", {"json": {"q": ["hello"]}}),
+        ("GET", "/language/translate/v2/languages", {"params": {"target": "de"}}),
+        (
+            "POST",
+            "/v3/projects/p/locations/global:translateText",
+            {"json": {"contents": ["hi"], "targetLanguageCode": "de"}},
+        ),
+        ("POST", "/v3/projects/p:detectLanguage", {"json": {"content": "hello"}}),
+        ("GET", "/v3/projects/p/supportedLanguages", {}),
     ]
     for method, path, kwargs in calls:
         response = await client.http.request(method, path, **kwargs)
