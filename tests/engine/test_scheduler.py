@@ -286,16 +286,25 @@ def test_finished_rows_are_filled_by_the_last_ones() -> None:
     assert s.rows.held(1) is completing[1]
 
 
-def test_a_skipped_row_takes_no_token() -> None:
-    s = scheduler(rows=2)
-    for name in "ab":
+def test_a_step_read_after_rows_moved_is_read_in_their_new_places() -> None:
+    """A step launched before rows finished ran in the rows as they were: read through the
+    move, the finished rows' tokens are dropped and the movers' land in the holes."""
+    s = scheduler(rows=3)
+    for name in "abc":
         s.add(request(name, 3))
-    s.join([c.sequence for c in s.schedule_prefill()], [5, 6])
-    plan = s.schedule_decode()
-    assert plan is not None
-    s.update(plan.rows, np.array([7, 8]), skip=[0])
-    assert s.rows.tokens(0) == [5]
-    assert s.rows.tokens(1) == [6, 8]
+    s.join([c.sequence for c in s.schedule_prefill()], [5, 6, 7])
+    first = s.schedule_decode()
+    second = s.schedule_decode()  # launched before the first is read
+    assert first is not None
+    assert second is not None
+    update = s.update(first.rows, np.array([EOS, 8, 9]))  # row 0 ("a") ends
+    retired = s.retire(sorted(update.finished))
+    tokens, rows = retired.remap(np.array([1, 10, 11]))  # the second step, old places
+    assert rows == 2
+    assert list(tokens) == [11, 10]  # "c" moved into row 0
+    s.update(rows, tokens)
+    assert s.rows.tokens(0) == [7, 9, 11]
+    assert s.rows.tokens(1) == [6, 8, 10]
 
 
 def test_a_waiting_request_cancelled_is_dropped_at_once_and_a_running_one_at_its_next_step() -> (

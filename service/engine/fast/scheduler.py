@@ -95,9 +95,6 @@ class Update:
     finished: set[int] = field(default_factory=set)
     streamed: list[tuple[str, int]] = field(default_factory=list)
 
-    def then(self, later: Update) -> Update:
-        return Update(self.finished | later.finished, self.streamed + later.streamed)
-
 
 @dataclass(slots=True)
 class Retired:
@@ -112,6 +109,13 @@ class Retired:
     finished: list[Finished] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     freed: list[int] = field(default_factory=list)
+
+    def remap(self, tokens: np.ndarray) -> tuple[np.ndarray, int]:
+        """A step's tokens read in the rows as they were before this move, as the rows are
+        after it: the movers' tokens in the holes, the finished rows' dropped."""
+        kept = tokens[: self.keep].copy()
+        kept[self.holes] = tokens[self.movers]
+        return kept, self.keep
 
 
 class Scheduler:
@@ -279,18 +283,15 @@ class Scheduler:
         host.length[:n] += 1
         return DecodePlan(rows=n, full_sort=full, grown=grown, longest=longest)
 
-    def update(self, rows: int, tokens: np.ndarray, skip: Iterable[int] = ()) -> Update:
-        """Take a step's ``tokens`` (one per row of its ``rows``) into the rows, except the rows
-        in ``skip`` (finished by an earlier step); what finished and what streams."""
+    def update(self, rows: int, tokens: np.ndarray) -> Update:
+        """Take a step's ``tokens`` (one per row of its first ``rows`` rows) into the rows;
+        what finished and what streams."""
         host = self.rows
-        live = np.ones(rows, dtype=bool)
-        live[list(skip)] = False
-        rows_now = np.nonzero(live)[0]
-        host.generated[rows_now, host.count[rows_now]] = tokens[rows_now]
-        host.count[rows_now] += 1
-        ended = np.isin(tokens[:rows], self._eos) | (host.count[:rows] >= host.budget[:rows])
-        done = ended & live
-        streaming = np.nonzero(host.streams[:rows] & live & ~done)[0].tolist()
+        every = np.arange(rows)
+        host.generated[every, host.count[:rows]] = tokens[:rows]
+        host.count[:rows] += 1
+        done = np.isin(tokens[:rows], self._eos) | (host.count[:rows] >= host.budget[:rows])
+        streaming = np.nonzero(host.streams[:rows] & ~done)[0].tolist()
         update = Update(
             finished=set(np.nonzero(done)[0].tolist()),
             streamed=[(host.held(row).request_id, int(tokens[row])) for row in streaming],
@@ -298,9 +299,7 @@ class Scheduler:
         if self._cancelled_rows:
             # Rare: a scan of the rows only when a running request was cancelled.
             self._cancelled_rows = False
-            update.finished.update(
-                row for row in range(rows) if live[row] and host.held(row).cancelled
-            )
+            update.finished.update(row for row in range(rows) if host.held(row).cancelled)
         return update
 
     def retire(self, finished: list[int]) -> Retired:

@@ -3,9 +3,11 @@
 ``Stepper`` holds the one decode step in flight. A decode step's tokens are read one turn later,
 so the host's bookkeeping overlaps the next step instead of leaving the device idle. The next
 step is launched before the host knows which rows the previous one finished: when some did, the
-next step is read at once and its tokens of those rows dropped, and nothing more is launched
-before the rows are packed. One speculative token stays inside a request's committed pages (its
-budget's last position is never written by the step that produces the last token).
+rows are packed down at once (on the device, after the step in flight: the stream keeps the
+order), and the step in flight, which ran in the rows as they were, is read a turn later through
+that move, its tokens of the finished rows dropped. The host never waits for a step it has just
+launched. One speculative token stays inside a request's committed pages (its budget's last
+position is never written by the step that produces the last token).
 
 The runner and the output processor are protocols here, so the scheduler's tests drive this same
 step with a fake device and no model.
@@ -75,6 +77,8 @@ class Stepper(Generic[Step]):
         self._device = device
         self._output = output
         self._inflight: Step | None = None
+        # Rows packed down since the step in flight was launched: read it through this move.
+        self._moved: Retired | None = None
 
     def busy(self) -> bool:
         """Whether a step has anything to do."""
@@ -93,23 +97,26 @@ class Stepper(Generic[Step]):
         plan = scheduler.schedule_decode()
         launched = device.launch(plan) if plan is not None else None
         previous, self._inflight = self._inflight, launched
+        moved, self._moved = self._moved, None
         if previous is None:
             return
-        update = scheduler.update(previous.rows, device.collect(previous))
-        if update.finished and launched is not None:
-            later = scheduler.update(launched.rows, device.collect(launched), update.finished)
-            update = update.then(later)
-            self._inflight = None
+        tokens, rows = device.collect(previous), previous.rows
+        if moved is not None:
+            tokens, rows = moved.remap(tokens)
+        update = scheduler.update(rows, tokens)
         self._output.stream(update.streamed)
         if update.finished:
             retired = scheduler.retire(sorted(update.finished))
             device.retire(retired)
+            if launched is not None:
+                self._moved = retired
             self._output.forget(retired.dropped)
             self._output.finish(retired.finished)
 
     def fail_all(self, failure: ServiceError) -> None:
         """Answer every request held with ``failure`` (a step failed) and start clean."""
         self._inflight = None
+        self._moved = None
         retired, failed = self._scheduler.fail_all()
         self._device.retire(retired)
         self._output.forget(retired.dropped)
