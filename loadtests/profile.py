@@ -8,7 +8,9 @@ exact requests the load generator's texts become, and measures, in one process:
   token. Wall minus GPU is host-side time in which the GPU waited.
 - ``throughput``: all requests submitted at once: output tokens/s of the engine alone. Set beside
   the HTTP figure of ``loadtests.bench`` for the same requests, the difference is what HTTP, JSON,
-  the translator and the scheduler cost.
+  the translator and the scheduler cost. For the fast engine, its step loop meanwhile
+  (``throughput_step_loop``): steps, the ms per step of prefill, decode launch, waiting for the
+  device and the host's own work, and the waiting's share (the device keeping the host busy).
 - kernels launched per token in the profiled request.
 - the profile's top kernels by GPU time and by launches per token, for the report; ``--trace``
   also writes the kernels of two decode steps in launch order.
@@ -38,6 +40,7 @@ from service.contract.errors import ServiceError
 from service.contract.types import Engine, GenerationRequest, GenerationResult
 from service.engine.continuous import ContinuousBatchingEngine
 from service.engine.fast.engine import FastEngine
+from service.engine.fast.step import StepTimes
 from service.engine.loading import load_model
 
 
@@ -62,6 +65,8 @@ class ProfileReport:
     engine_plan: dict[str, object] = field(default_factory=dict)
     max_memory_allocated_bytes: int = 0
     throughput_timeline: dict[str, float] = field(default_factory=dict)
+    # The fast engine's step loop while the throughput requests ran (``_step_loop``).
+    throughput_step_loop: dict[str, float] = field(default_factory=dict)
 
 
 def _resolver(
@@ -131,11 +136,17 @@ async def run(
 
         batch = prepared[2 + lone :]
         samples: list[tuple[float, int]] = []
+        before = engine.step_times() if isinstance(engine, FastEngine) else None
         started = time.perf_counter()
         sampler = asyncio.create_task(_sample(engine, started, samples))
         batch_tokens = await _generate(engine, batch, "load")
         batch_wall = time.perf_counter() - started
         sampler.cancel()
+        loop = (
+            _step_loop(before, engine.step_times(), batch_wall)
+            if before is not None and isinstance(engine, FastEngine)
+            else {}
+        )
     finally:
         engine.close()
     return ProfileReport(
@@ -158,7 +169,30 @@ async def run(
         engine_plan=asdict(engine.plan) if isinstance(engine, FastEngine) else {},
         max_memory_allocated_bytes=torch.cuda.max_memory_allocated() if cuda else 0,
         throughput_timeline=asdict(summarize(samples, batch_wall)),
+        throughput_step_loop=loop,
     )
+
+
+def _step_loop(before: StepTimes, after: StepTimes, wall_s: float) -> dict[str, float]:
+    """The fast engine's step loop during the throughput phase: steps, and per step the ms of
+    each part (``StepTimes``); ``wait_share``: the part of the loop the host spent waiting for
+    the device (near zero: the device waited for the host)."""
+    steps = max(after.steps - before.steps, 1)
+    parts = {
+        name: getattr(after, name) - getattr(before, name)
+        for name in ("prefill_s", "launch_s", "wait_s", "host_s")
+    }
+    total = sum(parts.values())
+    return {
+        "steps": after.steps - before.steps,
+        "decode_steps": after.decodes - before.decodes,
+        **{
+            f"{name[:-2]}_ms_per_step": round(1000 * value / steps, 3)
+            for name, value in parts.items()
+        },
+        "wait_share": round(parts["wait_s"] / total, 3) if total else 0.0,
+        "loop_share_of_wall": round(total / wall_s, 3) if wall_s else 0.0,
+    }
 
 
 def _write_step_kernels(trace: profile, per_token: float, path: Path) -> None:

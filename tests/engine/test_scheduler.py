@@ -207,8 +207,10 @@ def test_admission_waits_for_pages_and_takes_them_when_one_finishes() -> None:
     assert s.running == 2
     assert s.waiting == 1
     assert s.pages.committed == 8
-    run(stepper)
+    steps = run(stepper)
     assert set(outcomes.finished) == {"a", "b", "c"}
+    assert stepper.times.steps == steps + 1  # and the one above
+    assert 0 < stepper.times.decodes <= stepper.times.steps
     assert s.pages.committed == 0
     assert s.pages.free == s.pages.usable
 

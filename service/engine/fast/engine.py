@@ -31,7 +31,7 @@ from service.engine.fast.pages import PageManager, pages_for
 from service.engine.fast.runner import ModelRunner
 from service.engine.fast.scheduler import Scheduler
 from service.engine.fast.sequence import RowParameters, Sequence
-from service.engine.fast.step import Stepper
+from service.engine.fast.step import Stepper, StepTimes
 from service.engine.generation import LoadedEngine
 from service.engine.loading import LoadedModel
 
@@ -139,6 +139,11 @@ class FastEngine(LoadedEngine):
 
     def step_seconds(self) -> dict[int, float]:
         return dict(self._step_seconds)
+
+    def step_times(self) -> StepTimes:
+        """Where the step loop's time went so far (a copy; read without a lock, so it may lag
+        a step)."""
+        return dataclasses.replace(self._stepper.times)
 
     def steps(self) -> int | None:
         return self._steps

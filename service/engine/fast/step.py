@@ -15,8 +15,10 @@ step with a fake device and no model.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
@@ -71,6 +73,23 @@ class Answers(Protocol):
     def fail(self, sequences: Iterable[Sequence], error: ServiceError) -> None: ...
 
 
+@dataclass(slots=True)
+class StepTimes:
+    """Where the step loop's time went, summed since start (seconds): the prefill (planned,
+    run, first tokens read: the one read that waits for the device), the decode launch (planned
+    and enqueued), the wait for the step before it (``collect``: the host idle while the device
+    works), and the host's own work on the tokens (rows, retire, text, answers). The wait's share
+    of the whole is how much of the loop the device kept the host waiting: near zero, the device
+    waited for the host instead."""
+
+    steps: int = 0
+    decodes: int = 0
+    prefill_s: float = 0.0
+    launch_s: float = 0.0
+    wait_s: float = 0.0
+    host_s: float = 0.0
+
+
 class Stepper(Generic[Step]):
     def __init__(self, scheduler: Scheduler, device: Device[Step], output: Answers) -> None:
         self._scheduler = scheduler
@@ -79,6 +98,7 @@ class Stepper(Generic[Step]):
         self._inflight: Step | None = None
         # Rows packed down since the step in flight was launched: read it through this move.
         self._moved: Retired | None = None
+        self.times = StepTimes()
 
     def busy(self) -> bool:
         """Whether a step has anything to do."""
@@ -86,7 +106,9 @@ class Stepper(Generic[Step]):
 
     def step(self) -> None:
         """One prefill (if a prompt waits) and one decode step."""
-        scheduler, device = self._scheduler, self._device
+        scheduler, device, times = self._scheduler, self._device, self.times
+        began = time.perf_counter()
+        times.steps += 1
         chunks = scheduler.schedule_prefill()
         if chunks:
             firsts = device.prefill(chunks)
@@ -94,20 +116,35 @@ class Stepper(Generic[Step]):
                 joined = scheduler.join([c.sequence for c in chunks if c.completes], firsts)
                 device.join(joined)
                 self._output.joined(joined)
+        planned = time.perf_counter()
+        times.prefill_s += planned - began
         plan = scheduler.schedule_decode()
         launched = device.launch(plan) if plan is not None else None
+        times.decodes += launched is not None
         previous, self._inflight = self._inflight, launched
         moved, self._moved = self._moved, None
+        waiting = time.perf_counter()
+        times.launch_s += waiting - planned
         if previous is None:
             return
         tokens, rows = device.collect(previous), previous.rows
+        collected = time.perf_counter()
+        times.wait_s += collected - waiting
+        self._take(tokens, rows, moved, launched)
+        times.host_s += time.perf_counter() - collected
+
+    def _take(
+        self, tokens: np.ndarray, rows: int, moved: Retired | None, launched: Step | None
+    ) -> None:
+        """A collected step's tokens into the rows, the finished ones answered."""
+        scheduler = self._scheduler
         if moved is not None:
             tokens, rows = moved.remap(tokens)
         update = scheduler.update(rows, tokens)
         self._output.stream(update.streamed)
         if update.finished:
             retired = scheduler.retire(sorted(update.finished))
-            device.retire(retired)
+            self._device.retire(retired)
             if launched is not None:
                 self._moved = retired
             self._output.forget(retired.dropped)
