@@ -67,8 +67,11 @@ def run_engine(
     that started it; ``loader`` builds the engine (tests give fakes)."""
     configure_logging(config.log_level, process="engine")
     _route_transformers_logs()
-    # Ctrl-C reaches the whole process group; the API process decides when the engine stops.
+    # Ctrl-C, and SIGTERM sent to the whole process group (systemd's default stop, kill --
+    # -PGID, timeout), reach the engine too: the API process decides when it stops (after its
+    # drain: a Shutdown message, else SIGKILL), so requests being drained still finish.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.nice(_NICENESS)
     asyncio.run(EngineHost(config, loader, peers).serve())
     # Everything is closed and logged by now. The interpreter's own finalization would only
@@ -214,7 +217,7 @@ class EngineHost:
         while True:
             if os.getppid() != self._parent:
                 log.error("the API process is gone; the engine stops")
-                os.kill(os.getpid(), signal.SIGTERM)
+                os._exit(1)  # nothing is left to answer (SIGTERM is ignored: see run_engine)
                 return
             engine, scheduler = self._engine, self._scheduler
             steps = engine.steps() if engine is not None else None

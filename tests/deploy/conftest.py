@@ -48,6 +48,16 @@ def require(binary: str) -> str:
 
 
 def start_service(data_dir: Path, log: Path, **env: str) -> Process:
+    """``python -m service`` on a free port with ``env``."""
+    return _start(data_dir, log, env, own_group=False)
+
+
+def start_service_in_group(data_dir: Path, log: Path, **env: str) -> Process:
+    """The same, in a process group of its own (a test may then signal the whole group)."""
+    return _start(data_dir, log, env, own_group=True)
+
+
+def _start(data_dir: Path, log: Path, env: dict[str, str], own_group: bool) -> Process:
     port = free_port()
     environment = {
         **os.environ,
@@ -66,6 +76,7 @@ def start_service(data_dir: Path, log: Path, **env: str) -> Process:
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=log.parent,
+            start_new_session=own_group,
         )
     process = Process(popen, f"http://127.0.0.1:{port}", log)
     try:

@@ -4,6 +4,8 @@ that hangs up is dropped."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import re
 import signal
 import socket
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.deploy.conftest import Process, start_service
+from tests.deploy.conftest import Process, start_service, start_service_in_group
 
 
 def metric(url: str, series: str) -> float:
@@ -49,6 +51,46 @@ async def test_sigterm_finishes_accepted_requests_then_exits_0(
         responses = await asyncio.gather(*requests)
     assert [r.status_code for r in responses] == [200] * 24
     assert service.popen.wait(timeout=60) == 0
+
+
+async def test_sigterm_to_the_whole_process_group_still_drains(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """systemd's default stop (and ``kill -- -PGID``) sends SIGTERM to every process of the
+    service at once: the engine and the preparation workers must not die under the requests
+    the API process is draining (they did: the drained requests got 503)."""
+    service = start_service_in_group(
+        data_dir,
+        tmp_path / "service.log",
+        HYMT_MAX_NEW_TOKENS="96",
+        HYMT_OUTPUT_TOKENS_RATIO="16",
+        HYMT_FAST_MAX_ROWS="4",
+        HYMT_DRAIN_TIMEOUT_S="60",
+    )
+    try:
+        async with httpx.AsyncClient(base_url=service.url, timeout=120) as client:
+            requests = [
+                asyncio.ensure_future(
+                    client.post("/translate", json={"text": f"sentence {i}", "target_lang": "de"})
+                )
+                for i in range(12)
+            ]
+            for _ in range(200):
+                if metric(service.url, "hymt_in_flight_texts") > 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert metric(service.url, "hymt_in_flight_texts") > 0
+            os.killpg(service.popen.pid, signal.SIGTERM)
+            responses = await asyncio.gather(*requests)
+        assert [r.status_code for r in responses] == [200] * 12
+        assert service.popen.wait(timeout=60) == 0
+    finally:
+        service.stop()
+    messages = [
+        json.loads(line)["message"] for line in service.log.read_text().splitlines() if line
+    ]
+    assert "engine process exited" not in messages  # stopped by the API process, not killed
+    assert "engine process stopped" in messages
 
 
 async def test_sigterm_with_a_short_drain_answers_every_request_in_json(
@@ -151,3 +193,24 @@ def test_a_first_run_says_the_demo_model_is_noise_and_nothing_alarming(service: 
     assert "translations are noise" in log
     # transformers' warning about Hunyuan's RoPE "alpha" key (which the loader applies).
     assert "Unrecognized keys in `rope_parameters`" not in log
+
+
+def test_a_start_and_a_stop_print_only_json_log_lines(data_dir: Path, tmp_path: Path) -> None:
+    """What an operator's log collector reads: every line a demo service prints from its start
+    to its stop (SIGTERM, drained) is one JSON record, with no native library's dump between."""
+    service = start_service(data_dir, tmp_path / "service.log")
+    try:
+        answer = httpx.post(
+            f"{service.url}/translate", json={"text": "hi", "target_lang": "de"}, timeout=60
+        )
+        assert answer.status_code == 200
+        service.popen.send_signal(signal.SIGTERM)
+        assert service.popen.wait(timeout=60) == 0
+    finally:
+        service.stop()
+    lines = [line for line in service.log.read_text().splitlines() if line.strip()]
+    assert lines
+    for line in lines:
+        assert isinstance(json.loads(line), dict), line
+    messages = [json.loads(line)["message"] for line in lines]
+    assert "engine process stopped" in messages  # the stop is in the log, as JSON too

@@ -119,7 +119,8 @@ class EngineClient:
         self._channel.fail_all(error)
 
     async def stop(self, timeout_s: float = 10.0) -> None:
-        """Ask the engine to stop, then make sure it has: terminate, then kill (once)."""
+        """Ask the engine to stop, then make sure it has: kill it if it has not gone (it
+        ignores SIGTERM, which a signal to the whole process group would bring it)."""
         if self._stopping:
             return
         self._stopping = True
@@ -127,9 +128,6 @@ class EngineClient:
         if process is not None and process.is_alive():
             self._channel.send(Shutdown())
             await asyncio.to_thread(process.join, timeout_s)
-            if process.is_alive():
-                process.terminate()
-                await asyncio.to_thread(process.join, 2.0)
             if process.is_alive():
                 process.kill()
                 await asyncio.to_thread(process.join, 2.0)

@@ -63,8 +63,10 @@ _RESTART_DELAY_S = 1.0
 def _serve(config: TranslationConfig, jobs_address: str, results_address: str, index: int) -> None:
     """Entry point of a preparation worker: answer jobs until the API process is gone. The first
     job is ``configure``, which gives it the engine's tokenizer."""
-    # Ctrl-C reaches the whole process group; the API process decides when workers stop.
+    # Ctrl-C, and SIGTERM sent to the whole process group (systemd's default stop), reach the
+    # workers too: the API process decides when they stop (after its drain).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Preparation is throughput work; the API processes' event loops (refusals, probes) are
     # latency work. When a burst's admitted texts all arrive here at once, the kernel should
     # run the event loops first.
@@ -248,7 +250,7 @@ class Preparer:
                 with contextlib.suppress(ValueError, OSError):
                     loop.remove_reader(process.sentinel)
                 if process.is_alive():
-                    process.terminate()
+                    process.kill()  # it ignores SIGTERM (above) and holds nothing to save
                 process.join(2.0)
             worker.socket.close(linger=0)
         self._fail(list(self._pending), EngineUnavailable("the service is stopping"))
