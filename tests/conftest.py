@@ -151,7 +151,8 @@ def own_data(data_dir: Path, folder: Path) -> Path:
     models."""
     folder.mkdir(parents=True, exist_ok=True)
     for built in data_dir.iterdir():
-        if built.name not in ("documents", "glossaries.sqlite3"):
+        # The shared stores stay behind, SQLite's -wal and -shm files with their database.
+        if built.name != "documents" and not built.name.startswith("glossaries.sqlite3"):
             (folder / built.name).symlink_to(built)
     return folder
 

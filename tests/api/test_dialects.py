@@ -20,12 +20,13 @@ DIALECTS: dict[str, tuple[str, Callable[[str], dict[str, object]]]] = {
         lambda text: {"q": text, "source": "en", "target": "de"},
     ),
     "deepl": ("/v2/translate", lambda text: {"text": [text], "target_lang": "DE"}),
+    "google": ("/language/translate/v2", lambda text: {"q": [text], "target": "de"}),
 }
 
 
 def error_message(dialect: str, body: object) -> str:
     assert isinstance(body, dict), body
-    if dialect == "native":
+    if dialect in ("native", "google"):
         return str(body["error"]["message"])
     if dialect == "libretranslate":
         return str(body["error"])
@@ -59,6 +60,27 @@ async def test_a_timeout_below_the_minimum_is_a_client_error(
     response = await slow.http.post(route, json=body("hi"), headers={"X-Request-Timeout": "0.001"})
     assert response.status_code == (422 if dialect == "native" else 400)
     assert "X-Request-Timeout" in error_message(dialect, response.json())
+
+
+@pytest.mark.parametrize("dialect", list(DIALECTS))
+async def test_an_unexpected_failure_is_a_500_in_the_dialects_shape(
+    slow: ServiceClient, dialect: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever breaks inside a route: JSON in the route's own shape, no internals, never
+    Starlette's text/plain "Internal Server Error" (the dialects answered that)."""
+
+    async def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("/work/secret internals")
+
+    translator = slow.runtime.translator
+    monkeypatch.setattr(translator, "translate", broken)
+    monkeypatch.setattr(translator, "translate_batch", broken)
+    route, body = DIALECTS[dialect]
+    response = await slow.http.post(route, json=body("hi"))
+    assert response.status_code == 500
+    assert response.headers["content-type"] == "application/json"
+    assert "internal" in error_message(dialect, response.json())
+    assert "secret" not in response.text
 
 
 MALFORMED = {

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.config.settings import Settings
+from tests.api.test_deepl_v3 import hy_mt2
 from tests.conftest import KEYS, ServiceClient, StartApp, own_data, served
 from tests.fakes import FakeControl
 
@@ -107,14 +108,7 @@ async def test_keys_and_bad_bodies_get_google_s_errors(keyed: ServiceClient) -> 
 async def test_glossary_config_takes_a_stored_glossary_s_pair(
     start_app: StartApp, tmp_path: Path, data_dir: Path
 ) -> None:
-    client: ServiceClient = await start_app(
-        loader=FakeControl(tmp_path / "fake").loader(),
-        data_dir=own_data(data_dir, tmp_path / "data"),
-        model_family="hy-mt2",
-        model_size="1.8b",
-        api_keys=list(KEYS),
-        warmup=False,
-    )
+    client = await hy_mt2(start_app, tmp_path, data_dir)
     made = await client.http.post(
         "/v3/glossaries",
         headers={"Authorization": f"DeepL-Auth-Key {KEY}"},

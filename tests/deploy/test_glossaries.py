@@ -13,6 +13,7 @@ import httpx
 import pytest
 from deepl.api_data import MultilingualGlossaryDictionaryEntries as Dictionary
 
+from tests.conftest import own_data
 from tests.deploy.conftest import Process, start_service
 
 KEYS = json.dumps(["owner-key", "other-key"])
@@ -29,10 +30,7 @@ def test_glossaries_persist_belong_to_their_key_and_reach_the_prompt(
 ) -> None:
     monkeypatch.setattr(deepl.http_client, "max_network_retries", 0)
     # A data directory of this test's own: its glossary file starts empty.
-    own = tmp_path / "data"
-    own.mkdir()
-    for built in data_dir.iterdir():
-        (own / built.name).symlink_to(built)
+    own = own_data(data_dir, tmp_path / "data")
     service = _start(own, tmp_path / "first.log")
     try:
         owner = deepl.Translator("owner-key", server_url=service.url)
@@ -108,10 +106,7 @@ def test_multilingual_glossaries_through_the_official_client(
     process: two dictionaries created, listed, fetched, edited, replaced, used for a text and a
     document, a dictionary deleted, the glossary deleted; custom instructions taken by Hy-MT2."""
     monkeypatch.setattr(deepl.http_client, "max_network_retries", 0)
-    own = tmp_path / "data"
-    own.mkdir()
-    for built in data_dir.iterdir():
-        (own / built.name).symlink_to(built)
+    own = own_data(data_dir, tmp_path / "data")
     service = _start(own, tmp_path / "service.log")
     try:
         client = deepl.DeepLClient("owner-key", server_url=service.url)

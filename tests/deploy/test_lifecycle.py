@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -22,24 +23,26 @@ def metric(url: str, series: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-async def test_sigterm_finishes_accepted_requests_then_exits_0(
-    data_dir: Path, tmp_path: Path
-) -> None:
-    service = start_service(
-        data_dir,
-        tmp_path / "service.log",
-        # 24 texts in batches of 4, 96 tokens each: seconds of work still queued at the signal.
-        HYMT_MAX_NEW_TOKENS="96",
-        HYMT_OUTPUT_TOKENS_RATIO="16",
-        HYMT_FAST_MAX_ROWS="4",
-        HYMT_DRAIN_TIMEOUT_S="60",
-    )
+# 24 texts in batches of 4, 96 tokens each: seconds of work still queued at the signal.
+DRAINED = {
+    "HYMT_MAX_NEW_TOKENS": "96",
+    "HYMT_OUTPUT_TOKENS_RATIO": "16",
+    "HYMT_FAST_MAX_ROWS": "4",
+    "HYMT_DRAIN_TIMEOUT_S": "60",
+}
+
+
+async def statuses_through_a_stop(
+    service: Process, count: int, stop: Callable[[], None]
+) -> list[int]:
+    """``count`` translations sent at once; once the service holds some, ``stop`` signals it.
+    Their statuses."""
     async with httpx.AsyncClient(base_url=service.url, timeout=120) as client:
         requests = [
             asyncio.ensure_future(
                 client.post("/translate", json={"text": f"sentence {i}", "target_lang": "de"})
             )
-            for i in range(24)
+            for i in range(count)
         ]
         # Accepted: wait until the service has them queued, then ask it to stop.
         for _ in range(200):
@@ -47,9 +50,19 @@ async def test_sigterm_finishes_accepted_requests_then_exits_0(
                 break
             await asyncio.sleep(0.02)
         assert metric(service.url, "hymt_in_flight_texts") > 0
-        service.popen.send_signal(signal.SIGTERM)
+        stop()
         responses = await asyncio.gather(*requests)
-    assert [r.status_code for r in responses] == [200] * 24
+    return [response.status_code for response in responses]
+
+
+async def test_sigterm_finishes_accepted_requests_then_exits_0(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    service = start_service(data_dir, tmp_path / "service.log", **DRAINED)
+    statuses = await statuses_through_a_stop(
+        service, 24, lambda: service.popen.send_signal(signal.SIGTERM)
+    )
+    assert statuses == [200] * 24
     assert service.popen.wait(timeout=60) == 0
 
 
@@ -59,30 +72,12 @@ async def test_sigterm_to_the_whole_process_group_still_drains(
     """systemd's default stop (and ``kill -- -PGID``) sends SIGTERM to every process of the
     service at once: the engine and the preparation workers must not die under the requests
     the API process is draining (they did: the drained requests got 503)."""
-    service = start_service_in_group(
-        data_dir,
-        tmp_path / "service.log",
-        HYMT_MAX_NEW_TOKENS="96",
-        HYMT_OUTPUT_TOKENS_RATIO="16",
-        HYMT_FAST_MAX_ROWS="4",
-        HYMT_DRAIN_TIMEOUT_S="60",
-    )
+    service = start_service_in_group(data_dir, tmp_path / "service.log", **DRAINED)
     try:
-        async with httpx.AsyncClient(base_url=service.url, timeout=120) as client:
-            requests = [
-                asyncio.ensure_future(
-                    client.post("/translate", json={"text": f"sentence {i}", "target_lang": "de"})
-                )
-                for i in range(12)
-            ]
-            for _ in range(200):
-                if metric(service.url, "hymt_in_flight_texts") > 0:
-                    break
-                await asyncio.sleep(0.02)
-            assert metric(service.url, "hymt_in_flight_texts") > 0
-            os.killpg(service.popen.pid, signal.SIGTERM)
-            responses = await asyncio.gather(*requests)
-        assert [r.status_code for r in responses] == [200] * 12
+        statuses = await statuses_through_a_stop(
+            service, 12, lambda: os.killpg(service.popen.pid, signal.SIGTERM)
+        )
+        assert statuses == [200] * 12
         assert service.popen.wait(timeout=60) == 0
     finally:
         service.stop()

@@ -27,7 +27,6 @@ from service.contract.errors import (
     LimitReached,
     PayloadTooLarge,
     QuotaExceeded,
-    ServiceError,
     Unauthenticated,
     Unsupported,
 )
@@ -41,13 +40,13 @@ from service.frontend.api.deepl_requests import (
     single,
 )
 from service.frontend.api.documents import install_deepl_document_routes
-from service.frontend.api.errors import Dialect, install_dialect_errors
+from service.frontend.api.errors import Dialect
 from service.frontend.api.glossaries import (
     glossary_entries,
     install_glossary_routes,
     install_multilingual_routes,
 )
-from service.frontend.api.middleware import NO_TELEMETRY
+from service.frontend.api.mounts import dialect_app
 from service.frontend.api.params import Params, read_params
 from service.frontend.documents.service import Documents
 from service.frontend.glossaries import GlossaryStore
@@ -55,7 +54,7 @@ from service.frontend.runtime import Runtime
 from service.frontend.translation.languages import Language, LanguageTable
 from service.frontend.translation.markup import INLINE
 from service.frontend.translation.prompts import TranslationOptions
-from service.frontend.translation.results import Translation
+from service.frontend.translation.results import Translation, every_translation
 
 MAX_REQUEST_BYTES = 128 * 1024
 # Formality the model is told nothing about: ``default``, and the ``prefer_`` values, which DeepL
@@ -221,12 +220,7 @@ async def _translate(
         outcomes = await translator.translate_batch(
             params.text, target.code, source_code, deadline=context.deadline, options=wanted
         )
-    translated: list[Translation] = []
-    for outcome in outcomes:
-        if isinstance(outcome, ServiceError):
-            raise outcome
-        translated.append(outcome)
-    return translated
+    return every_translation(outcomes)
 
 
 async def _answer(
@@ -275,11 +269,7 @@ def _languages(params: LanguagesParams, context: RequestContext) -> list[dict[st
 def create_deepl_app(
     runtime: Runtime, access: AccessControl, glossaries: GlossaryStore, documents: Documents
 ) -> FastAPI:
-    app = FastAPI(
-        title="DeepL-compatible API v2", docs_url=None, redoc_url=None, telemetry=NO_TELEMETRY
-    )
-    app.state.runtime, app.state.access = runtime, access
-    install_dialect_errors(app, DEEPL)
+    app = dialect_app("DeepL-compatible API v2", runtime, access, DEEPL)
 
     async def translate(request: Request) -> JSONResponse:
         if len(await request.body()) > MAX_REQUEST_BYTES:
@@ -330,11 +320,7 @@ def create_deepl_v3_app(
     runtime: Runtime, access: AccessControl, glossaries: GlossaryStore
 ) -> FastAPI:
     """DeepL's v3 API (multilingual glossaries), mounted at ``/v3``."""
-    app = FastAPI(
-        title="DeepL-compatible API v3", docs_url=None, redoc_url=None, telemetry=NO_TELEMETRY
-    )
-    app.state.runtime, app.state.access = runtime, access
-    install_dialect_errors(app, DEEPL_V3)
+    app = dialect_app("DeepL-compatible API v3", runtime, access, DEEPL_V3)
 
     def glossary_language(given: str | None, name: str) -> Language | None:
         table = runtime.translator.languages

@@ -94,8 +94,8 @@ NATIVE = Dialect("", {}, None)
 
 
 def install_dialect_errors(app: FastAPI, dialect: Dialect) -> None:
-    """Answer a compatibility dialect's domain errors, and its unknown routes and methods, in
-    that API's own shape and statuses."""
+    """Answer a compatibility dialect's domain errors, its unknown routes and methods, and any
+    unexpected error (logged; a 500 without internals), in that API's own shape and statuses."""
 
     async def on_service_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, errors.ServiceError)
@@ -111,8 +111,13 @@ def install_dialect_errors(app: FastAPI, dialect: Dialect) -> None:
             return dialect.response(errors.NotFound("Not found"))
         return dialect.response(errors.InvalidInput(str(error.detail)))
 
+    async def on_unexpected(request: Request, error: Exception) -> JSONResponse:
+        log.error("unhandled error", exc_info=error)
+        return dialect.response(errors.ServiceError("internal server error"))
+
     app.add_exception_handler(errors.ServiceError, on_service_error)
     app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -24,9 +24,9 @@ from service.contract import errors
 from service.contract.errors import InvalidInput, ServiceError, Unsupported
 from service.frontend.access import AccessControl
 from service.frontend.api.context import RequestContext
-from service.frontend.api.errors import Dialect, install_dialect_errors, status_of
+from service.frontend.api.errors import Dialect, status_of
 from service.frontend.api.glossaries import glossary_entries
-from service.frontend.api.middleware import NO_TELEMETRY
+from service.frontend.api.mounts import dialect_app
 from service.frontend.api.openapi_body import json_body
 from service.frontend.api.params import Params, parse, read_params
 from service.frontend.glossaries import GlossaryStore
@@ -35,7 +35,7 @@ from service.frontend.translation.languages import Language, LanguageTable
 from service.frontend.translation.localized import language_name
 from service.frontend.translation.markup import INLINE
 from service.frontend.translation.prompts import TranslationOptions
-from service.frontend.translation.results import Translation
+from service.frontend.translation.results import Translation, every_translation
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -198,12 +198,7 @@ async def _translated(
         outcomes = await translator.translate_batch(
             texts, target.code, source_code, deadline=context.deadline, options=options
         )
-    done: list[Translation] = []
-    for outcome in outcomes:
-        if isinstance(outcome, ServiceError):
-            raise outcome
-        done.append(outcome)
-    return done
+    return every_translation(outcomes)
 
 
 async def _detected(
@@ -298,14 +293,7 @@ async def _languages_v2(request: Request) -> JSONResponse:
 
 def create_google_v2_app(runtime: Runtime, access: AccessControl) -> FastAPI:
     """Google Cloud Translation Basic (v2), mounted at ``/language/translate``."""
-    app = FastAPI(
-        title="Google Cloud Translation v2-compatible API",
-        docs_url=None,
-        redoc_url=None,
-        telemetry=NO_TELEMETRY,
-    )
-    app.state.runtime, app.state.access = runtime, access
-    install_dialect_errors(app, GOOGLE)
+    app = dialect_app("Google Cloud Translation v2-compatible API", runtime, access, GOOGLE)
     app.add_api_route("/v2", _translate_v2, methods=["POST"], openapi_extra=json_body(TranslateV2))
     app.add_api_route("/v2/detect", _detect_v2, methods=["POST"], openapi_extra=json_body(DetectV2))
     app.add_api_route(
@@ -386,14 +374,7 @@ def create_google_v3_app(
     runtime: Runtime, access: AccessControl, glossaries: GlossaryStore
 ) -> FastAPI:
     """Google Cloud Translation Advanced (v3), mounted at ``/v3/projects``."""
-    app = FastAPI(
-        title="Google Cloud Translation v3-compatible API",
-        docs_url=None,
-        redoc_url=None,
-        telemetry=NO_TELEMETRY,
-    )
-    app.state.runtime, app.state.access = runtime, access
-    install_dialect_errors(app, GOOGLE_V3)
+    app = dialect_app("Google Cloud Translation v3-compatible API", runtime, access, GOOGLE_V3)
 
     async def translate(request: Request) -> JSONResponse:
         return await _translate_v3(request, glossaries)

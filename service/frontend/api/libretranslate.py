@@ -26,14 +26,14 @@ from service.contract.errors import (
 from service.frontend.access import AccessControl
 from service.frontend.api.context import RequestContext
 from service.frontend.api.documents import install_libretranslate_file_routes
-from service.frontend.api.errors import Dialect, install_dialect_errors
-from service.frontend.api.middleware import NO_TELEMETRY
+from service.frontend.api.errors import Dialect
+from service.frontend.api.mounts import dialect_app
 from service.frontend.api.params import Params, parse, read_params
 from service.frontend.documents.formats import EXTENSIONS
 from service.frontend.documents.service import Documents
 from service.frontend.runtime import Runtime
 from service.frontend.translation.markup import INLINE
-from service.frontend.translation.results import Translation
+from service.frontend.translation.results import Translation, every_translation
 from service.frontend.translation.translator import Translator
 
 # LibreTranslate's own status codes where they differ from the native API's.
@@ -78,15 +78,7 @@ class DetectBody(_Request):
 def create_libretranslate_app(
     runtime: Runtime, access: AccessControl, documents: Documents
 ) -> FastAPI:
-    app = FastAPI(
-        title="LibreTranslate-compatible API",
-        docs_url=None,
-        redoc_url=None,
-        telemetry=NO_TELEMETRY,
-    )
-    app.state.runtime, app.state.access = runtime, access
-
-    install_dialect_errors(app, LIBRETRANSLATE)
+    app = dialect_app("LibreTranslate-compatible API", runtime, access, LIBRETRANSLATE)
 
     @app.post("/translate")
     async def translate(request: Request) -> JSONResponse:
@@ -171,11 +163,7 @@ async def _translate(body: TranslateBody, context: RequestContext) -> dict[str, 
         outcomes = await translator.translate_batch(
             texts, body.target, source, deadline=context.deadline, alternatives=body.alternatives
         )
-    done: list[Translation] = []
-    for outcome in outcomes:
-        if isinstance(outcome, ServiceError):
-            raise outcome
-        done.append(outcome)
+    done = every_translation(outcomes)
     if source == "auto":
         done = await _with_detections(translator, texts, done)
     answer: dict[str, Any] = {}

@@ -41,8 +41,8 @@ from service.contract.errors import (
 from service.contract.types import Decoding
 from service.frontend.access import AccessControl
 from service.frontend.api.context import RequestContext
-from service.frontend.api.errors import Dialect, install_dialect_errors
-from service.frontend.api.middleware import NO_TELEMETRY
+from service.frontend.api.errors import Dialect
+from service.frontend.api.mounts import dialect_app
 from service.frontend.api.params import Params, parse, read_params
 from service.frontend.runtime import Runtime
 from service.frontend.translation.results import Completion
@@ -116,11 +116,7 @@ class ChatRequest(BaseModel):
 
 
 def create_openai_app(runtime: Runtime, access: AccessControl) -> FastAPI:
-    app = FastAPI(
-        title="OpenAI-compatible API", docs_url=None, redoc_url=None, telemetry=NO_TELEMETRY
-    )
-    app.state.runtime, app.state.access = runtime, access
-    install_dialect_errors(app, OPENAI)
+    app = dialect_app("OpenAI-compatible API", runtime, access, OPENAI)
     created = int(time.time())
 
     def model_id() -> str:

@@ -109,6 +109,17 @@ class Translation:
     target_mismatch: bool = False
 
 
+def every_translation(outcomes: Sequence[Translation | ServiceError]) -> list[Translation]:
+    """A batch's translations, or the first error among them (a dialect that answers a request
+    whole, not text by text)."""
+    done: list[Translation] = []
+    for outcome in outcomes:
+        if isinstance(outcome, ServiceError):
+            raise outcome
+        done.append(outcome)
+    return done
+
+
 @dataclass(frozen=True, slots=True)
 class Completion:
     """The model's answer to a chat prompt given as it is (the OpenAI-compatible API)."""
