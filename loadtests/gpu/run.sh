@@ -16,7 +16,8 @@
 # stream (loadtests.streaming: time to first token and to the full text of a 2,000-word document
 # through POST /translate/stream), replicas (loadtests.replicas: REPLICAS services, one per GPU, behind
 # the shipped nginx and Redis, REQUESTS concurrent clients, a flood of FLOOD at a queue bound of QUEUE,
-# then one replica alone; needs loadtests/gpu/add-stack.sh). Each writes VARIANT.json and VARIANT.log. SERVICE_ENV="NAME=VALUE ..." adds settings to every
+# then one replica alone; needs loadtests/gpu/add-stack.sh). For the bench variants CONCURRENCY
+# (default REQUESTS) keeps that many requests in flight: a steady state when REQUESTS is larger. Each writes VARIANT.json and VARIANT.log. SERVICE_ENV="NAME=VALUE ..." adds settings to every
 # service the bench variants start.
 set -uo pipefail
 out=${OUT:?set OUT}; work=${WORK:-/tmp/hymt-bench}; mkdir -p "$work" "$out"
@@ -93,7 +94,7 @@ for variant in "$@"; do
   esac
   n=$requests; [ "$variant" = overload ] && n=256  # its throughput step is only a check
   timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.bench --label "$variant" --requests "$n" \
-    --concurrency "$n" --lone-requests "${LONE:-6}" "${common[@]}" "${args[@]}" > "$work/$variant.out" 2>&1
+    --concurrency "${CONCURRENCY:-$n}" --lone-requests "${LONE:-6}" "${common[@]}" "${args[@]}" > "$work/$variant.out" 2>&1
   echo "exit $?"
   grep -E '"(output_tokens_per_s|ms_per_output_token_p50|start_to_ready_s|start_to_first_translation_s|ratio_vs_baseline|weights_bytes|ok|warm_connections|refusal_p50_ms|refusal_p99_ms|health_p99_ms|health_max_ms|lost|goodput_share_of_admitted)"' "$work/$variant.json" || tail -c 3000 "$work/$variant.out"
   grep -vE '"service.frontend.access"' "$work/$variant.log" 2>/dev/null | tail -n 15 | cut -c1-400
