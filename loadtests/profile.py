@@ -6,7 +6,8 @@ exact requests the load generator's texts become, and measures, in one process:
 - ``lone``: requests one at a time on the idle engine: wall time per output token, and with
   ``torch.profiler`` around one of them, the time the GPU was busy (sum of kernel times) per
   token. Wall minus GPU is host-side time in which the GPU waited.
-- ``throughput``: all requests submitted at once: output tokens/s of the engine alone. Set beside
+- ``throughput``: all requests submitted at once (or ``--concurrency`` of them kept in flight,
+  a steady state): output tokens/s of the engine alone. Set beside
   the HTTP figure of ``loadtests.bench`` for the same requests, the difference is what HTTP, JSON,
   the translator and the scheduler cost. For the fast engine, its step loop meanwhile
   (``throughput_step_loop``): steps, the ms per step of prefill, decode launch, waiting for the
@@ -57,6 +58,8 @@ class ProfileReport:
     profiled_gpu_busy_ms_per_token: float
     profiled_kernels_per_token: float
     throughput_requests: int
+    # Requests kept in flight (0: all submitted at once).
+    throughput_concurrency: int
     throughput_output_tokens: int
     throughput_duration_s: float
     throughput_output_tokens_per_s: float
@@ -78,8 +81,17 @@ def _resolver(
     return resolve
 
 
-async def _generate(engine: Engine, requests: list[GenerationRequest], prefix: str) -> int:
-    """Submit ``requests`` at once; the output tokens of all of them."""
+async def _generate(
+    engine: Engine, requests: list[GenerationRequest], prefix: str, concurrency: int = 0
+) -> int:
+    """Submit ``requests`` at once, or with ``concurrency`` keep that many in flight (a closed
+    loop: each answer lets the next request in, a steady state); the output tokens of all."""
+    if concurrency and concurrency < len(requests):
+        lanes = [requests[lane::concurrency] for lane in range(concurrency)]
+        counts = await asyncio.gather(
+            *(_one_after_another(engine, lane, f"{prefix}-{i}") for i, lane in enumerate(lanes))
+        )
+        return sum(counts)
     loop = asyncio.get_running_loop()
     futures: list[asyncio.Future[GenerationResult | ServiceError]] = []
     for index, request in enumerate(requests):
@@ -94,8 +106,20 @@ async def _generate(engine: Engine, requests: list[GenerationRequest], prefix: s
     return tokens
 
 
+async def _one_after_another(engine: Engine, requests: list[GenerationRequest], prefix: str) -> int:
+    tokens = 0
+    for index, request in enumerate(requests):
+        tokens += await _generate(engine, [request], f"{prefix}-{index}")
+    return tokens
+
+
 async def run(
-    settings: Settings, requests: int, lone: int, seed: int, trace_path: Path | None = None
+    settings: Settings,
+    requests: int,
+    lone: int,
+    seed: int,
+    trace_path: Path | None = None,
+    concurrency: int = 0,
 ) -> ProfileReport:
     config = settings.engine_config()
     loaded = load_model(config)
@@ -139,7 +163,7 @@ async def run(
         before = engine.step_times() if isinstance(engine, FastEngine) else None
         started = time.perf_counter()
         sampler = asyncio.create_task(_sample(engine, started, samples))
-        batch_tokens = await _generate(engine, batch, "load")
+        batch_tokens = await _generate(engine, batch, "load", concurrency)
         batch_wall = time.perf_counter() - started
         sampler.cancel()
         loop = (
@@ -161,6 +185,7 @@ async def run(
         profiled_gpu_busy_ms_per_token=round(busy_us / 1000 / max(profiled_tokens, 1), 2),
         profiled_kernels_per_token=round(launches / max(profiled_tokens, 1), 1),
         throughput_requests=len(batch),
+        throughput_concurrency=concurrency,
         throughput_output_tokens=batch_tokens,
         throughput_duration_s=round(batch_wall, 3),
         throughput_output_tokens_per_s=round(batch_tokens / batch_wall, 1),
@@ -176,22 +201,39 @@ async def run(
 def _step_loop(before: StepTimes, after: StepTimes, wall_s: float) -> dict[str, float]:
     """The fast engine's step loop during the throughput phase: steps, and per step the ms of
     each part (``StepTimes``); ``wait_share``: the part of the loop the host spent waiting for
-    the device (near zero: the device waited for the host)."""
-    steps = max(after.steps - before.steps, 1)
-    parts = {
-        name: getattr(after, name) - getattr(before, name)
-        for name in ("prefill_s", "launch_s", "wait_s", "host_s")
-    }
+    the device (near zero: the device waited for the host); how full the decode batches ran and
+    how much the prefills took; the device's own time on each (on a GPU) and its busy share of
+    the wall time (what is left is the device idle, waiting for the host)."""
+
+    def delta(name: str) -> float:
+        return float(getattr(after, name) - getattr(before, name))
+
+    steps = max(int(delta("steps")), 1)
+    decodes, prefills = int(delta("decodes")), int(delta("prefills"))
+    parts = {name: delta(name) for name in ("prefill_s", "launch_s", "wait_s", "host_s")}
     total = sum(parts.values())
+    device = delta("device_prefill_s") + delta("device_decode_s")
     return {
-        "steps": after.steps - before.steps,
-        "decode_steps": after.decodes - before.decodes,
+        "steps": int(delta("steps")),
+        "decode_steps": decodes,
         **{
             f"{name[:-2]}_ms_per_step": round(1000 * value / steps, 3)
             for name, value in parts.items()
         },
         "wait_share": round(parts["wait_s"] / total, 3) if total else 0.0,
         "loop_share_of_wall": round(total / wall_s, 3) if wall_s else 0.0,
+        "mean_decode_rows": round(delta("decode_rows") / decodes, 1) if decodes else 0.0,
+        "prefill_steps": prefills,
+        "prefill_tokens_per_prefill": (
+            round(delta("prefill_tokens") / prefills, 1) if prefills else 0.0
+        ),
+        "device_prefill_ms_per_prefill": (
+            round(1000 * delta("device_prefill_s") / prefills, 3) if prefills else 0.0
+        ),
+        "device_decode_ms_per_decode": (
+            round(1000 * delta("device_decode_s") / decodes, 3) if decodes else 0.0
+        ),
+        "device_busy_share_of_wall": round(device / wall_s, 3) if wall_s else 0.0,
     }
 
 
@@ -221,8 +263,16 @@ def main(argv: list[str] | None = None) -> ProfileReport:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--report", type=Path)
     parser.add_argument("--trace", type=Path, help="write two decode steps' kernels in order")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=0,
+        help="keep this many requests in flight (a closed loop); 0 submits all at once",
+    )
     args = parser.parse_args(argv)
-    report = asyncio.run(run(Settings(), args.requests, args.lone, args.seed, args.trace))
+    report = asyncio.run(
+        run(Settings(), args.requests, args.lone, args.seed, args.trace, args.concurrency)
+    )
     emit(report, args.report)
     return report
 

@@ -50,6 +50,20 @@ async def test_profile_measures_the_engine_without_http(
     assert 0 <= timeline["peak_running"] <= 6
 
 
+async def test_profile_keeps_a_closed_loop_and_says_how_full_the_steps_ran(
+    make_settings: MakeSettings,
+) -> None:
+    settings = make_settings(max_new_tokens=8)
+    report = await profile.run(settings, requests=8, lone=0, seed=0, concurrency=2)
+    assert report.throughput_concurrency == 2
+    loop = report.throughput_step_loop
+    # Two in flight: no decode step ran more than two rows, and every prompt was prefilled.
+    assert 1 <= loop["mean_decode_rows"] <= 2
+    assert loop["prefill_steps"] >= 4
+    assert loop["prefill_tokens_per_prefill"] > 0
+    assert loop["device_busy_share_of_wall"] == 0.0  # nothing is timed off a GPU
+
+
 async def test_fidelity_compares_the_fast_engine_with_generate(
     make_settings: MakeSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

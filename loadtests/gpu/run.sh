@@ -49,7 +49,7 @@ for variant in "$@"; do
   if [ "${variant#fast-profile}" != "$variant" ]; then  # the fast engine alone (bf16, or -fp8)
     quant=none; [ "$variant" = fast-profile-fp8 ] && quant=fp8
     HYMT_ENGINE=fast HYMT_QUANTIZATION=$quant HYMT_LOAD_FORMAT=dummy HYMT_DATA_DIR="$work/data" timeout "${VARIANT_TIMEOUT:-280}" \
-      python3 -m loadtests.profile --requests "$requests" --lone "${LONE:-6}" --report "$work/$variant.json" --trace "$work/$variant.kernels.json" \
+      python3 -m loadtests.profile --requests "$requests" --concurrency "${CONCURRENCY:-0}" --lone "${LONE:-6}" --report "$work/$variant.json" --trace "$work/$variant.kernels.json" \
       > "$work/$variant.out" 2>&1
     echo "exit $?"; cat "$work/$variant.json" 2>/dev/null || tail -c 3000 "$work/$variant.out"
     grep -E '"(fast engine ready|decode graphs captured|decode compiled|kv cache allocated)"' "$work/$variant.out" | cut -c1-600

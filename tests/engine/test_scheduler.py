@@ -210,7 +210,13 @@ def test_admission_waits_for_pages_and_takes_them_when_one_finishes() -> None:
     steps = run(stepper)
     assert set(outcomes.finished) == {"a", "b", "c"}
     assert stepper.times.steps == steps + 1  # and the one above
-    assert 0 < stepper.times.decodes <= stepper.times.steps
+    times = stepper.times
+    assert 0 < times.decodes <= times.steps
+    # Every prompt token prefilled once, in two prefills (c waited for a's and b's pages).
+    assert (times.prefills, times.prefill_tokens) == (2, 3 * 8)
+    # Seven tokens of each come from decode steps (the first from its prefill); a step launched
+    # before its rows finished counts them too.
+    assert 3 * 7 <= times.decode_rows <= 2 * times.decodes
     assert s.pages.committed == 0
     assert s.pages.free == s.pages.usable
 

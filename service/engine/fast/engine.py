@@ -143,7 +143,12 @@ class FastEngine(LoadedEngine):
     def step_times(self) -> StepTimes:
         """Where the step loop's time went so far (a copy; read without a lock, so it may lag
         a step)."""
-        return dataclasses.replace(self._stepper.times)
+        device = self.runner.clock.times
+        return dataclasses.replace(
+            self._stepper.times,
+            device_prefill_s=device.prefill_s,
+            device_decode_s=device.decode_s,
+        )
 
     def steps(self) -> int | None:
         return self._steps

@@ -34,6 +34,7 @@ from service.engine.fast.batch import DeviceRows, Joining
 from service.engine.fast.cache import CacheShape, PagedKVCache, fit_rows_and_pages
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.compile_cache import use_compile_cache
+from service.engine.fast.device_clock import DeviceClock
 from service.engine.fast.forward import Transformer, passes_norm_sums
 from service.engine.fast.graphs import DecodeGraphs, buckets_up_to
 from service.engine.fast.pages import pages_for
@@ -91,6 +92,7 @@ class ModelRunner:
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
         fast = config.fast
         self.device = loaded.device
+        self.clock = DeviceClock(self.device)
         choices = _choose(loaded, config)
         fold = fold_norms_for(
             fast.fold_norms, loaded, not is_dense(loaded.model), choices.fp8, choices.pdl_ready
@@ -216,9 +218,12 @@ class ModelRunner:
         """Prefill ``chunks`` (their pages taken); the first token of each prompt that
         completes, in order."""
         pieces = [Piece(c.sequence.prompt, c.sequence.pages, c.start, c.count) for c in chunks]
+        started = self.clock.start()
         logits = self.model.prefill(pack(pieces, self.page_size, self.device))
         completing = [c.sequence for c in chunks if c.completes]
-        return self._first_tokens(completing, logits) if completing else []
+        firsts = self._first_tokens(completing, logits) if completing else []
+        self.clock.stop(started, prefill=True)
+        return firsts
 
     def _first_tokens(self, sequences: list[Sequence], logits: torch.Tensor) -> list[int]:
         device = self.device
@@ -286,7 +291,9 @@ class ModelRunner:
             grown = plan.grown
             self.rows.set_pages(grown.rows, grown.logical, grown.pages)
             self._own(grown)
+        started = self.clock.start()
         self._step(n, plan.full_sort, plan.longest)
+        self.clock.stop(started, prefill=False)
         buffer = self._host_tokens[self._flip]
         self._flip ^= 1
         buffer[:n].copy_(self.rows.sampled[:n], non_blocking=True)
@@ -300,6 +307,7 @@ class ModelRunner:
         """A launched step's tokens, one per row (waits for the step)."""
         if step.ready is not None:
             step.ready.synchronize()
+        self.clock.settle()
         tokens: np.ndarray = step.tokens[: step.rows].numpy()
         return tokens
 

@@ -80,10 +80,17 @@ class StepTimes:
     and enqueued), the wait for the step before it (``collect``: the host idle while the device
     works), and the host's own work on the tokens (rows, retire, text, answers). The wait's share
     of the whole is how much of the loop the device kept the host waiting: near zero, the device
-    waited for the host instead."""
+    waited for the host instead. Also counted: the steps that prefilled and their prompt tokens,
+    and the rows of every decode step (their mean is how full the batch ran). The device's own
+    time on prefills and decode steps (``device_clock``) is filled in where it is measured."""
 
     steps: int = 0
     decodes: int = 0
+    prefills: int = 0
+    prefill_tokens: int = 0
+    decode_rows: int = 0
+    device_prefill_s: float = 0.0
+    device_decode_s: float = 0.0
     prefill_s: float = 0.0
     launch_s: float = 0.0
     wait_s: float = 0.0
@@ -111,6 +118,8 @@ class Stepper(Generic[Step]):
         times.steps += 1
         chunks = scheduler.schedule_prefill()
         if chunks:
+            times.prefills += 1
+            times.prefill_tokens += sum(chunk.count for chunk in chunks)
             firsts = device.prefill(chunks)
             if firsts:
                 joined = scheduler.join([c.sequence for c in chunks if c.completes], firsts)
@@ -120,7 +129,9 @@ class Stepper(Generic[Step]):
         times.prefill_s += planned - began
         plan = scheduler.schedule_decode()
         launched = device.launch(plan) if plan is not None else None
-        times.decodes += launched is not None
+        if launched is not None:
+            times.decodes += 1
+            times.decode_rows += launched.rows
         previous, self._inflight = self._inflight, launched
         moved, self._moved = self._moved, None
         waiting = time.perf_counter()
