@@ -9,7 +9,9 @@ import torch
 
 from service.engine.fast import cache
 from service.engine.fast.cache import (
+    FULL_SORT_BYTES_PER_LOGIT,
     PAGE_QUANTUM,
+    SAMPLING_BYTES_PER_LOGIT,
     budget_pages,
     fit_rows_and_pages,
     page_bytes,
@@ -41,8 +43,13 @@ def test_workspace_grows_with_rows_and_prefill_chunk() -> None:
     small = workspace_bytes(GEOMETRY, 1, 512)
     assert workspace_bytes(GEOMETRY, 1024, 512) > small
     assert workspace_bytes(GEOMETRY, 1, 8192) > small
-    # The full sort of 1,024 rows over a 120k vocabulary is gigabytes, not megabytes.
+    # The sampling buffers of 1,024 rows over a 120k vocabulary are gigabytes, not megabytes.
     assert workspace_bytes(GEOMETRY, 1024, 8192) > 5 * GIB
+    # The full sort runs a slice of rows at a time: past that slice, another row adds only its
+    # logits' copies, a fraction of what a sorted row takes.
+    wide, wider = workspace_bytes(GEOMETRY, 1024, 0), workspace_bytes(GEOMETRY, 2048, 0)
+    assert wider - wide == 1024 * GEOMETRY.vocab * SAMPLING_BYTES_PER_LOGIT
+    assert SAMPLING_BYTES_PER_LOGIT < FULL_SORT_BYTES_PER_LOGIT / 2
 
 
 def test_reserve_comes_off_before_the_fraction(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 from torch._dynamo.utils import counters
 from transformers import RepetitionPenaltyLogitsProcessor
@@ -39,7 +41,14 @@ from service.engine.fast import gemv, rope
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.engine import FastEngine
 from service.engine.fast.plan import fold_norms_for
-from service.engine.fast.sampler import RowSampling, first_argmax, sample
+from service.engine.fast.sampler import (
+    FULL_SORT_ROWS,
+    RowSampling,
+    first_argmax,
+    race_noise,
+    sample,
+    sample_rows,
+)
 from service.engine.fast.weights import fp8_linear, is_dense, linear, quantize_fp8
 from service.engine.generation import eos_ids
 from service.engine.loading import LoadedModel, load_model
@@ -433,6 +442,34 @@ def test_sampling_semantics() -> None:
         False,
     )
     assert torch.equal(chosen, theirs.argmax(-1))
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    rows=st.integers(1, 3 * FULL_SORT_ROWS + 7),
+    seed=st.integers(0, 2**31 - 1),
+    full=st.booleans(),
+)
+def test_sampling_a_slice_of_rows_at_a_time_draws_what_one_pass_draws(
+    rows: int, seed: int, full: bool
+) -> None:
+    # The full sort runs FULL_SORT_ROWS rows at a time to bound its buffers: with the same
+    # draws, each row's token is the one a single pass over every row picks.
+    generator = torch.Generator().manual_seed(seed)
+    vocab = 50
+    logits = torch.randn(rows, vocab, generator=generator) * 3
+    params = RowSampling(
+        greedy=torch.rand(rows, generator=generator) < 0.2,
+        temperature=torch.rand(rows, generator=generator) + 0.3,
+        top_k=torch.randint(0, 8, (rows,), generator=generator),
+        top_p=torch.rand(rows, generator=generator) * 0.9 + 0.1,
+        penalty=torch.rand(rows, generator=generator) + 1.0,
+        seen=torch.rand(rows, vocab, generator=generator) < 0.1,
+    )
+    torch.manual_seed(seed)
+    noise = race_noise(rows, vocab, full, logits.device)
+    sliced = sample_rows(logits, params, full, noise)
+    assert torch.equal(sliced, sample(logits, params, full, noise))
 
 
 def test_fp8_projection_is_close_to_the_float_one() -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from service.engine.fast.pages import pages_for
+from service.engine.fast.sampler import FULL_SORT_ROWS
 from service.engine.fast.weights import Geometry
 
 log = logging.getLogger(__name__)
@@ -29,12 +30,17 @@ def page_bytes(geometry: Geometry, layers: int, page_size: int, dtype: torch.dty
     return 2 * layers * page_size * geometry.kv_heads * geometry.head_dim * element
 
 
-# Bytes per logit of one decode step's sampling at its widest (the full sort): the float32
-# logits, their penalized and scaled copies, the sorted values and their int64 order, the
-# masked probabilities, their cumulative sum, the race's noise and draws (48 bytes), and as
-# much again: the widest bucket's sampling step warms up in the caching allocator while the
-# graph pool already holds its greedy step's buffers, which the warm-up cannot reuse.
-SAMPLING_BYTES_PER_LOGIT = 96
+# Bytes per logit of one decode step's sampling at its widest, for every row: the logits in the
+# model's dtype and in float32, their penalized, padded (the two-stage argmax) and scaled copies,
+# and as much again: the widest bucket's sampling step warms up in the caching allocator while
+# the graph pool already holds the buffers of the bucket's other step, which the warm-up cannot
+# reuse.
+SAMPLING_BYTES_PER_LOGIT = 40
+# Bytes per logit of the full sort (a request with no top-k), for the rows it sorts at once
+# (``sampler.FULL_SORT_ROWS``): the penalized and scaled copies, the sorted values and their
+# int64 order, the masked probabilities, their cumulative sum, the race's noise and draws (48
+# bytes), and as much again for the same reason.
+FULL_SORT_BYTES_PER_LOGIT = 96
 # Bytes per prefill token and hidden unit: the residual stream, the normed input, the fused
 # projections' outputs and the MLP's activations in the model's dtype, with headroom.
 PREFILL_BYTES_PER_HIDDEN = 32
@@ -46,6 +52,8 @@ def workspace_bytes(geometry: Geometry, rows: int, prefill_tokens: int) -> int:
     takes its share, so that a device with little free memory (a second copy of the weights, a
     neighbour on the GPU) still captures its largest graph instead of running out of memory."""
     sampling = rows * geometry.vocab * SAMPLING_BYTES_PER_LOGIT
+    sorted_rows = min(rows, FULL_SORT_ROWS)
+    sampling += sorted_rows * geometry.vocab * FULL_SORT_BYTES_PER_LOGIT
     width = max(geometry.hidden, geometry.intermediate)
     prefill = prefill_tokens * width * PREFILL_BYTES_PER_HIDDEN
     return sampling + prefill

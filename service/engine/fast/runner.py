@@ -47,7 +47,7 @@ from service.engine.fast.plan import (
     plan_for,
 )
 from service.engine.fast.prefill import Piece, pack
-from service.engine.fast.sampler import RowSampling, race_noise, sample
+from service.engine.fast.sampler import RowSampling, race_noise, sample_rows
 from service.engine.fast.scheduler import Chunk, DecodePlan, Joined, PageOwners, Retired
 from service.engine.fast.sequence import Sequence
 from service.engine.fast.weights import Geometry, ModelWeights, is_dense, take_weights
@@ -125,7 +125,7 @@ class ModelRunner:
             one_row_pdl=pdl,
             flash_prefill=choices.capability.flash_prefill(loaded.dtype),
         )
-        self._choose_step: Callable[[torch.Tensor, torch.Tensor, int, bool], None] = (
+        self._choose_step: Callable[[torch.Tensor, torch.Tensor | None, int, bool], None] = (
             self._choose_tokens
         )
         if choices.compiled:
@@ -247,7 +247,7 @@ class ModelRunner:
             seen=seen,
         )
         full = any(p.full_sort for p in params)
-        tokens: list[int] = sample(logits, rows, full).tolist()
+        tokens: list[int] = sample_rows(logits, rows, full).tolist()
         return tokens
 
     def join(self, joined: Joined) -> None:
@@ -351,19 +351,20 @@ class ModelRunner:
         """One decode step of the first ``batch`` rows, ending with the sampled tokens fed back:
         the work a graph captures (no host synchronisation)."""
         hidden = self.model.decode(batch, pages or self._max_pages)
-        noise = race_noise(batch, self.weights.geometry.vocab, full, self.device)
+        # The full sort draws its noise a slice of rows at a time (``sample_rows``).
+        noise = None if full else race_noise(batch, self.weights.geometry.vocab, False, self.device)
         # The full sort's cumsum over the vocabulary fails inductor's codegen at one row
         # ("NYI TritonSplitDimKernel reductions", torch 2.11); that mode is rare: eager.
         choose = self._choose_tokens if full else self._choose_step
         choose(hidden, noise, batch, full)
 
     def _choose_tokens(
-        self, hidden: torch.Tensor, noise: torch.Tensor, batch: int, full: bool
+        self, hidden: torch.Tensor, noise: torch.Tensor | None, batch: int, full: bool
     ) -> None:
         """Logits, the sampler and the chosen tokens written back into the rows: compiled with
         the engine, some sixty small eager kernels become a few fused ones."""
         rows = self.rows
-        tokens = sample(self.model.logits(hidden), rows.rows_of(batch), full, noise)
+        tokens = sample_rows(self.model.logits(hidden), rows.rows_of(batch), full, noise)
         rows.sampled[:batch] = tokens
         rows.tokens[:batch] = tokens
         rows.sampling.seen[:batch].scatter_(1, tokens[:, None], True)

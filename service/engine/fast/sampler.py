@@ -11,7 +11,10 @@ The draw is the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``), which 
 with probability ``p_i`` without a host-side multinomial. Sorting the whole vocabulary for every
 row costs more than the rest of a small step, so where every sampled row's top-k is at most
 ``TOP_K_CAP`` only the top ``TOP_K_CAP`` logits are sorted (``torch.topk``); rows without a
-top-k (or a larger one) use the full sort.
+top-k (or a larger one) use the full sort, ``FULL_SORT_ROWS`` rows at a time (``sample_rows``):
+its buffers (values, order, probabilities and their sums over the whole vocabulary) are a few
+times the logits', and a wide batch sorted at once would need gigabytes set aside for a mode few
+requests ask for.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from service.engine.fast.sequence import TOP_K_CAP
+
+# Rows sorted at once by the full sort.
+FULL_SORT_ROWS = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +39,17 @@ class RowSampling:
     top_p: torch.Tensor  # float32
     penalty: torch.Tensor  # float32, 1 = none
     seen: torch.Tensor  # bool [rows, vocab]: tokens of the prompt and the output so far
+
+    def slice(self, start: int, end: int) -> RowSampling:
+        """Rows ``start..end-1``."""
+        return RowSampling(
+            greedy=self.greedy[start:end],
+            temperature=self.temperature[start:end],
+            top_k=self.top_k[start:end],
+            top_p=self.top_p[start:end],
+            penalty=self.penalty[start:end],
+            seen=self.seen[start:end],
+        )
 
 
 def penalize(logits: torch.Tensor, penalty: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
@@ -48,6 +65,22 @@ def race_noise(rows: int, vocab: int, full_sort: bool, device: torch.device) -> 
     that a compiled sampler holds no random state of its own inside a CUDA graph."""
     width = vocab if full_sort else min(TOP_K_CAP, vocab)
     return torch.empty(rows, width, dtype=torch.float32, device=device).exponential_()
+
+
+def sample_rows(
+    logits: torch.Tensor, rows: RowSampling, full_sort: bool, noise: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``sample`` of every row; with ``full_sort``, ``FULL_SORT_ROWS`` rows at a time (each
+    slice draws its own noise where none is given)."""
+    count = logits.shape[0]
+    if not full_sort or count <= FULL_SORT_ROWS:
+        return sample(logits, rows, full_sort, noise)
+    parts = []
+    for start in range(0, count, FULL_SORT_ROWS):
+        end = min(start + FULL_SORT_ROWS, count)
+        part_noise = None if noise is None else noise[start:end]
+        parts.append(sample(logits[start:end], rows.slice(start, end), True, part_noise))
+    return torch.cat(parts)
 
 
 def sample(
