@@ -37,9 +37,10 @@ from service.engine.fast import gemv
 from service.engine.fast.attention import DecodeAttention, FlexDecode, TritonDecode, triton_runs
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import CacheShape, PagedKVCache
+from service.engine.fast.linear import fp8_linear, quantize_fp8, row_product
 from service.engine.fast.pages import pages_for
 from service.engine.fast.projections import swiglu
-from service.engine.fast.weights import Geometry, fp8_linear, quantize_fp8, row_product
+from service.engine.fast.weights import Geometry
 
 FLEX_OPTIONS: dict[str, FlexKernelOptions | None] = {
     "default": None,

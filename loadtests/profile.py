@@ -1,4 +1,4 @@
-"""Where the time goes: the continuous or fast engine measured without HTTP, and profiled.
+"""Where the time goes: the fast engine measured without HTTP, and profiled.
 
 Loads the model as the service does (``HYMT_*`` settings), builds the service's own engine and the
 exact requests the load generator's texts become, and measures, in one process:
@@ -39,7 +39,6 @@ from loadtests.timeline import summarize
 from service.config.settings import Settings
 from service.contract.errors import ServiceError
 from service.contract.types import Engine, GenerationRequest, GenerationResult
-from service.engine.continuous import ContinuousBatchingEngine
 from service.engine.fast.engine import FastEngine
 from service.engine.fast.step import StepTimes
 from service.engine.loading import load_model
@@ -126,11 +125,7 @@ async def run(
     # Prepared before the fast engine takes the weights out of the model.
     prepared = service_requests(settings, loaded, requests + lone + 2, seed)
     built = time.perf_counter()
-    engine: Engine = (
-        FastEngine(loaded, config)
-        if config.kind() == "fast"
-        else ContinuousBatchingEngine(loaded, config)
-    )
+    engine = FastEngine(loaded, config)
     build_s = time.perf_counter() - built
     cuda = loaded.device.type == "cuda"
     try:
@@ -160,21 +155,17 @@ async def run(
 
         batch = prepared[2 + lone :]
         samples: list[tuple[float, int]] = []
-        before = engine.step_times() if isinstance(engine, FastEngine) else None
+        before = engine.step_times()
         started = time.perf_counter()
         sampler = asyncio.create_task(_sample(engine, started, samples))
         batch_tokens = await _generate(engine, batch, "load", concurrency)
         batch_wall = time.perf_counter() - started
         sampler.cancel()
-        loop = (
-            _step_loop(before, engine.step_times(), batch_wall)
-            if before is not None and isinstance(engine, FastEngine)
-            else {}
-        )
+        loop = _step_loop(before, engine.step_times(), batch_wall)
     finally:
         engine.close()
     return ProfileReport(
-        engine="fast" if isinstance(engine, FastEngine) else "continuous",
+        engine="fast",
         engine_build_s=round(build_s, 2),
         attention=engine.info.attention,
         lone_requests=lone,
@@ -191,7 +182,7 @@ async def run(
         throughput_output_tokens_per_s=round(batch_tokens / batch_wall, 1),
         top_kernels_ms=top,
         kernel_launches_per_token=counts,
-        engine_plan=asdict(engine.plan) if isinstance(engine, FastEngine) else {},
+        engine_plan=asdict(engine.plan),
         max_memory_allocated_bytes=torch.cuda.max_memory_allocated() if cuda else 0,
         throughput_timeline=asdict(summarize(samples, batch_wall)),
         throughput_step_loop=loop,

@@ -24,8 +24,7 @@ class EngineSettings(Section):
         "auto",
         alias="engine",
         description="The serving engine: fast, the project's own (paged KV cache, decode steps "
-        "as CUDA graphs on a GPU), on every device. auto = fast, but for nf4 or int8 weights, "
-        "which keep transformers' continuous batching until the fast engine reads them.",
+        "as CUDA graphs on a GPU), on every device and for every weight format (auto = fast).",
     )
     page_size: int = Field(
         128,
@@ -162,22 +161,6 @@ class EngineConfig:
     max_new_tokens: int = 1024
     log_level: LogLevel = "info"
     stats_interval_s: float = 0.1
-
-    def kind(self) -> Literal["fast", "continuous"]:
-        """The fast engine, on every device, but for bitsandbytes weights (nf4, int8), which
-        its projections cannot read yet: those keep transformers' continuous batching."""
-        if self.model.quantization in ("nf4", "int8") and self.fast.kind == "auto":
-            return "continuous"
-        return "fast"
-
-    def check(self) -> None:
-        """Refuse a quantization the chosen engine cannot run, before minutes of loading."""
-        quantization = self.model.quantization
-        if quantization in ("nf4", "int8") and self.kind() == "fast":
-            raise ValueError(
-                f"the fast engine does not run bitsandbytes {quantization} yet; leave "
-                "HYMT_ENGINE unset (auto) to serve it, or use quantization=fp8 or none"
-            )
 
 
 # The engine process's entry: serves the API processes at ``peers`` (the first started it) with

@@ -7,8 +7,7 @@ from typing import Literal
 # A feature the service turns on where it runs (auto), always (on, refusing to start where it
 # cannot) or never (off).
 Toggle = Literal["auto", "on", "off"]
-# The fast engine is the one engine; auto also serves bitsandbytes weights, which it cannot
-# read yet, on transformers' continuous batching.
+# The fast engine is the one engine (auto is it).
 EngineKind = Literal["auto", "fast"]
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Quantization = Literal["none", "nf4", "int8", "fp8"]

@@ -62,9 +62,9 @@ class ModelSettings(Section):
     quantization: Quantization = Field(
         "none",
         description="Weight quantization: fp8 (float8 e4m3 weights with one scale per output "
-        "row, quantized at load; compute capability 8.9+); nf4 (bitsandbytes 4-bit) or int8 "
-        "(LLM.int8), which save memory and are served by transformers' continuous batching "
-        "until the fast engine reads them.",
+        "row, quantized at load; compute capability 8.9+); nf4 (bitsandbytes 4-bit, double "
+        "quantized) or int8 (bitsandbytes' rows, multiplied with 16-bit activations), quantized "
+        "by bitsandbytes while loading, for GPUs that do not hold the 16-bit weights.",
     )
     quantize_lm_head: bool = Field(
         False,

@@ -143,7 +143,6 @@ class Settings(BaseSettings):
             self.model_spec()
         except ValueError as error:
             raise ValueError(f"model: {error}") from None
-        self.engine_config().check()
         return self
 
     @property

@@ -15,14 +15,8 @@ __all__ = ["EngineLoader", "load_engine"]
 
 
 def load_engine(config: EngineConfig) -> Engine:
-    """Load the model and wrap it in the engine that ``config`` resolves to."""
-    from service.engine.continuous import ContinuousBatchingEngine
+    """Load the model and wrap it in the fast engine."""
     from service.engine.fast.engine import FastEngine
     from service.engine.loading import load_model
 
-    kind = config.kind()
-    config.check()  # before minutes of loading, not after
-    loaded = load_model(config)
-    if kind == "continuous":
-        return ContinuousBatchingEngine(loaded, config)
-    return FastEngine(loaded, config)
+    return FastEngine(load_model(config), config)

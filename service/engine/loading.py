@@ -133,10 +133,10 @@ def load_model(settings: EngineConfig) -> LoadedModel:
         config = AutoConfig.from_pretrained(source, revision=revision)
         if _is_compressed_fp8(config):
             # Its projections are read by the fast engine itself (fast/checkpoint.py).
-            if settings.kind() != "fast":
+            if settings.model.quantization in ("nf4", "int8"):
                 raise RuntimeError(
-                    f"{name} is an FP8 (compressed-tensors) checkpoint, which only the fast "
-                    "engine reads: leave HYMT_QUANTIZATION unset for it"
+                    f"{name} is an FP8 (compressed-tensors) checkpoint, which bitsandbytes does "
+                    "not quantize again: leave HYMT_QUANTIZATION unset for it"
                 )
             del config.quantization_config
             label = "fp8"

@@ -17,7 +17,6 @@ from service.config.settings import Settings
 from service.contract.encoding import ChatPromptEncoder
 from service.contract.errors import ServiceError
 from service.contract.types import Decoding, Engine, GenerationRequest, GenerationResult
-from service.engine.continuous import ContinuousBatchingEngine
 from service.engine.demo import SPECIAL_TOKENS, ensure_demo_model
 from service.engine.factory import load_engine
 from service.engine.fast.engine import FastEngine
@@ -170,13 +169,9 @@ def test_the_output_layer_can_be_quantized_too(
     assert result.completion_tokens > 0
 
 
-def load_engine_from(loaded: LoadedModel, settings: Settings) -> ContinuousBatchingEngine:
-    """The engine that serves bitsandbytes weights, on an already loaded model. Close it:
-    transformers' generation thread is not a daemon, and one left running keeps the test
-    process from exiting."""
-    config = settings.engine_config()
-    assert config.kind() == "continuous"
-    return ContinuousBatchingEngine(loaded, config)
+def load_engine_from(loaded: LoadedModel, settings: Settings) -> FastEngine:
+    """The engine on an already loaded model (bitsandbytes weights included). Close it."""
+    return FastEngine(loaded, settings.engine_config())
 
 
 def encoder_of(engine: Engine) -> ChatPromptEncoder:

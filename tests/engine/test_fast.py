@@ -40,6 +40,7 @@ from service.engine.demo import ensure_demo_model
 from service.engine.fast import gemv, rope
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.engine import FastEngine
+from service.engine.fast.linear import fp8_linear, linear, quantize_fp8
 from service.engine.fast.plan import fold_norms_for
 from service.engine.fast.sampler import (
     FULL_SORT_ROWS,
@@ -49,7 +50,7 @@ from service.engine.fast.sampler import (
     sample,
     sample_rows,
 )
-from service.engine.fast.weights import fp8_linear, is_dense, linear, quantize_fp8
+from service.engine.fast.weights import is_dense
 from service.engine.generation import eos_ids
 from service.engine.loading import LoadedModel, load_model
 from tests.conftest import ServiceClient, StartApp
@@ -509,14 +510,13 @@ async def test_fast_engine_serves_through_http(start_app: StartApp) -> None:
     assert len(batch.json()["translations"]) == 2
 
 
-def test_settings_refuse_bitsandbytes_weights_on_the_fast_engine(data_dir: Path) -> None:
-    with pytest.raises(ValueError, match="bitsandbytes"):
-        Settings(data_dir=data_dir, engine="fast", quantization="nf4")
-    fast = Settings(data_dir=data_dir, quantization="fp8", fast_num_pages=10)
-    config = fast.engine_config()
-    assert config.fast.num_pages == 10
-    assert config.model.quantization == "fp8"
-    assert config.kind() == "fast"
+def test_every_weight_format_is_the_fast_engine_s(data_dir: Path) -> None:
+    for quantization in ("none", "fp8", "nf4", "int8"):
+        config = Settings(
+            data_dir=data_dir, engine="fast", quantization=quantization, fast_num_pages=10
+        ).engine_config()
+        assert config.fast.num_pages == 10
+        assert config.model.quantization == quantization
 
 
 def _compressed_fp8_checkpoint(source: Path, target: Path) -> Path:
@@ -553,9 +553,9 @@ async def test_compressed_tensors_fp8_checkpoint_runs_as_fp8_quantized_at_load(
     data_dir: Path, tmp_path: Path, prompts: list[tuple[int, ...]]
 ) -> None:
     folder = _compressed_fp8_checkpoint(ensure_demo_model(data_dir), tmp_path / "fp8")
-    # Only the fast engine can run it: transformers would see the FP8 values without their
-    # scales.
-    with pytest.raises(RuntimeError, match="only the fast engine reads"):
+    # bitsandbytes cannot quantize it again (transformers would see the FP8 values without their
+    # scales): refused.
+    with pytest.raises(RuntimeError, match="bitsandbytes does not quantize again"):
         load_model(_with(_config(data_dir), model_id=str(folder), quantization="nf4"))
     outputs = []
     for config in (
@@ -637,14 +637,6 @@ def test_one_scale_per_matrix_applies_to_every_row(tmp_path: Path) -> None:
     assert projection.scale.shape == (8, 1)
     restored = projection.weight.float() * projection.scale
     assert (restored - weight).abs().max() <= 0.07 * weight.abs().max()
-
-
-def test_auto_is_the_fast_engine_but_for_bitsandbytes_weights() -> None:
-    assert EngineConfig().kind() == "fast"
-    assert EngineConfig(chat_format="hy-v3").kind() == "fast"
-    assert EngineConfig(model=ModelSettings(quantization="fp8")).kind() == "fast"
-    for bits in ("nf4", "int8"):
-        assert EngineConfig(model=ModelSettings(quantization=bits)).kind() == "continuous"
 
 
 def test_a_memory_budget_sizes_the_cache_inside_it_and_refuses_what_cannot_fit(

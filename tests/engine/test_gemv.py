@@ -18,8 +18,8 @@ import torch
 
 from loadtests.gpu import tune_gemv
 from service.engine.fast import gemv
+from service.engine.fast.linear import Linear, quantize_fp8
 from service.engine.fast.projections import gated_product, project, rms_norm
-from service.engine.fast.weights import Linear, quantize_fp8
 
 # Shapes that are not multiples of the blocks: the masks matter.
 OUTPUTS, INPUTS = 50, 70

@@ -9,13 +9,13 @@ import json
 from tests.conftest import ServiceClient, StartApp
 
 
-async def test_bitsandbytes_weights_are_served_by_continuous_batching(
+async def test_bitsandbytes_weights_are_served_by_the_fast_engine(
     start_app: StartApp,
 ) -> None:
     client: ServiceClient = await start_app(quantization="int8", max_new_tokens=12)
     health = await client.http.get("/health")
     assert health.status_code == 200, health.text
-    assert (health.json()["engine"], health.json()["quantization"]) == ("continuous", "int8")
+    assert (health.json()["engine"], health.json()["quantization"]) == ("fast", "int8")
     texts = ["short", "a somewhat longer sentence to translate", "今天天气很好", "x y z"]
     single, batch = await asyncio.gather(
         client.http.post("/translate", json={"text": "hello there", "target_lang": "de"}),

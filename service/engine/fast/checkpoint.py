@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from service.engine.fast.weights import FP8, Linear
+from service.engine.fast.linear import FP8, Linear
 
 METHOD = "compressed-tensors"
 # Module names transformers gives a layer's parts -> the names Tencent's checkpoints store them

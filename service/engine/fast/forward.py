@@ -35,11 +35,12 @@ from service.engine.fast import gemv
 from service.engine.fast.attention import DecodeAttention
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import PagedKVCache, write_kv
+from service.engine.fast.linear import linear
 from service.engine.fast.moe import moe_block
 from service.engine.fast.prefill import PackedPrefill
 from service.engine.fast.projections import gated_product, project, rms_norm
 from service.engine.fast.rope import rope_and_store
-from service.engine.fast.weights import Geometry, LayerWeights, ModelWeights, linear
+from service.engine.fast.weights import Geometry, LayerWeights, ModelWeights
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -203,7 +204,7 @@ class Transformer:
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weights
         x = rms_norm(x, w.norm, w.geometry.eps)
-        out = linear(x, w.lm_head.weight, w.lm_head.scale)
+        out = linear(x, w.lm_head.weight, w.lm_head.scale, w.lm_head.code)
         return out[:, : w.geometry.vocab].float()
 
     def prefill(self, packed: PackedPrefill) -> torch.Tensor:

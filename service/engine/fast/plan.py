@@ -90,16 +90,25 @@ def fused_rope_for(setting: str, dtype: torch.dtype, device: torch.device) -> bo
 def fold_norms_for(
     setting: str, loaded: LoadedModel, moe: bool, fp8: Fp8Checkpoint | None, one_row_pdl: bool
 ) -> bool:
-    """Whether the norms fold into the projections after them: ``on`` wherever they can,
+    """Whether the norms fold into the projections after them (never into bitsandbytes
+    weights): ``on`` wherever they can,
     ``auto`` where every one of them folds and a lone request's layers then launch with PDL
     (``one_row_pdl``: the step passes the norms' sums of squares between one-row projections,
     ``passes_norm_sums``), which needs a dense model (not ``moe``) of 16-bit weights on CUDA,
     not read from an FP8 checkpoint. Elsewhere the folded step measured slower than the norm
     kernels: where the reading kernel sums the squares itself (the 30B's experts), and where the
     compiled layer passes the sums (inductor copies the slices a kernel writes)."""
+    if bitsandbytes(loaded):
+        return False  # a norm's weight does not fold into quantized codes
     if setting != "auto":
         return setting == "on"
     return one_row_pdl and not moe and fp8 is None and gemv.runs(loaded.dtype, loaded.device)
+
+
+def bitsandbytes(loaded: LoadedModel) -> bool:
+    """Whether ``loaded``'s projections are bitsandbytes' (nf4 or int8, the output layer too
+    with ``+lm_head``)."""
+    return loaded.quantization.split("+")[0] in ("nf4", "int8")
 
 
 def pdl_ready(

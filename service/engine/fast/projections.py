@@ -1,9 +1,10 @@
 """The projections of a layer as the forward pass calls them: which kernel computes each one.
 
-A single row on the GPU (a lone request's decode step) takes the engine's own one-row kernel
-(``gemv.py``) with the SwiGLU after gate/up and the residual add after a projection fused in;
-every other shape (prefill, batches, a CPU, float32) takes ``linear`` (cuBLAS, or ``_scaled_mm``
-for FP8) with the same operations written out around it, as transformers runs them.
+A single row on the GPU (a lone request's decode step) of 16-bit or FP8 weights takes the
+engine's own one-row kernel (``gemv.py``) with the SwiGLU after gate/up and the residual add after
+a projection fused in; every other shape (prefill, batches, a CPU, float32, bitsandbytes weights)
+takes ``linear`` (cuBLAS, ``_scaled_mm`` for FP8, bitsandbytes' formats dequantized first) with the
+same operations written out around it, as transformers runs them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from service.engine.fast import gemv
-from service.engine.fast.weights import Linear, linear
+from service.engine.fast.linear import Linear, linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -23,8 +24,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return h.to(dtype) if weight is None else weight * h.to(dtype)
 
 
-def _one_row(x: torch.Tensor) -> bool:
-    return x.shape[0] == 1 and gemv.available(x)
+def _one_row(x: torch.Tensor, p: Linear) -> bool:
+    # The one-row kernel reads 16-bit and FP8 weights; bitsandbytes' take ``linear``'s path.
+    return x.shape[0] == 1 and not p.bitsandbytes and gemv.available(x)
 
 
 def project(
@@ -40,7 +42,7 @@ def project(
     """``x @ p.T``, plus ``residual`` when given; with ``norm_eps``, of ``x`` RMS-normalised
     first (the norm's weight folded into ``p``). ``norm_sum``, ``sum_into``, ``zero`` and
     ``pdl`` are the one-row kernel's (``gemv.one_row``); other shapes do without them."""
-    if _one_row(x):
+    if _one_row(x, p):
         return gemv.one_row(
             x,
             p.weight,
@@ -53,7 +55,7 @@ def project(
             pdl=pdl,
         )
     h = x if norm_eps is None else rms_norm(x, None, norm_eps)
-    out = linear(h, p.weight, p.scale)
+    out = linear(h, p.weight, p.scale, p.code)
     return out if residual is None else residual + out
 
 
@@ -66,7 +68,7 @@ def gated_product(
 ) -> torch.Tensor:
     """``silu(gate) * up`` of the fused gate/up projection of ``x`` (RMS-normalised first with
     ``norm_eps``, and ``norm_sum`` and ``pdl`` on one row, as ``project``)."""
-    if _one_row(x):
+    if _one_row(x, gate_up):
         return gemv.one_row(
             x,
             gate_up.weight,
@@ -77,7 +79,7 @@ def gated_product(
             pdl=pdl,
         )
     h = x if norm_eps is None else rms_norm(x, None, norm_eps)
-    return swiglu(linear(h, gate_up.weight, gate_up.scale))
+    return swiglu(linear(h, gate_up.weight, gate_up.scale, gate_up.code))
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,9 @@ FP8 (``quantization="fp8"``) stores each projection as ``float8_e4m3fn`` with on
 per output row (row-wise, as Tencent's FP8 checkpoints are); activations are quantized per token
 when the projection runs and multiplied with ``torch._scaled_mm``. Embeddings, norms and the output
 layer stay in the model's dtype.
+
+bitsandbytes weights (``nf4``, ``int8``: transformers loads and quantizes them) are taken over as
+they are (``bnb.py``) and stay in their format (``linear.py`` multiplies them).
 """
 
 from __future__ import annotations
@@ -32,73 +35,11 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from service.engine.fast import bnb
+from service.engine.fast.linear import FP8, Linear, quantize_fp8
 from service.engine.output_layer import PaddedOutputLayer
 
 SUPPORTED_MODEL_TYPES = ("hunyuan_v1_dense", "hy_v3")
-FP8 = torch.float8_e4m3fn
-_FP8_MAX = float(torch.finfo(FP8).max)
-
-
-@dataclass(frozen=True, slots=True)
-class Linear:
-    """A bias-free projection ``x @ weight.T``; ``scale`` set means ``weight`` is FP8 with one
-    float32 scale per output row (``[out, 1]``)."""
-
-    weight: torch.Tensor
-    scale: torch.Tensor | None = None
-
-    @property
-    def out_features(self) -> int:
-        return int(self.weight.shape[0])
-
-    def nbytes(self) -> int:
-        extra = 0 if self.scale is None else self.scale.nelement() * self.scale.element_size()
-        return self.weight.nelement() * self.weight.element_size() + extra
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """``x @ weight.T`` for a plain or an FP8 weight (written as a function so torch.compile sees
-    plain tensors). A single 16-bit row on CUDA never gets here (``projections.py`` gives it the
-    one-row kernel); an FP8 weight at a single row otherwise (a float32 row, a CPU) under
-    ``torch.compile`` takes ``row_product``."""
-    if scale is not None and x.shape[0] == 1 and torch.compiler.is_compiling():
-        return row_product(x, weight, scale)
-    if scale is None:
-        return torch.nn.functional.linear(x, weight)
-    return fp8_linear(x, weight, scale)
-
-
-def row_product(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """``x @ weight.T`` for one row written as a multiply and a sum over the inputs (FP8 weights
-    scaled per output row, the activations left unquantized). Compiled, it is one reduction
-    kernel that reads the weights once in their own dtype, with the residual add after it and
-    the norm before it fused in, where ``_scaled_mm`` pads the row to 16 for a tile made for
-    many and quantizes the activations first. Eager it would materialise the whole product:
-    only compiled code calls it."""
-    product = (x[:, None, :].float() * weight[None].float()).sum(-1)
-    if scale is not None:
-        product = product * scale[:, 0]
-    return product.to(x.dtype)
-
-
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Row-wise FP8 GEMM: each token's activations get their own scale."""
-    rows = x.shape[0]
-    # _scaled_mm wants the row count a multiple of 16; decode buckets usually are.
-    padded = (-rows) % 16
-    if padded:
-        x = torch.nn.functional.pad(x, (0, 0, 0, padded))
-    x_scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / _FP8_MAX
-    x_fp8 = (x.float() / x_scale).clamp(-_FP8_MAX, _FP8_MAX).to(FP8)
-    out = torch._scaled_mm(x_fp8, weight.t(), scale_a=x_scale, scale_b=scale.t(), out_dtype=x.dtype)
-    return out[:rows] if padded else out
-
-
-def quantize_fp8(weight: torch.Tensor) -> Linear:
-    """A row-wise FP8 copy of ``weight`` (``[out, in]``)."""
-    scale = weight.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / _FP8_MAX
-    quantized = (weight.float() / scale).clamp(-_FP8_MAX, _FP8_MAX).to(FP8)
-    return Linear(quantized.contiguous(), scale.contiguous())
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +110,7 @@ class ModelWeights:
     @property
     def fp8(self) -> bool:
         """Whether the layers' projections are FP8."""
-        return self.layers[0].qkv.scale is not None
+        return self.layers[0].qkv.weight.dtype == FP8
 
     def nbytes(self) -> int:
         tensors = [self.embed, self.norm, self.cos, self.sin]
@@ -201,14 +142,14 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     """Why the fast engine cannot run ``model``, or None."""
     model_type = str(getattr(model.config, "model_type", ""))
     if model_type not in SUPPORTED_MODEL_TYPES:
-        return (
-            f"the fast engine runs {', '.join(SUPPORTED_MODEL_TYPES)} models, not {model_type!r} "
-            "(use HYMT_ENGINE=continuous)"
-        )
+        return f"the fast engine runs {', '.join(SUPPORTED_MODEL_TYPES)} models, not {model_type!r}"
     if getattr(model.config, "attention_bias", False):
         return "the fast engine runs bias-free attention projections only"
-    if getattr(model, "hf_quantizer", None) is not None:
-        return "the fast engine quantizes itself (HYMT_QUANTIZATION=fp8), not through bitsandbytes"
+    quantizer = getattr(model, "hf_quantizer", None)
+    method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", "")
+    name = str(getattr(method, "value", method))  # transformers' QuantizationMethod enum
+    if quantizer is not None and name != "bitsandbytes":
+        return f"the fast engine reads bitsandbytes or FP8 weights, not {name or 'these'}"
     return None
 
 
@@ -247,7 +188,7 @@ def take_weights(
         embed=embed,
         layers=layers,
         norm=inner.norm.weight.data,
-        lm_head=Linear(_output_weight(model)),
+        lm_head=_output_layer(model),
         cos=cos,
         sin=sin,
     )
@@ -293,6 +234,13 @@ class _Projector:
         owner = functools.reduce(getattr, prefix.split("."), layer)
         modules = [getattr(owner, name) for name in names]
         full_names = [f"model.layers.{index}.{prefix}.{name}" for name in names]
+        if any(bnb.is_quantized(module) for module in modules):
+            if norm is not None:
+                raise RuntimeError("a norm does not fold into bitsandbytes weights")
+            taken = bnb.projection(modules)
+            for module in modules:
+                module.weight = nn.Parameter(taken.weight.new_empty(0), requires_grad=False)
+            return taken
         weight = torch.cat([_weight_of(module) for module in modules])
         for module in modules:
             module.weight = nn.Parameter(weight.new_empty(0), requires_grad=False)
@@ -378,13 +326,15 @@ def _weight_of(module: nn.Module) -> torch.Tensor:
     return weight.data
 
 
-def _output_weight(model: PreTrainedModel) -> torch.Tensor:
+def _output_layer(model: PreTrainedModel) -> Linear:
     layer = model.get_output_embeddings()
     if isinstance(layer, PaddedOutputLayer):
         layer = layer.inner
     if not isinstance(layer, nn.Linear) or layer.bias is not None:
         raise RuntimeError("the fast engine needs a bias-free linear output layer")
-    return layer.weight.data
+    if bnb.is_quantized(layer):
+        return bnb.projection([layer])
+    return Linear(layer.weight.data)
 
 
 def _rope_tables(

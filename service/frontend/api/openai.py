@@ -10,9 +10,8 @@ trained on); ``max_tokens``/``max_completion_tokens`` up to ``HYMT_MAX_NEW_TOKEN
 ``stop`` (up to 4 strings) cuts the answer at the first one; ``n`` must be 1. Anything the model
 cannot do (tools, logprobs, JSON mode, penalties) is refused with an OpenAI-shaped 400 naming it.
 
-Streaming sends the role, the text in chunks as the engine generates it (the continuous engine
-streams step by step; the static engine's ``generate()`` answers a batch whole, so there the text
-comes in one chunk at the end), the finish, the usage when asked, then ``[DONE]``. A stream is
+Streaming sends the role, the text in chunks as the engine generates it (step by step), the
+finish, the usage when asked, then ``[DONE]``. A stream is
 never cached or shared.
 """
 

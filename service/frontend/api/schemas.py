@@ -211,9 +211,7 @@ class LiveOut(BaseModel):
 
 class HealthOut(BaseModel):
     status: str
-    engine: str | None = Field(
-        None, description="fast, or continuous for bitsandbytes weights (nf4, int8)"
-    )
+    engine: str | None = Field(None, description="the serving engine: fast")
     model: str | None = None
     device: str | None = None
     quantization: str | None = None

@@ -1,0 +1,82 @@
+"""bitsandbytes weights taken over by the fast engine as transformers loaded them.
+
+transformers quantizes while it loads (``engine/quantization.py``), from a 16-bit checkpoint or
+reading one saved already quantized. A ``Linear4bit``'s weight is then its 4-bit codes packed two
+to a byte in the flattened order of ``[out, in]`` (the first in the high half) with a
+``QuantState``: the absolute maximum of each block of ``blocksize`` inputs (itself quantized to 8
+bits where ``nested``, the double quantization) and the 16 values a code stands for (NF4's or
+FP4's). A ``Linear8bitLt``'s weight is int8 rows with each row's absolute maximum (``SCB``).
+
+Here they become ``weights.Linear`` holding the same numbers: the codes as ``[out, in / 2]`` bytes
+(a block never crosses a row: ``in`` is a multiple of the block), the block maxima dequantized
+once to float32, as bitsandbytes itself does at every call, and several modules side by side
+(queries, keys and values; gate and up) as one projection with their rows stacked. The engine
+then dequantizes where it multiplies (``weights.dequantize``): an int8 weight meets activations in
+their own 16-bit dtype (weight-only int8) instead of bitsandbytes' LLM.int8() mix of int8
+products and 16-bit outlier columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from service.engine.fast.linear import Linear
+
+
+def is_quantized(module: nn.Module) -> bool:
+    """Whether ``module`` is a bitsandbytes 4-bit or int8 linear layer."""
+    weight = getattr(module, "weight", None)
+    return hasattr(weight, "quant_state") or hasattr(weight, "SCB")
+
+
+def projection(modules: Sequence[nn.Module]) -> Linear:
+    """The bitsandbytes layers ``modules`` as one projection, their output rows in order."""
+    parts = [_linear(module) for module in modules]
+    codes = [part.code for part in parts]
+    first = codes[0]
+    if any((c is None) != (first is None) for c in codes) or (
+        first is not None and not all(torch.equal(first, c) for c in codes if c is not None)
+    ):
+        raise RuntimeError("layers fused into one projection are quantized alike")
+    weight = torch.cat([part.weight for part in parts]).contiguous()
+    scale = torch.cat([part.scale for part in parts if part.scale is not None]).contiguous()
+    return Linear(weight, scale, first)
+
+
+def _linear(module: Any) -> Linear:
+    weight = module.weight
+    out, inputs = int(module.out_features), int(module.in_features)
+    state = getattr(weight, "quant_state", None)
+    if state is not None:
+        return _four_bit(weight.data, state, out, inputs)
+    # A layer that has run moved its rows and scales into its matmul state (``init_8bit_state``).
+    moved = getattr(module, "state", None)
+    row_max = getattr(weight, "SCB", None)
+    if row_max is None:
+        row_max = getattr(moved, "SCB", None)
+    rows = weight.data if weight.dtype == torch.int8 else getattr(moved, "CB", None)
+    if row_max is None or rows is None or rows.dtype != torch.int8:
+        raise RuntimeError("an int8 bitsandbytes layer without its rows or their scales (SCB)")
+    return Linear(rows.view(out, inputs), row_max.float().view(out, 1))
+
+
+def _four_bit(packed: torch.Tensor, state: Any, out: int, inputs: int) -> Linear:
+    block = int(state.blocksize)
+    if tuple(state.shape) != (out, inputs) or inputs % block or block % 2:
+        raise RuntimeError(
+            f"a 4-bit layer of shape {tuple(state.shape)} in blocks of {block}: the fast engine "
+            "reads blocks that never cross a row"
+        )
+    absmax = state.absmax
+    if state.nested:
+        # Imported only for quantized weights (bitsandbytes logs on import).
+        from bitsandbytes.functional import dequantize_blockwise
+
+        absmax = dequantize_blockwise(absmax, state.state2) + state.offset
+    scale = absmax.float().view(out, inputs // block)
+    codes = packed.view(torch.uint8).view(out, inputs // 2)
+    return Linear(codes, scale.contiguous(), state.code.float().to(codes.device))

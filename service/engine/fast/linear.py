@@ -1,0 +1,121 @@
+"""A projection's weights and how ``x @ weight.T`` is computed for each format the fast engine
+holds: the model's own dtype, FP8 with a scale per output row (``torch._scaled_mm``), and
+bitsandbytes' int8 rows and 4-bit codes (``bnb.py`` takes those over), dequantized where they are
+multiplied: for a batch into the activations' dtype and then one GEMM; for one row, under
+``torch.compile``, inside the reduction that reads them (``row_product``), so a lone request reads
+the packed bytes only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+_FP8_MAX = float(torch.finfo(FP8).max)
+# bitsandbytes' int8 step (1 / 127), the float32 constant its dequantization multiplies by.
+_INT8_STEP = 7.874015718698502e-3
+
+
+@dataclass(frozen=True, slots=True)
+class Linear:
+    """A bias-free projection ``x @ weight.T``. ``scale`` set: ``weight`` is FP8 with one float32
+    scale per output row (``[out, 1]``), int8 with each row's absolute maximum (``[out, 1]``,
+    bitsandbytes' ``SCB``: a row is ``weight * scale / 127``), or with ``code`` bitsandbytes' 4-bit
+    format:
+    ``weight`` the codes packed two to a byte (``uint8 [out, in / 2]``, the first in the high
+    half), ``scale`` the float32 absolute maximum of each block of inputs (``[out, in / block]``)
+    and ``code`` the 16 values a code stands for (NF4's, or FP4's)."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor | None = None
+    code: torch.Tensor | None = None
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[0])
+
+    @property
+    def bitsandbytes(self) -> bool:
+        """Whether ``weight`` is int8 or 4-bit codes (dequantized where it is multiplied)."""
+        return is_bitsandbytes(self.weight)
+
+    def nbytes(self) -> int:
+        parts = (self.weight, self.scale, self.code)
+        return sum(t.nelement() * t.element_size() for t in parts if t is not None)
+
+
+def is_bitsandbytes(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` is stored as bitsandbytes stores it: int8 rows, or 4-bit codes."""
+    return weight.dtype in (torch.int8, torch.uint8)
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    code: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ weight.T`` for a plain, an FP8 or a bitsandbytes weight (written as a function so
+    torch.compile sees plain tensors). A single 16-bit row on CUDA never gets here
+    (``projections.py`` gives it the one-row kernel); an FP8 or bitsandbytes weight at a single
+    row under ``torch.compile`` takes ``row_product``, which reads the weight in its own format."""
+    if is_bitsandbytes(weight):
+        assert scale is not None, "a bitsandbytes weight has its scales"
+        dequantized = dequantize(weight, scale, code, x.dtype)
+        if x.shape[0] == 1 and torch.compiler.is_compiling():
+            return row_product(x, dequantized, None)
+        return torch.nn.functional.linear(x, dequantized)
+    if scale is not None and x.shape[0] == 1 and torch.compiler.is_compiling():
+        return row_product(x, weight, scale)
+    if scale is None:
+        return torch.nn.functional.linear(x, weight)
+    return fp8_linear(x, weight, scale)
+
+
+def dequantize(
+    weight: torch.Tensor, scale: torch.Tensor, code: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """A bitsandbytes weight as ``[out, in]`` values of ``dtype``, computed as bitsandbytes does
+    (in float32, rounded once): int8 rows times their absolute maximum over 127; 4-bit codes
+    looked up in ``code`` and times their block's absolute maximum."""
+    if code is None:
+        return (weight.float() * scale * _INT8_STEP).to(dtype)
+    rows, half = weight.shape
+    pairs = torch.stack((weight >> 4, weight & 15), dim=-1).view(rows, 2 * half)
+    values = code[pairs.long()].view(rows, scale.shape[1], -1) * scale[:, :, None]
+    return values.view(rows, 2 * half).to(dtype)
+
+
+def row_product(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T`` for one row written as a multiply and a sum over the inputs (FP8 weights
+    scaled per output row, the activations left unquantized). Compiled, it is one reduction
+    kernel that reads the weights once in their own dtype, with the residual add after it and
+    the norm before it fused in, where ``_scaled_mm`` pads the row to 16 for a tile made for
+    many and quantizes the activations first. Eager it would materialise the whole product:
+    only compiled code calls it."""
+    product = (x[:, None, :].float() * weight[None].float()).sum(-1)
+    if scale is not None:
+        product = product * scale[:, 0]
+    return product.to(x.dtype)
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Row-wise FP8 GEMM: each token's activations get their own scale."""
+    rows = x.shape[0]
+    # _scaled_mm wants the row count a multiple of 16; decode buckets usually are.
+    padded = (-rows) % 16
+    if padded:
+        x = torch.nn.functional.pad(x, (0, 0, 0, padded))
+    x_scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / _FP8_MAX
+    x_fp8 = (x.float() / x_scale).clamp(-_FP8_MAX, _FP8_MAX).to(FP8)
+    out = torch._scaled_mm(x_fp8, weight.t(), scale_a=x_scale, scale_b=scale.t(), out_dtype=x.dtype)
+    return out[:rows] if padded else out
+
+
+def quantize_fp8(weight: torch.Tensor) -> Linear:
+    """A row-wise FP8 copy of ``weight`` (``[out, in]``)."""
+    scale = weight.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / _FP8_MAX
+    quantized = (weight.float() / scale).clamp(-_FP8_MAX, _FP8_MAX).to(FP8)
+    return Linear(quantized.contiguous(), scale.contiguous())

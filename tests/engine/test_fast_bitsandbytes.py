@@ -1,0 +1,128 @@
+"""The fast engine serves bitsandbytes weights (nf4, int8) as transformers loaded them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from loadtests.fidelity import RecordingEngine, reference_greedy
+from service.contract.types import GenerationRequest
+from service.engine.fast.linear import Linear, dequantize, linear
+from service.engine.loading import LoadedModel, load_model
+from tests.engine.test_fast import (
+    GREEDY,
+    MAX_NEW,
+    TEXTS,
+    _alone,
+    _config,
+    _generated,
+    _wanted,
+    _with,
+)
+
+
+def _dequantized_copy(loaded: LoadedModel) -> LoadedModel:
+    """``loaded`` with every bitsandbytes layer replaced by a plain one holding the weights
+    bitsandbytes' own functions dequantize (int8: its rows times SCB / 127)."""
+    import bitsandbytes.functional as bnb_functional
+
+    for parent in list(loaded.model.modules()):
+        for name, child in list(parent.named_children()):
+            weight: Any = getattr(child, "weight", None)
+            if hasattr(weight, "quant_state"):
+                values = bnb_functional.dequantize_4bit(weight.data, weight.quant_state)
+            elif hasattr(weight, "SCB"):
+                values = weight.data.float() * weight.SCB.float()[:, None] * (1 / 127)
+            else:
+                continue
+            plain = nn.Linear(values.shape[1], values.shape[0], bias=False)
+            plain.weight = nn.Parameter(values.to(loaded.dtype), requires_grad=False)
+            setattr(parent, name, plain)
+    return loaded
+
+
+@pytest.mark.parametrize("quantization", ["nf4", "int8"])
+@pytest.mark.parametrize("lm_head", [False, True], ids=["head-plain", "head-quantized"])
+async def test_bitsandbytes_weights_give_their_model_s_greedy_tokens(
+    quantization: str, lm_head: bool, data_dir: Path
+) -> None:
+    # The reference is transformers' generate() over the very numbers bitsandbytes stored,
+    # dequantized by bitsandbytes itself (for int8, weight-only: the engine keeps activations in
+    # their dtype where LLM.int8() would round them to int8).
+    config = _with(_config(data_dir), quantization=quantization, quantize_lm_head=lm_head)
+    loaded = load_model(config)
+    prompts = [tuple(loaded.tokenizer.encode(text)) for text in TEXTS]
+    reference = _dequantized_copy(load_model(config))
+    wanted = _wanted(reference, reference_greedy(reference, prompts, MAX_NEW))
+    engine = RecordingEngine(loaded, config)
+    try:
+        weights = engine.runner.weights
+        layer = weights.layers[0]
+        kind = torch.uint8 if quantization == "nf4" else torch.int8
+        assert layer.qkv.weight.dtype == kind
+        assert layer.down is not None
+        assert layer.down.weight.dtype == kind
+        assert (weights.lm_head.weight.dtype == kind) == lm_head
+        assert engine.info.quantization == quantization + ("+lm_head" if lm_head else "")
+        requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
+        assert await _alone(engine, requests) == wanted
+        assert await _generated(engine, requests * 2, "crowd") == wanted * 2
+        assert engine.pages.committed == 0
+    finally:
+        engine.close()
+
+
+def test_nf4_codes_dequantize_as_bitsandbytes_does() -> None:
+    import bitsandbytes.functional as bnb_functional
+
+    from service.engine.fast import bnb
+
+    torch.manual_seed(0)
+    weight = torch.randn(24, 128)
+    packed, state = bnb_functional.quantize_4bit(
+        weight, blocksize=64, quant_type="nf4", compress_statistics=True
+    )
+    module = nn.Linear(128, 24, bias=False)
+    module.weight = nn.Parameter(packed, requires_grad=False)
+    module.weight.quant_state = state  # type: ignore[attr-defined]
+    taken = bnb.projection([module, module])
+    assert taken.weight.shape == (48, 64)
+    assert taken.scale is not None
+    theirs = bnb_functional.dequantize_4bit(packed, state)
+    ours = dequantize(taken.weight, taken.scale, taken.code, torch.float32)
+    assert torch.equal(ours, torch.cat([theirs, theirs]))
+    x = torch.randn(3, 128)
+    torch.testing.assert_close(
+        linear(x, taken.weight, taken.scale, taken.code), x @ torch.cat([theirs, theirs]).T
+    )
+    assert isinstance(taken, Linear)
+    assert taken.bitsandbytes
+
+
+async def test_compiled_nf4_step_gives_the_same_tokens(data_dir: Path) -> None:
+    # What a GPU runs, less the graphs: the decode step compiled by inductor, where a lone row
+    # reads the codes inside the product's reduction (``row_product``) and a batch dequantizes
+    # before its GEMM; the tokens are the eager engine's.
+    base = _with(_config(data_dir, attention="gather", max_rows=2), quantization="nf4")
+    compiled = _with(
+        _config(data_dir, attention="gather", max_rows=2, compile="on"), quantization="nf4"
+    )
+    loaded = load_model(base)
+    prompts = [tuple(loaded.tokenizer.encode(text)) for text in TEXTS[:3]]
+    requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
+    eager = RecordingEngine(loaded, base)
+    try:
+        wanted = await _alone(eager, requests)
+    finally:
+        eager.close()
+    engine = RecordingEngine(load_model(compiled), compiled)
+    try:
+        assert engine.plan.compiled
+        assert await _alone(engine, requests) == wanted
+        assert await _generated(engine, requests * 2, "crowd") == wanted * 2
+    finally:
+        engine.close()
