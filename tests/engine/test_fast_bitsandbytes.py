@@ -76,31 +76,51 @@ async def test_bitsandbytes_weights_give_their_model_s_greedy_tokens(
         engine.close()
 
 
-def test_nf4_codes_dequantize_as_bitsandbytes_does() -> None:
+def _four_bit_layer(out: int, inputs: int, seed: int) -> tuple[nn.Linear, torch.Tensor]:
+    """A Linear4bit-like layer (what transformers leaves after loading: packed codes with their
+    quant state) of random weights, and what bitsandbytes dequantizes it to."""
     import bitsandbytes.functional as bnb_functional
 
-    from service.engine.fast import bnb
-
-    torch.manual_seed(0)
-    weight = torch.randn(24, 128)
+    weight = torch.randn(out, inputs, generator=torch.Generator().manual_seed(seed))
     packed, state = bnb_functional.quantize_4bit(
         weight, blocksize=64, quant_type="nf4", compress_statistics=True
     )
-    module = nn.Linear(128, 24, bias=False)
+    module = nn.Linear(inputs, out, bias=False)
     module.weight = nn.Parameter(packed, requires_grad=False)
     module.weight.quant_state = state  # type: ignore[attr-defined]
-    taken = bnb.projection([module, module])
-    assert taken.weight.shape == (48, 64)
+    return module, bnb_functional.dequantize_4bit(packed, state)
+
+
+@pytest.mark.parametrize(
+    "outs",
+    [(64, 32, 32), (64, 24), (24, 24)],
+    ids=["maxima-8-bit", "mixed", "maxima-float32"],
+)
+def test_nf4_codes_dequantize_as_bitsandbytes_does(outs: tuple[int, ...]) -> None:
+    # 512 inputs: 8 blocks a row, so 32 or more rows fill the groups of 256 maxima that
+    # bitsandbytes' double quantization scales together; 24 rows do not.
+    from service.engine.fast import bnb
+
+    layers = [_four_bit_layer(out, 512, seed) for seed, out in enumerate(outs)]
+    taken = bnb.projection([module for module, _ in layers])
+    theirs = torch.cat([values for _, values in layers])
+    assert taken.weight.shape == (sum(outs), 256)
     assert taken.scale is not None
-    theirs = bnb_functional.dequantize_4bit(packed, state)
-    ours = dequantize(taken.weight, taken.scale, taken.code, torch.float32)
-    assert torch.equal(ours, torch.cat([theirs, theirs]))
-    x = torch.randn(3, 128)
-    torch.testing.assert_close(
-        linear(x, taken.weight, taken.scale, taken.code), x @ torch.cat([theirs, theirs]).T
-    )
+    kept = all(out % 32 == 0 for out in outs)
+    assert (taken.nested is not None) == kept
+    assert taken.scale.dtype == (torch.uint8 if kept else torch.float32)
+    ours = dequantize(taken.weight, taken.scale, taken.code, torch.float32, taken.nested)
+    assert torch.equal(ours, theirs)
+    x = torch.randn(3, 512)
+    product = linear(x, taken.weight, taken.scale, taken.code, taken.nested)
+    torch.testing.assert_close(product, x @ theirs.T)
     assert isinstance(taken, Linear)
     assert taken.bitsandbytes
+    # Half a byte per weight, and a byte (8-bit maxima) or four per block of 64, and the
+    # tables: 16 codes, and with 8-bit maxima their 256 values and two floats per group.
+    per_block = 1 if kept else 4
+    tables = 16 * 4 + (256 * 4 + theirs.numel() // 64 // 256 * 8 if kept else 0)
+    assert taken.nbytes() == theirs.numel() // 2 + theirs.numel() // 64 * per_block + tables
 
 
 async def test_compiled_nf4_step_gives_the_same_tokens(data_dir: Path) -> None:

@@ -8,8 +8,10 @@ bits where ``nested``, the double quantization) and the 16 values a code stands 
 FP4's). A ``Linear8bitLt``'s weight is int8 rows with each row's absolute maximum (``SCB``).
 
 Here they become ``weights.Linear`` holding the same numbers: the codes as ``[out, in / 2]`` bytes
-(a block never crosses a row: ``in`` is a multiple of the block), the block maxima dequantized
-once to float32, as bitsandbytes itself does at every call, and several modules side by side
+(a block never crosses a row: ``in`` is a multiple of the block), the block maxima kept in their
+8-bit double quantization where its groups of 256 lie inside one layer (as they do in every
+layer of the 7B; ``linear.NestedMaxima``), else dequantized once to float32 as bitsandbytes
+itself does at every call, and several modules side by side
 (queries, keys and values; gate and up) as one projection with their rows stacked. The engine
 then dequantizes where it multiplies (``weights.dequantize``): an int8 weight meets activations in
 their own 16-bit dtype (weight-only int8) instead of bitsandbytes' LLM.int8() mix of int8
@@ -24,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from service.engine.fast.linear import Linear
+from service.engine.fast.linear import GROUP, Linear, NestedMaxima
 
 
 def is_quantized(module: nn.Module) -> bool:
@@ -37,14 +39,37 @@ def projection(modules: Sequence[nn.Module]) -> Linear:
     """The bitsandbytes layers ``modules`` as one projection, their output rows in order."""
     parts = [_linear(module) for module in modules]
     codes = [part.code for part in parts]
-    first = codes[0]
-    if any((c is None) != (first is None) for c in codes) or (
-        first is not None and not all(torch.equal(first, c) for c in codes if c is not None)
-    ):
+    if not (all(c is None for c in codes) or all(_same(c, codes[0]) for c in codes)):
         raise RuntimeError("layers fused into one projection are quantized alike")
     weight = torch.cat([part.weight for part in parts]).contiguous()
-    scale = torch.cat([part.scale for part in parts if part.scale is not None]).contiguous()
-    return Linear(weight, scale, first)
+    nested = [part.nested for part in parts if part.nested is not None]
+    if nested and len(nested) == len(parts) and all(_same(n.code, nested[0].code) for n in nested):
+        maxima = NestedMaxima(
+            nested[0].code,
+            torch.cat([n.absmax for n in nested]),
+            torch.cat([n.offset for n in nested]),
+        )
+        return Linear(weight, torch.cat([_scale(p) for p in parts]), codes[0], maxima)
+    # The maxima of parts kept differently are stacked as float32.
+    scales = [_scale(part) if part.nested is None else _float_maxima(part) for part in parts]
+    return Linear(weight, torch.cat(scales).contiguous(), codes[0])
+
+
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return a is not None and b is not None and torch.equal(a, b)
+
+
+def _scale(part: Linear) -> torch.Tensor:
+    assert part.scale is not None
+    return part.scale
+
+
+def _float_maxima(part: Linear) -> torch.Tensor:
+    """A 4-bit part's nested block maxima as float32 (what bitsandbytes computes each call)."""
+    nested, codes = part.nested, _scale(part)
+    assert nested is not None
+    groups = nested.code[codes.long()].view(-1, GROUP)
+    return (groups * nested.absmax[:, None] + nested.offset[:, None]).view(codes.shape)
 
 
 def _linear(module: Any) -> Linear:
@@ -71,12 +96,22 @@ def _four_bit(packed: torch.Tensor, state: Any, out: int, inputs: int) -> Linear
             f"a 4-bit layer of shape {tuple(state.shape)} in blocks of {block}: the fast engine "
             "reads blocks that never cross a row"
         )
+    codes = packed.view(torch.uint8).view(out, inputs // 2)
+    code = state.code.float().to(codes.device)
+    blocks = inputs // block
+    if state.nested and out * blocks % GROUP == 0 and int(state.state2.blocksize) == GROUP:
+        # Kept 8-bit: each group of maxima lies inside this layer, so layers stack whole groups.
+        groups = out * blocks // GROUP
+        nested = NestedMaxima(
+            state.state2.code.float().to(codes.device),
+            state.state2.absmax.float().view(groups),
+            torch.full((groups,), float(state.offset), device=codes.device),
+        )
+        return Linear(codes, state.absmax.view(out, blocks), code, nested)
     absmax = state.absmax
     if state.nested:
         # Imported only for quantized weights (bitsandbytes logs on import).
         from bitsandbytes.functional import dequantize_blockwise
 
         absmax = dequantize_blockwise(absmax, state.state2) + state.offset
-    scale = absmax.float().view(out, inputs // block)
-    codes = packed.view(torch.uint8).view(out, inputs // 2)
-    return Linear(codes, scale.contiguous(), state.code.float().to(codes.device))
+    return Linear(codes, absmax.float().view(out, blocks).contiguous(), code)

@@ -204,7 +204,8 @@ class Transformer:
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weights
         x = rms_norm(x, w.norm, w.geometry.eps)
-        out = linear(x, w.lm_head.weight, w.lm_head.scale, w.lm_head.code)
+        head = w.lm_head
+        out = linear(x, head.weight, head.scale, head.code, head.nested)
         return out[:, : w.geometry.vocab].float()
 
     def prefill(self, packed: PackedPrefill) -> torch.Tensor:

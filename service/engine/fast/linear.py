@@ -19,18 +19,39 @@ _INT8_STEP = 7.874015718698502e-3
 
 
 @dataclass(frozen=True, slots=True)
+class NestedMaxima:
+    """4-bit block maxima as bitsandbytes' double quantization keeps them: ``Linear.scale`` holds
+    an 8-bit code per maximum (``uint8 [out, in / block]``), which stands for ``code[q]`` times
+    its group's ``absmax`` plus its group's ``offset``; a group is ``GROUP`` consecutive maxima
+    in row-major order. A quarter of the float32 maxima's memory."""
+
+    code: torch.Tensor  # float32 [256]
+    absmax: torch.Tensor  # float32 [groups]
+    offset: torch.Tensor  # float32 [groups]
+
+    def nbytes(self) -> int:
+        return sum(t.nelement() * t.element_size() for t in (self.code, self.absmax, self.offset))
+
+
+# Consecutive block maxima that share one scale and offset (bitsandbytes' nested block size).
+GROUP = 256
+
+
+@dataclass(frozen=True, slots=True)
 class Linear:
     """A bias-free projection ``x @ weight.T``. ``scale`` set: ``weight`` is FP8 with one float32
     scale per output row (``[out, 1]``), int8 with each row's absolute maximum (``[out, 1]``,
     bitsandbytes' ``SCB``: a row is ``weight * scale / 127``), or with ``code`` bitsandbytes' 4-bit
     format:
     ``weight`` the codes packed two to a byte (``uint8 [out, in / 2]``, the first in the high
-    half), ``scale`` the float32 absolute maximum of each block of inputs (``[out, in / block]``)
-    and ``code`` the 16 values a code stands for (NF4's, or FP4's)."""
+    half), ``scale`` the float32 absolute maximum of each block of inputs (``[out, in / block]``;
+    8-bit codes of them with ``nested``) and ``code`` the 16 values a code stands for (NF4's, or
+    FP4's)."""
 
     weight: torch.Tensor
     scale: torch.Tensor | None = None
     code: torch.Tensor | None = None
+    nested: NestedMaxima | None = None
 
     @property
     def out_features(self) -> int:
@@ -43,7 +64,8 @@ class Linear:
 
     def nbytes(self) -> int:
         parts = (self.weight, self.scale, self.code)
-        return sum(t.nelement() * t.element_size() for t in parts if t is not None)
+        nested = 0 if self.nested is None else self.nested.nbytes()
+        return nested + sum(t.nelement() * t.element_size() for t in parts if t is not None)
 
 
 def is_bitsandbytes(weight: torch.Tensor) -> bool:
@@ -56,6 +78,7 @@ def linear(
     weight: torch.Tensor,
     scale: torch.Tensor | None,
     code: torch.Tensor | None = None,
+    nested: NestedMaxima | None = None,
 ) -> torch.Tensor:
     """``x @ weight.T`` for a plain, an FP8 or a bitsandbytes weight (written as a function so
     torch.compile sees plain tensors). A single 16-bit row on CUDA never gets here
@@ -63,7 +86,7 @@ def linear(
     row under ``torch.compile`` takes ``row_product``, which reads the weight in its own format."""
     if is_bitsandbytes(weight):
         assert scale is not None, "a bitsandbytes weight has its scales"
-        dequantized = dequantize(weight, scale, code, x.dtype)
+        dequantized = dequantize(weight, scale, code, x.dtype, nested)
         if x.shape[0] == 1 and torch.compiler.is_compiling():
             return row_product(x, dequantized, None)
         return torch.nn.functional.linear(x, dequantized)
@@ -75,13 +98,20 @@ def linear(
 
 
 def dequantize(
-    weight: torch.Tensor, scale: torch.Tensor, code: torch.Tensor | None, dtype: torch.dtype
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    code: torch.Tensor | None,
+    dtype: torch.dtype,
+    nested: NestedMaxima | None = None,
 ) -> torch.Tensor:
     """A bitsandbytes weight as ``[out, in]`` values of ``dtype``, computed as bitsandbytes does
     (in float32, rounded once): int8 rows times their absolute maximum over 127; 4-bit codes
     looked up in ``code`` and times their block's absolute maximum."""
     if code is None:
         return (weight.float() * scale * _INT8_STEP).to(dtype)
+    if nested is not None:
+        groups = nested.code[scale.long()].view(-1, GROUP)
+        scale = (groups * nested.absmax[:, None] + nested.offset[:, None]).view(scale.shape)
     rows, half = weight.shape
     pairs = torch.stack((weight >> 4, weight & 15), dim=-1).view(rows, 2 * half)
     values = code[pairs.long()].view(rows, scale.shape[1], -1) * scale[:, :, None]

@@ -55,7 +55,7 @@ def project(
             pdl=pdl,
         )
     h = x if norm_eps is None else rms_norm(x, None, norm_eps)
-    out = linear(h, p.weight, p.scale, p.code)
+    out = linear(h, p.weight, p.scale, p.code, p.nested)
     return out if residual is None else residual + out
 
 
@@ -79,7 +79,7 @@ def gated_product(
             pdl=pdl,
         )
     h = x if norm_eps is None else rms_norm(x, None, norm_eps)
-    return swiglu(linear(h, gate_up.weight, gate_up.scale, gate_up.code))
+    return swiglu(linear(h, gate_up.weight, gate_up.scale, gate_up.code, gate_up.nested))
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
