@@ -1,11 +1,11 @@
-"""The packed varlen attention against plain causal attention of each request alone."""
+"""The prefill's packed attention against plain causal attention of each prompt alone."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from service.engine.attention import varlen_attention_forward, wants_varlen
+from service.engine.fast.prefill_attention import packed_causal_attention
 
 
 def _alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -22,22 +22,17 @@ def _alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor
 ) -> torch.Tensor:
-    """Call the attention function as transformers does, on ``[tokens, heads, dim]`` inputs;
-    returns ``[tokens, heads, dim]``."""
-    query, key, value = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-    out, weights = varlen_attention_forward(
-        torch.nn.Module(),
-        query,
-        key,
-        value,
+    """The packed attention of ``[tokens, heads, dim]`` inputs, the kernel chosen by device."""
+    return packed_causal_attention(
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        int((cu_q[1:] - cu_q[:-1]).max()),
+        int((cu_k[1:] - cu_k[:-1]).max()),
         None,
-        cu_seq_lens_q=cu_q,
-        cu_seq_lens_k=cu_k,
-        max_length_q=int((cu_q[1:] - cu_q[:-1]).max()),
-        max_length_k=int((cu_k[1:] - cu_k[:-1]).max()),
     )
-    assert weights is None
-    return out[0]
 
 
 def test_each_request_attends_to_its_own_keys_only() -> None:
@@ -45,7 +40,7 @@ def test_each_request_attends_to_its_own_keys_only() -> None:
     heads, kv_heads, dim = 4, 2, 8
     # A prefill of 5 tokens, a decode step after 9 cached tokens, a chunk of 3 after 4.
     new, total = [5, 1, 3], [5, 10, 7]
-    padding = 2  # rows transformers adds to reach a captured graph size
+    padding = 2  # rows past the last prompt
     q = torch.randn(sum(new) + padding, heads, dim)
     k = torch.randn(sum(total), kv_heads, dim)
     v = torch.randn(sum(total), kv_heads, dim)
@@ -73,18 +68,3 @@ def test_flash_kernel_matches_the_reference() -> None:
     flash = _attend(q, k, v, cu_q, cu_k)
     reference = _attend(q.float().cpu(), k.float().cpu(), v.float().cpu(), cu_q.cpu(), cu_k.cpu())
     torch.testing.assert_close(flash.float().cpu(), reference, atol=2e-2, rtol=2e-2)
-
-
-def test_auto_picks_varlen_only_where_the_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    capability = {"value": (9, 0)}
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability["value"])
-    assert wants_varlen("auto", cuda, torch.bfloat16)  # an H200
-    assert not wants_varlen("auto", cpu, torch.float32)  # the CPU default stays on SDPA
-    assert wants_varlen("varlen", cpu, torch.float32)  # the reference path runs anywhere
-    assert not wants_varlen("auto", cuda, torch.float32)  # the kernel is half precision only
-    capability["value"] = (7, 5)  # a T4, the article's GPU
-    assert not wants_varlen("auto", cuda, torch.float16)
-    with pytest.raises(RuntimeError, match=r"compute capability 8\.0"):
-        wants_varlen("varlen", cuda, torch.float16)
-    assert not wants_varlen("sdpa", cuda, torch.bfloat16)

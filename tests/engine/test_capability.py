@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from service.engine.attention import varlen_unsupported
 from service.engine.capability import Capability, parse_version
 from service.engine.loading import resolve_dtype
 
@@ -57,7 +56,6 @@ def test_a_cpu_takes_float32_and_the_reference_kernels() -> None:
     assert cpu.auto_dtype() == torch.float32
     assert not cpu.flash_prefill(torch.bfloat16)
     cpu.check_quantization("fp8")  # emulated on a CPU: allowed
-    assert varlen_unsupported(torch.device("cpu"), torch.float32) is None
 
 
 def test_an_older_capability_can_be_forced_and_a_newer_one_cannot(
@@ -71,9 +69,6 @@ def test_an_older_capability_can_be_forced_and_a_newer_one_cannot(
     assert not forced.flash_prefill(torch.float16)
     with pytest.raises(RuntimeError, match="only an older capability"):
         Capability.of(CUDA, "10.0")
-    # transformers' continuous engine asks the same place.
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
-    assert "8.0" in str(varlen_unsupported(CUDA, torch.float16))
 
 
 def test_versions_are_read_as_written() -> None:

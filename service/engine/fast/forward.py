@@ -30,7 +30,6 @@ from collections.abc import Callable
 
 import torch
 
-from service.engine.attention import packed_causal_attention
 from service.engine.fast import gemv
 from service.engine.fast.attention import DecodeAttention
 from service.engine.fast.batch import DeviceRows
@@ -38,6 +37,7 @@ from service.engine.fast.cache import PagedKVCache, write_kv
 from service.engine.fast.linear import linear
 from service.engine.fast.moe import moe_block
 from service.engine.fast.prefill import PackedPrefill
+from service.engine.fast.prefill_attention import packed_causal_attention
 from service.engine.fast.projections import gated_product, project, rms_norm
 from service.engine.fast.rope import rope_and_store
 from service.engine.fast.weights import Geometry, LayerWeights, ModelWeights
