@@ -10,8 +10,10 @@ import torch
 from service.engine.fast import cache
 from service.engine.fast.cache import (
     FULL_SORT_BYTES_PER_LOGIT,
+    MIN_FITTED_PREFILL,
     PAGE_QUANTUM,
     SAMPLING_BYTES_PER_LOGIT,
+    Fitted,
     budget_pages,
     fit_rows_and_pages,
     page_bytes,
@@ -94,18 +96,45 @@ def test_a_cpu_sizes_the_cache_from_the_hosts_memory_and_its_rows_needs(
     # Never more than the rows could fill at the model's longest sequence.
     assert budget_pages(GEOMETRY, 32, 128, torch.bfloat16, cpu, 0.5, most=7) == 7
     monkeypatch.setattr(cache, "free_bytes", lambda device: 10**6 * page)
-    rows, pages = fit_rows_and_pages(GEOMETRY, 32, 128, torch.bfloat16, cpu, 0.85, 2, 16, False)
-    assert rows == 2
-    assert pages <= 2 * (32_768 // 128) + 1
+    fitted = fit_rows_and_pages(GEOMETRY, 32, 128, torch.bfloat16, cpu, 0.85, 2, 16, False)
+    assert fitted.rows == 2
+    assert fitted.pages <= 2 * (32_768 // 128) + 1
+
+
+def _fitted(
+    monkeypatch: pytest.MonkeyPatch,
+    free: int,
+    rows: int,
+    given: bool = False,
+    prefill: int = 8192,
+    prefill_given: bool = True,
+) -> Fitted:
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * GIB))
+    cuda = torch.device("cuda")
+    return fit_rows_and_pages(
+        GEOMETRY, 32, 128, torch.bfloat16, cuda, 0.85, rows, prefill, given, None, prefill_given
+    )
 
 
 def _fit(
     monkeypatch: pytest.MonkeyPatch, free: int, rows: int, given: bool = False
 ) -> tuple[int, int]:
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * GIB))
-    return fit_rows_and_pages(
-        GEOMETRY, 32, 128, torch.bfloat16, torch.device("cuda"), 0.85, rows, 8192, given
-    )
+    fitted = _fitted(monkeypatch, free, rows, given)
+    return fitted.rows, fitted.pages
+
+
+def test_a_small_card_gives_up_prefill_chunk_before_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a 24 GB card leaves after the 7B's 16-bit weights: the prefill chunk is halved to
+    # its floor before the rows are, so more requests decode at once than with the chunk kept.
+    kept = _fitted(monkeypatch, 9 * GIB, 1024)
+    fitted = _fitted(monkeypatch, 9 * GIB, 1024, prefill_given=False)
+    assert kept.prefill_tokens == 8192
+    assert fitted.prefill_tokens == MIN_FITTED_PREFILL
+    assert fitted.rows > kept.rows
+    assert fitted.pages >= fitted.rows
+    # Where everything fits, nothing is given up.
+    roomy = _fitted(monkeypatch, 100 * GIB, 1024, prefill_given=False)
+    assert (roomy.rows, roomy.prefill_tokens) == (1024, 8192)
 
 
 def test_rows_shrink_until_the_cache_can_fill_them(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -108,6 +108,18 @@ def budget_pages(
 
 # The fewest decode rows the engine shrinks to before it gives up on a device.
 MIN_FITTED_ROWS = 16
+# The smallest prefill chunk the engine shrinks to, before it takes rows away: a step's prompt
+# tokens cost activations only while they run, rows hold their share of the cache all along.
+MIN_FITTED_PREFILL = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class Fitted:
+    """Decode rows, KV-cache pages and the prefill chunk that fit the device together."""
+
+    rows: int
+    pages: int
+    prefill_tokens: int
 
 
 def fit_rows_and_pages(
@@ -121,15 +133,17 @@ def fit_rows_and_pages(
     prefill_tokens: int,
     rows_given: bool,
     left: int | None = None,
-) -> tuple[int, int]:
-    """Decode rows and KV-cache pages for this device: ``budget_pages`` with the workspace of
-    ``rows`` rows and a ``prefill_tokens`` chunk reserved. Where that leaves fewer pages than
-    rows (a batch that could never fill: the weights nearly fill the GPU, as Hy-MT2-30B-A3B's
-    60 GB do an 80 GB one), the rows are halved until it does not, unless ``rows_given`` (the
-    operator's own figure is kept, and the error says what to change)."""
-    fitted = rows
+    prefill_given: bool = False,
+) -> Fitted:
+    """Decode rows, KV-cache pages and the prefill chunk for this device: ``budget_pages`` with
+    the workspace of ``rows`` rows and a ``prefill_tokens`` chunk reserved. Where that leaves
+    fewer pages than rows (a batch that could never fill: a 16 or 24 GB card, or weights that
+    nearly fill the GPU, as Hy-MT2-30B-A3B's 60 GB do an 80 GB one), the prefill chunk is halved
+    down to ``MIN_FITTED_PREFILL``, then the rows, unless the operator set them (``rows_given``,
+    ``prefill_given``: their own figures are kept, and the error says what to change)."""
+    fitted, chunk = rows, prefill_tokens
     while True:
-        reserved = workspace_bytes(geometry, fitted, prefill_tokens)
+        reserved = workspace_bytes(geometry, fitted, chunk)
         # Never more than every row could fill at the model's longest sequence (on a CPU
         # the free memory is the host's, far more than a small model's rows ever need).
         most = fitted * pages_for(geometry.max_positions, page_size) + 1
@@ -137,12 +151,21 @@ def fit_rows_and_pages(
             geometry, layers, page_size, dtype, device, memory_fraction, reserved, most, left
         )
         if pages >= fitted:
-            if fitted != rows:
+            if (fitted, chunk) != (rows, prefill_tokens):
                 log.warning(
-                    "decode rows lowered to fit the KV cache",
-                    extra={"rows": fitted, "wanted": rows, "pages": pages},
+                    "decode rows or prefill chunk lowered to fit the KV cache",
+                    extra={
+                        "rows": fitted,
+                        "wanted": rows,
+                        "prefill_tokens": chunk,
+                        "wanted_prefill_tokens": prefill_tokens,
+                        "pages": pages,
+                    },
                 )
-            return fitted, pages
+            return Fitted(fitted, pages, chunk)
+        if not prefill_given and chunk // 2 >= MIN_FITTED_PREFILL:
+            chunk //= 2
+            continue
         if rows_given or fitted // 2 < MIN_FITTED_ROWS:
             free = free_bytes(device) if left is None else min(free_bytes(device), left)
             raise RuntimeError(

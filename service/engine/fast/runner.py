@@ -103,7 +103,7 @@ class ModelRunner:
         geometry = self.weights.geometry
         layers = len(self.weights.layers)
         self.page_size = fast.page_size
-        rows, pages = _size(self.weights, loaded, fast, choices)
+        rows, pages, prefill = _size(self.weights, loaded, fast, choices)
         self.cache = PagedKVCache(
             geometry, layers, CacheShape(pages, fast.page_size), loaded.dtype, self.device
         )
@@ -147,7 +147,7 @@ class ModelRunner:
             rows=rows,
             page_size=fast.page_size,
             pages=pages,
-            prefill_tokens=choices.prefill,
+            prefill_tokens=prefill,
             attention=attention.name,
             cuda_graphs=choices.graphs,
             compiled=choices.compiled,
@@ -382,13 +382,13 @@ class ModelRunner:
 
 def _size(
     weights: ModelWeights, loaded: LoadedModel, fast: EngineSettings, choices: _Choices
-) -> tuple[int, int]:
-    """Decode rows and KV-cache pages: as set, or what fits the device's free memory and the
-    operator's budget (``gpu_memory_gib``) once the weights are in; refused where the weights
-    alone pass the budget."""
+) -> tuple[int, int, int]:
+    """Decode rows, KV-cache pages and the prefill chunk: as set, or what fits the device's free
+    memory and the operator's budget (``gpu_memory_gib``) once the weights are in; refused where
+    the weights alone pass the budget."""
     geometry, layers = weights.geometry, len(weights.layers)
     if fast.num_pages:
-        return choices.rows, fast.num_pages
+        return choices.rows, fast.num_pages, choices.prefill
     left = None
     if fast.memory_gib is not None:
         budget = int(fast.memory_gib * 2**30)
@@ -401,7 +401,7 @@ def _size(
                 "(HYMT_QUANTIZATION=nf4, int8 or fp8) or raise the budget"
             )
         left = budget - used
-    return fit_rows_and_pages(
+    fitted = fit_rows_and_pages(
         geometry,
         layers,
         fast.page_size,
@@ -412,7 +412,9 @@ def _size(
         choices.prefill,
         rows_given=fast.max_rows is not None,
         left=left,
+        prefill_given=fast.prefill_tokens is not None,
     )
+    return fitted.rows, fitted.pages, fitted.prefill_tokens
 
 
 def _choose(loaded: LoadedModel, config: EngineConfig) -> _Choices:
