@@ -2,8 +2,10 @@
 # Benchmarks on a GPU machine without internet (the H200 of docs/benchmarks.md).
 # Usage, from the repository root, with the web stack on PYTHONPATH (see docs/benchmarks.md):
 #   OUT=results bash loadtests/gpu/run.sh VARIANT...
-# Variants: nf4, int8, nf4-head (bitsandbytes weights on transformers' continuous batching,
-# with lm_head quantized too for nf4-head), profile (loadtests.profile: the engine alone, lone
+# Variants: nf4, int8, nf4-head (bitsandbytes weights on the fast engine, with lm_head quantized
+# too for nf4-head); the small-GPU configurations of issue 37, each under its memory cap:
+# nf4-16g (nf4 and its output layer, float16, HYMT_GPU_MEMORY_GIB=16), int8-16g, bf16-24g,
+# nf4-16g-cc75 (nf4-16g with the compute-capability-7.5 kernels forced, a T4's); profile (loadtests.profile: the engine alone, lone
 # and loaded, with a torch.profiler trace of one lone request), ipc (loadtests.ipc: the process
 # split's own cost, to an engine that answers at once), overload (queue bound 512: a flood of
 # 4,096 requests at once (QUEUE sets the bound) with /health polled, then goodput at RATE
@@ -88,6 +90,13 @@ for variant in "$@"; do
     fast)       args=(--env HYMT_ENGINE=fast --baseline-requests "${BASELINE:-12}") ;;
     fast-fp8)   args=(--env HYMT_ENGINE=fast --env HYMT_QUANTIZATION=fp8 --baseline-requests 0) ;;
     nf4-head)   args=(--env HYMT_QUANTIZATION=nf4 --env HYMT_QUANTIZE_LM_HEAD=true --baseline-requests 0) ;;
+    nf4-16g)    args=(--env HYMT_QUANTIZATION=nf4 --env HYMT_QUANTIZE_LM_HEAD=true --env HYMT_DTYPE=float16
+                      --env HYMT_GPU_MEMORY_GIB=16 --baseline-requests 0) ;;
+    nf4-16g-cc75) args=(--env HYMT_QUANTIZATION=nf4 --env HYMT_QUANTIZE_LM_HEAD=true --env HYMT_DTYPE=float16
+                      --env HYMT_GPU_MEMORY_GIB=16 --env HYMT_FAST_CAPABILITY=7.5 --baseline-requests 0) ;;
+    int8-16g)   args=(--env HYMT_QUANTIZATION=int8 --env HYMT_DTYPE=float16 --env HYMT_GPU_MEMORY_GIB=16
+                      --baseline-requests 0) ;;
+    bf16-24g)   args=(--env HYMT_GPU_MEMORY_GIB=24 --baseline-requests 0) ;;
     nf4)        args=(--env HYMT_QUANTIZATION=nf4 --baseline-requests 0) ;;
     int8)       args=(--env HYMT_QUANTIZATION=int8 --baseline-requests 0) ;;
     *) echo "unknown variant $variant"; continue ;;
