@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -160,12 +161,42 @@ class Reference:
     seconds: float
 
 
+def dequantized_copy(loaded: LoadedModel) -> LoadedModel:
+    """``loaded`` with every bitsandbytes layer replaced by a plain one holding the weights
+    bitsandbytes' own functions dequantize (int8: its rows times SCB / 127): transformers'
+    forward over the very numbers the fast engine multiplies, where bitsandbytes' own int8
+    forward (LLM.int8()) would round the activations too."""
+    import bitsandbytes.functional as bnb_functional
+
+    for parent in list(loaded.model.modules()):
+        for name, child in list(parent.named_children()):
+            weight: Any = getattr(child, "weight", None)
+            if hasattr(weight, "quant_state"):
+                values = bnb_functional.dequantize_4bit(weight.data, weight.quant_state)
+            elif hasattr(weight, "SCB"):
+                values = weight.data.float() * weight.SCB.float()[:, None] * (1 / 127)
+            else:
+                continue
+            plain = torch.nn.Linear(values.shape[1], values.shape[0], bias=False)
+            plain.weight = torch.nn.Parameter(values.to(loaded.dtype), requires_grad=False)
+            setattr(parent, name, plain)
+    return loaded
+
+
 def reference_side(
-    settings: Settings, config: EngineConfig, texts: int, crowd: int, max_new: int
+    settings: Settings,
+    config: EngineConfig,
+    texts: int,
+    crowd: int,
+    max_new: int,
+    dequantized: bool = False,
 ) -> Reference:
     """Load transformers' model, build ``texts + crowd`` greedy requests, run the first
-    ``texts`` greedy and teacher-forced, free the model."""
+    ``texts`` greedy and teacher-forced, free the model. ``dequantized``: bitsandbytes layers
+    replaced by their dequantized weights first (``dequantized_copy``)."""
     loaded = load_model(config)
+    if dequantized:
+        loaded = dequantized_copy(loaded)
     try:
         prepared = [
             dataclasses.replace(r, max_new_tokens=max_new, decoding=GREEDY)
@@ -221,11 +252,14 @@ async def run(
     crowd: int,
     max_new: int,
     reference_cache: Path | None = None,
+    dequantized: bool = False,
 ) -> FidelityReport:
     config = settings.engine_config()
-    key = f"{config!r} texts={texts} crowd={crowd} max_new={max_new}"
+    key = f"{config!r} texts={texts} crowd={crowd} max_new={max_new} dequantized={dequantized}"
     reference = cached(
-        reference_cache, key, lambda: reference_side(settings, config, texts, crowd, max_new)
+        reference_cache,
+        key,
+        lambda: reference_side(settings, config, texts, crowd, max_new, dequantized),
     )
     chosen, others = reference.requests[:texts], reference.requests[texts:]
     expected = reference.tokens
@@ -300,10 +334,23 @@ def main(argv: list[str] | None = None) -> FidelityReport:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--report", type=Path)
     parser.add_argument("--reference-cache", type=Path, help="keep transformers' side here")
+    parser.add_argument(
+        "--dequantized-reference",
+        action="store_true",
+        help="bitsandbytes weights: compare with transformers over their dequantized numbers "
+        "(what the engine multiplies) instead of bitsandbytes' own forward",
+    )
     args = parser.parse_args(argv)
     settings = Settings(engine="fast")
     report = asyncio.run(
-        run(settings, args.texts, args.crowd, args.max_new_tokens, args.reference_cache)
+        run(
+            settings,
+            args.texts,
+            args.crowd,
+            args.max_new_tokens,
+            args.reference_cache,
+            args.dequantized_reference,
+        )
     )
     emit(report, args.report)
     return report

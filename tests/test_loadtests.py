@@ -64,6 +64,19 @@ async def test_profile_keeps_a_closed_loop_and_says_how_full_the_steps_ran(
     assert loop["device_busy_share_of_wall"] == 0.0  # nothing is timed off a GPU
 
 
+async def test_fidelity_of_int8_weights_against_their_dequantized_numbers(
+    make_settings: MakeSettings,
+) -> None:
+    # bitsandbytes' own int8 forward rounds activations to int8 too; the engine multiplies the
+    # dequantized rows with 16-bit activations: against those numbers every text is the same.
+    settings = make_settings(
+        engine="fast", quantization="int8", fast_num_pages=64, fast_page_size=16, fast_max_rows=4
+    )
+    report = await fidelity.run(settings, texts=2, crowd=3, max_new=4, dequantized=True)
+    assert (report.identical_alone, report.identical_crowd) == (2, 2)
+    assert report.logits_argmax_agreement == 1.0
+
+
 async def test_fidelity_compares_the_fast_engine_with_generate(
     make_settings: MakeSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
-from loadtests.fidelity import RecordingEngine, reference_greedy
+from loadtests.fidelity import RecordingEngine, dequantized_copy, reference_greedy
 from service.contract.types import GenerationRequest
 from service.engine.fast.linear import Linear, dequantize, linear
-from service.engine.loading import LoadedModel, load_model
+from service.engine.loading import load_model
 from tests.engine.test_fast import (
     GREEDY,
     MAX_NEW,
@@ -23,26 +22,6 @@ from tests.engine.test_fast import (
     _wanted,
     _with,
 )
-
-
-def _dequantized_copy(loaded: LoadedModel) -> LoadedModel:
-    """``loaded`` with every bitsandbytes layer replaced by a plain one holding the weights
-    bitsandbytes' own functions dequantize (int8: its rows times SCB / 127)."""
-    import bitsandbytes.functional as bnb_functional
-
-    for parent in list(loaded.model.modules()):
-        for name, child in list(parent.named_children()):
-            weight: Any = getattr(child, "weight", None)
-            if hasattr(weight, "quant_state"):
-                values = bnb_functional.dequantize_4bit(weight.data, weight.quant_state)
-            elif hasattr(weight, "SCB"):
-                values = weight.data.float() * weight.SCB.float()[:, None] * (1 / 127)
-            else:
-                continue
-            plain = nn.Linear(values.shape[1], values.shape[0], bias=False)
-            plain.weight = nn.Parameter(values.to(loaded.dtype), requires_grad=False)
-            setattr(parent, name, plain)
-    return loaded
 
 
 @pytest.mark.parametrize("quantization", ["nf4", "int8"])
@@ -56,7 +35,7 @@ async def test_bitsandbytes_weights_give_their_model_s_greedy_tokens(
     config = _with(_config(data_dir), quantization=quantization, quantize_lm_head=lm_head)
     loaded = load_model(config)
     prompts = [tuple(loaded.tokenizer.encode(text)) for text in TEXTS]
-    reference = _dequantized_copy(load_model(config))
+    reference = dequantized_copy(load_model(config))
     wanted = _wanted(reference, reference_greedy(reference, prompts, MAX_NEW))
     engine = RecordingEngine(loaded, config)
     try:
