@@ -141,6 +141,12 @@ def load_model(settings: EngineConfig) -> LoadedModel:
             del config.quantization_config
             label = "fp8"
             fp8_checkpoint = _local_folder(source, revision)
+        saved = saved_bitsandbytes(config)
+        if saved is not None:
+            # Saved already quantized: transformers reads the codes as they are.
+            quantization = None
+            head = settings.model.quantization if settings.model.quantize_lm_head else "none"
+            label = quantization_label(saved, head != "none")
         _log_loading(name, device, dtype, label)
         model = _from_pretrained(source, revision, dtype, quantization, device, config)
     model.eval()
@@ -168,6 +174,18 @@ def load_model(settings: EngineConfig) -> LoadedModel:
         add_generation_prompt=settings.add_generation_prompt,
         fp8_checkpoint=fp8_checkpoint,
     )
+
+
+def saved_bitsandbytes(config: PretrainedConfig) -> str | None:
+    """``nf4``, ``fp4`` or ``int8`` where the checkpoint was saved quantized by bitsandbytes."""
+    section = getattr(config, "quantization_config", None)
+    if section is not None and not isinstance(section, dict):
+        section = section.to_dict()
+    if not section or str(section.get("quant_method")) != "bitsandbytes":
+        return None
+    if section.get("load_in_4bit"):
+        return str(section.get("bnb_4bit_quant_type") or "nf4")
+    return "int8" if section.get("load_in_8bit") else None
 
 
 def _is_compressed_fp8(config: PretrainedConfig) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -123,5 +124,36 @@ async def test_compiled_nf4_step_gives_the_same_tokens(data_dir: Path) -> None:
         assert engine.plan.compiled
         assert await _alone(engine, requests) == wanted
         assert await _generated(engine, requests * 2, "crowd") == wanted * 2
+    finally:
+        engine.close()
+
+
+async def test_a_checkpoint_saved_quantized_is_served_as_it_was_saved(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    # The article's readers download a 4-bit checkpoint as often as they quantize at load: one
+    # saved by bitsandbytes is read as it is (no HYMT_QUANTIZATION), reported as nf4, and gives
+    # its dequantized numbers' tokens.
+    quantized = load_model(_with(_config(data_dir), quantization="nf4"))
+    # The output layer as the checkpoint had it (the service pads its rows once loaded).
+    padded: Any = quantized.model.get_output_embeddings()  # type: ignore[no-untyped-call]
+    plain = nn.Linear(padded.inner.in_features, padded.rows, bias=False)
+    plain.weight = nn.Parameter(padded.inner.weight.data[: padded.rows], requires_grad=False)
+    quantized.model.set_output_embeddings(plain)  # type: ignore[no-untyped-call]
+    folder = tmp_path / "nf4-checkpoint"
+    quantized.model.save_pretrained(folder)
+    quantized.tokenizer.save_pretrained(folder)
+    config = _with(_config(data_dir), model_id=str(folder))
+    loaded = load_model(config)
+    assert loaded.quantization == "nf4"
+    prompts = [tuple(loaded.tokenizer.encode(text)) for text in TEXTS[:3]]
+    reference = dequantized_copy(load_model(config))
+    wanted = _wanted(reference, reference_greedy(reference, prompts, MAX_NEW))
+    engine = RecordingEngine(loaded, config)
+    try:
+        assert engine.info.quantization == "nf4"
+        assert engine.runner.weights.layers[0].qkv.weight.dtype == torch.uint8
+        requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
+        assert await _alone(engine, requests) == wanted
     finally:
         engine.close()

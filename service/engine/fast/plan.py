@@ -106,9 +106,9 @@ def fold_norms_for(
 
 
 def bitsandbytes(loaded: LoadedModel) -> bool:
-    """Whether ``loaded``'s projections are bitsandbytes' (nf4 or int8, the output layer too
-    with ``+lm_head``)."""
-    return loaded.quantization.split("+")[0] in ("nf4", "int8")
+    """Whether ``loaded``'s projections are bitsandbytes' (nf4, fp4 from a checkpoint saved so,
+    or int8; the output layer too with ``+lm_head``)."""
+    return loaded.quantization.split("+")[0] in ("nf4", "fp4", "int8")
 
 
 def pdl_ready(
