@@ -131,22 +131,10 @@ def load_model(settings: EngineConfig) -> LoadedModel:
         else:
             source, name = settings.model.model_id, settings.model.model_id
         config = AutoConfig.from_pretrained(source, revision=revision)
-        if _is_compressed_fp8(config):
-            # Its projections are read by the fast engine itself (fast/checkpoint.py).
-            if settings.model.quantization in ("nf4", "int8"):
-                raise RuntimeError(
-                    f"{name} is an FP8 (compressed-tensors) checkpoint, which bitsandbytes does "
-                    "not quantize again: leave HYMT_QUANTIZATION unset for it"
-                )
-            del config.quantization_config
-            label = "fp8"
-            fp8_checkpoint = _local_folder(source, revision)
-        saved = saved_bitsandbytes(config)
-        if saved is not None:
-            # Saved already quantized: transformers reads the codes as they are.
-            quantization = None
-            head = settings.model.quantization if settings.model.quantize_lm_head else "none"
-            label = quantization_label(saved, head != "none")
+        saved = _saved_format(config, settings, name, (source, revision))
+        label, fp8_checkpoint = saved.label or label, saved.fp8_checkpoint
+        if saved.quantized:
+            quantization = None  # transformers reads the codes as they were saved
         _log_loading(name, device, dtype, label)
         model = _from_pretrained(source, revision, dtype, quantization, device, config)
     model.eval()
@@ -174,6 +162,39 @@ def load_model(settings: EngineConfig) -> LoadedModel:
         add_generation_prompt=settings.add_generation_prompt,
         fp8_checkpoint=fp8_checkpoint,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _SavedFormat:
+    """What a checkpoint says of its own weights: their format's label where it names one, the
+    folder of an FP8 checkpoint the fast engine reads itself, whether bitsandbytes saved it
+    quantized (then it is not quantized again)."""
+
+    label: str | None = None
+    fp8_checkpoint: Path | None = None
+    quantized: bool = False
+
+
+def _saved_format(
+    config: PretrainedConfig,
+    settings: EngineConfig,
+    name: str,
+    where: tuple[str | Path, str | None],
+) -> _SavedFormat:
+    if _is_compressed_fp8(config):
+        # Its projections are read by the fast engine itself (fast/checkpoint.py).
+        if settings.model.quantization in ("nf4", "int8"):
+            raise RuntimeError(
+                f"{name} is an FP8 (compressed-tensors) checkpoint, which bitsandbytes does "
+                "not quantize again: leave HYMT_QUANTIZATION unset for it"
+            )
+        del config.quantization_config
+        return _SavedFormat("fp8", _local_folder(*where))
+    saved = saved_bitsandbytes(config)
+    if saved is None:
+        return _SavedFormat()
+    head = settings.model.quantize_lm_head and settings.model.quantization != "none"
+    return _SavedFormat(quantization_label(saved, head), quantized=True)
 
 
 def saved_bitsandbytes(config: PretrainedConfig) -> str | None:
