@@ -69,6 +69,11 @@ class ProfileReport:
     throughput_timeline: dict[str, float] = field(default_factory=dict)
     # The fast engine's step loop while the throughput requests ran (``_step_loop``).
     throughput_step_loop: dict[str, float] = field(default_factory=dict)
+    # Per batch-size bucket: the engine's decode step measured at start with empty rows
+    # (``step_ms``), and the device's mean ms per decode step of that bucket while the
+    # throughput requests ran (real contexts; on a GPU).
+    step_ms_at_start: dict[int, float] = field(default_factory=dict)
+    device_decode_ms_by_bucket: dict[int, float] = field(default_factory=dict)
 
 
 def _resolver(
@@ -161,7 +166,9 @@ async def run(
         batch_tokens = await _generate(engine, batch, "load", concurrency)
         batch_wall = time.perf_counter() - started
         sampler.cancel()
-        loop = _step_loop(before, engine.step_times(), batch_wall)
+        after = engine.step_times()
+        loop = _step_loop(before, after, batch_wall)
+        by_bucket = _by_bucket(before, after)
     finally:
         engine.close()
     return ProfileReport(
@@ -186,7 +193,19 @@ async def run(
         max_memory_allocated_bytes=torch.cuda.max_memory_allocated() if cuda else 0,
         throughput_timeline=asdict(summarize(samples, batch_wall)),
         throughput_step_loop=loop,
+        step_ms_at_start={b: round(1000 * s, 3) for b, s in engine.step_seconds().items()},
+        device_decode_ms_by_bucket=by_bucket,
     )
+
+
+def _by_bucket(before: StepTimes, after: StepTimes) -> dict[int, float]:
+    """The device's mean ms per decode step of each bucket between ``before`` and ``after``."""
+    means = {}
+    for bucket, (seconds, steps) in after.device_decode_by_bucket.items():
+        was_seconds, was_steps = before.device_decode_by_bucket.get(bucket, (0.0, 0))
+        if steps > was_steps:
+            means[bucket] = round(1000 * (seconds - was_seconds) / (steps - was_steps), 3)
+    return dict(sorted(means.items()))
 
 
 def _step_loop(before: StepTimes, after: StepTimes, wall_s: float) -> dict[str, float]:

@@ -9,23 +9,26 @@ the step loop's own wait), so timing never makes the host wait. Off a GPU nothin
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 
 @dataclass(slots=True)
 class DeviceTimes:
-    """Seconds the device spent, summed since start."""
+    """Seconds the device spent, summed since start; decode steps also by batch-size bucket
+    (seconds and steps), to set beside the step times the engine measured with empty rows."""
 
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    decode_by_bucket: dict[int, tuple[float, int]] = field(default_factory=dict)
 
 
 class DeviceClock:
     def __init__(self, device: torch.device) -> None:
         self._on = device.type == "cuda"
-        self._pending: deque[tuple[bool, torch.cuda.Event, torch.cuda.Event]] = deque()
+        # (bucket, or None for a prefill; start; end)
+        self._pending: deque[tuple[int | None, torch.cuda.Event, torch.cuda.Event]] = deque()
         self.times = DeviceTimes()
 
     def start(self) -> torch.cuda.Event | None:
@@ -36,20 +39,23 @@ class DeviceClock:
         event.record()
         return event
 
-    def stop(self, started: torch.cuda.Event | None, prefill: bool) -> None:
-        """The work enqueued since ``started`` is a prefill (else a decode step)."""
+    def stop(self, started: torch.cuda.Event | None, bucket: int | None = None) -> None:
+        """The work enqueued since ``started`` is a decode step of ``bucket`` rows, or (None) a
+        prefill."""
         if started is None:
             return
         ended = torch.cuda.Event(enable_timing=True)
         ended.record()
-        self._pending.append((prefill, started, ended))
+        self._pending.append((bucket, started, ended))
 
     def settle(self) -> None:
         """Add the spans that have run."""
         while self._pending and self._pending[0][2].query():
-            prefill, started, ended = self._pending.popleft()
+            bucket, started, ended = self._pending.popleft()
             seconds = started.elapsed_time(ended) / 1000
-            if prefill:
+            if bucket is None:
                 self.times.prefill_s += seconds
-            else:
-                self.times.decode_s += seconds
+                continue
+            self.times.decode_s += seconds
+            total, steps = self.times.decode_by_bucket.get(bucket, (0.0, 0))
+            self.times.decode_by_bucket[bucket] = (total + seconds, steps + 1)

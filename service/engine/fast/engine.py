@@ -148,6 +148,7 @@ class FastEngine(LoadedEngine):
             self._stepper.times,
             device_prefill_s=device.prefill_s,
             device_decode_s=device.decode_s,
+            device_decode_by_bucket=dict(device.decode_by_bucket),
         )
 
     def steps(self) -> int | None:

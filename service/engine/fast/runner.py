@@ -222,7 +222,7 @@ class ModelRunner:
         logits = self.model.prefill(pack(pieces, self.page_size, self.device))
         completing = [c.sequence for c in chunks if c.completes]
         firsts = self._first_tokens(completing, logits) if completing else []
-        self.clock.stop(started, prefill=True)
+        self.clock.stop(started)
         return firsts
 
     def _first_tokens(self, sequences: list[Sequence], logits: torch.Tensor) -> list[int]:
@@ -293,7 +293,7 @@ class ModelRunner:
             self._own(grown)
         started = self.clock.start()
         self._step(n, plan.full_sort, plan.longest)
-        self.clock.stop(started, prefill=False)
+        self.clock.stop(started, self._bucket(n))
         buffer = self._host_tokens[self._flip]
         self._flip ^= 1
         buffer[:n].copy_(self.rows.sampled[:n], non_blocking=True)
@@ -313,7 +313,7 @@ class ModelRunner:
 
     def _step(self, n: int, full: bool, longest: int) -> None:
         """One decode step of rows ``0..n-1`` whose longest sequence is ``longest`` tokens."""
-        bucket = self._buckets[bisect.bisect_left(self._buckets, n)]
+        bucket = self._bucket(n)
         if self._graphs is not None:
             self._graphs.replay(bucket, full)
         elif self._static:
@@ -321,6 +321,10 @@ class ModelRunner:
             self._decode_and_sample(bucket, full)
         else:
             self._decode_and_sample(n, full, pages_for(longest, self.page_size))
+
+    def _bucket(self, n: int) -> int:
+        """The batch-size bucket a step of ``n`` rows runs in."""
+        return self._buckets[bisect.bisect_left(self._buckets, n)]
 
     def time_steps(self) -> dict[int, float]:
         """Seconds of one decode step at each batch-size bucket, measured now (the engine is

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
@@ -91,6 +91,8 @@ class StepTimes:
     decode_rows: int = 0
     device_prefill_s: float = 0.0
     device_decode_s: float = 0.0
+    # Bucket -> (device seconds, decode steps).
+    device_decode_by_bucket: dict[int, tuple[float, int]] = field(default_factory=dict)
     prefill_s: float = 0.0
     launch_s: float = 0.0
     wait_s: float = 0.0

@@ -1,0 +1,68 @@
+"""The device clock adds each span once it has run, by kind and bucket, and never waits."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from service.engine.fast.device_clock import DeviceClock
+
+
+class FakeEvent:
+    """A CUDA event on a fake stream: recorded at the next tick of a clock, passed once the
+    test says the device got there."""
+
+    ticks = itertools.count()
+    passed_up_to = -1
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.at = -1
+
+    def record(self) -> None:
+        self.at = next(FakeEvent.ticks)
+
+    def query(self) -> bool:
+        return self.at <= FakeEvent.passed_up_to
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert end.query(), "read only once passed"
+        return float(end.at - self.at)  # one millisecond per tick
+
+
+def test_spans_are_added_by_kind_and_bucket_once_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    FakeEvent.ticks, FakeEvent.passed_up_to = itertools.count(), -1
+    clock = DeviceClock(torch.device("cuda"))
+    prefill = clock.start()  # tick 0
+    clock.stop(prefill)  # 1
+    decode = clock.start()  # 2
+    clock.stop(decode, 64)  # 3
+    again = clock.start()  # 4
+    clock.stop(again, 64)  # 5
+    clock.settle()
+    assert clock.times.prefill_s == clock.times.decode_s == 0.0  # nothing has run yet
+    FakeEvent.passed_up_to = 3
+    clock.settle()
+    assert clock.times.prefill_s == pytest.approx(0.001)
+    ((seconds, steps),) = clock.times.decode_by_bucket.values()
+    assert seconds == pytest.approx(0.001)
+    assert steps == 1
+    assert list(clock.times.decode_by_bucket) == [64]
+    FakeEvent.passed_up_to = 5
+    clock.settle()
+    clock.settle()  # each span once
+    assert clock.times.decode_s == pytest.approx(0.002)
+    assert clock.times.decode_by_bucket[64][0] == pytest.approx(0.002)
+    assert clock.times.decode_by_bucket[64][1] == 2
+
+
+def test_nothing_is_timed_off_a_gpu() -> None:
+    clock = DeviceClock(torch.device("cpu"))
+    started = clock.start()
+    assert started is None
+    clock.stop(started, 8)
+    clock.settle()
+    assert clock.times.decode_by_bucket == {}
