@@ -1,5 +1,5 @@
-"""What both engines share: the loaded model's identity and tokenizer side, the generation
-configuration, and turning tokens into text."""
+"""The loaded model's identity and tokenizer side, the generation configuration (the naive
+baseline's ``generate()``), and turning finished tokens into text."""
 
 from __future__ import annotations
 
@@ -59,15 +59,6 @@ class Detokenizer:
         self._tokenizer = tokenizer
         self._eos = eos
 
-    def prefix(self, generated: Sequence[int]) -> str:
-        """The text of tokens still being generated, as far as the final text will surely begin
-        with it: without trailing whitespace (the final text is stripped) or a character whose
-        bytes have not all been generated yet."""
-        end = next((i for i, token in enumerate(generated) if token in self._eos), None)
-        kept = list(generated if end is None else generated[:end])
-        text = str(self._tokenizer.decode(kept, skip_special_tokens=True))
-        return text.rstrip("\ufffd").strip()
-
     def results(
         self, prompt_lengths: Sequence[int], generated: Sequence[Sequence[int]]
     ) -> list[GenerationResult]:
@@ -93,15 +84,13 @@ class Detokenizer:
 
 
 class LoadedEngine:
-    """Base of the engines: what a loaded model exposes whichever way it is driven."""
+    """What a loaded model exposes to the engine contract: its info, tokenizer and encoder."""
 
     def __init__(self, loaded: LoadedModel) -> None:
         self._device = loaded.device
         self._tokenizer = tokenizer_spec(loaded.tokenizer, loaded.add_generation_prompt)
         self._encoder = ChatPromptEncoder(self._tokenizer)
         self._eos_ids = eos_ids(loaded.model)
-        self._detokenizer = Detokenizer(loaded.tokenizer, self._eos_ids)
-        self._pad_id = pad_token_id(loaded.tokenizer, self._eos_ids)
         self._info = engine_info(loaded)
 
     @property
