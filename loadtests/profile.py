@@ -15,6 +15,9 @@ exact requests the load generator's texts become, and measures, in one process:
 - kernels launched per token in the profiled request.
 - the profile's top kernels by GPU time and by launches per token, for the report; ``--trace``
   also writes the kernels of two decode steps in launch order.
+- with ``--window-after S``: ``torch.profiler`` (kernels only) over ``--window`` seconds of the
+  throughput phase from S seconds in, a steady state's kernels in ms per decode step, by kernel
+  and by kind (matrix products, attention, the rest): where a full step's device time goes.
 
     HYMT_LOAD_FORMAT=dummy python -m loadtests.profile --requests 1024 --report profile.json
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -74,6 +78,9 @@ class ProfileReport:
     # throughput requests ran (real contexts; on a GPU).
     step_ms_at_start: dict[int, float] = field(default_factory=dict)
     device_decode_ms_by_bucket: dict[int, float] = field(default_factory=dict)
+    # The loaded window (``--window-after``): its decode steps and prefills, the kernels' ms per
+    # decode step by name (top 30) and by kind, and the kernels' busy share of the window.
+    loaded_window: dict[str, object] = field(default_factory=dict)
 
 
 def _resolver(
@@ -124,6 +131,7 @@ async def run(
     seed: int,
     trace_path: Path | None = None,
     concurrency: int = 0,
+    window: tuple[float, float] | None = None,
 ) -> ProfileReport:
     config = settings.engine_config()
     loaded = load_model(config)
@@ -163,9 +171,13 @@ async def run(
         before = engine.step_times()
         started = time.perf_counter()
         sampler = asyncio.create_task(_sample(engine, started, samples))
+        watching: asyncio.Task[dict[str, object]] | None = None
+        if window is not None:
+            watching = asyncio.create_task(_loaded_window(engine, cuda, *window))
         batch_tokens = await _generate(engine, batch, "load", concurrency)
         batch_wall = time.perf_counter() - started
         sampler.cancel()
+        loaded_window = await watching if watching is not None else {}
         after = engine.step_times()
         loop = _step_loop(before, after, batch_wall)
         by_bucket = _by_bucket(before, after)
@@ -195,6 +207,7 @@ async def run(
         throughput_step_loop=loop,
         step_ms_at_start={b: round(1000 * s, 3) for b, s in engine.step_seconds().items()},
         device_decode_ms_by_bucket=by_bucket,
+        loaded_window=loaded_window,
     )
 
 
@@ -260,6 +273,55 @@ def _write_step_kernels(trace: profile, per_token: float, path: Path) -> None:
     )
 
 
+# Kernel names by kind, first match wins: cuBLAS/CUTLASS products (and FP8's scaled ones),
+# then attention (FlexAttention's templates, FlashAttention, the engine's own decode kernel).
+_KINDS = (
+    ("matmul", re.compile(r"gemm|cutlass|nvjet|xmma|cublas|_scaled_mm|gemv", re.I)),
+    ("attention", re.compile(r"flex|triton_tem|flash|paged_decode|attention", re.I)),
+)
+
+
+async def _loaded_window(
+    engine: FastEngine, cuda: bool, after_s: float, window_s: float
+) -> dict[str, object]:
+    """Kernels only, over ``window_s`` seconds from ``after_s`` into the throughput phase: ms per
+    decode step by kernel (top 30) and by kind, the steps and prefills the window held, and the
+    kernels' share of the window (the device's busy share, profiling's own cost included)."""
+    await asyncio.sleep(after_s)
+    # (Off a GPU the window counts steps and finds no kernels: the tests run it there.)
+    trace = profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU])
+    before = engine.step_times()
+    trace.start()
+    started = time.perf_counter()
+    await asyncio.sleep(window_s)
+    trace.stop()
+    wall = time.perf_counter() - started
+    after = engine.step_times()
+    decodes = max(after.decodes - before.decodes, 1)
+    kernels = [e for e in trace.key_averages() if e.device_type == DeviceType.CUDA]
+    kernels.sort(key=lambda event: event.self_device_time_total, reverse=True)
+    kinds: dict[str, float] = {}
+    for event in kernels:
+        kind = next((k for k, pattern in _KINDS if pattern.search(event.key)), "other")
+        kinds[kind] = kinds.get(kind, 0.0) + event.self_device_time_total
+    busy_us = sum(kinds.values())
+    return {
+        "seconds": round(wall, 3),
+        "decode_steps": after.decodes - before.decodes,
+        "prefills": after.prefills - before.prefills,
+        "prefill_tokens": after.prefill_tokens - before.prefill_tokens,
+        "mean_decode_rows": round((after.decode_rows - before.decode_rows) / decodes, 1),
+        "busy_share": round(busy_us / 1e6 / wall, 3) if wall else 0.0,
+        "ms_per_step_by_kind": {k: round(us / 1000 / decodes, 3) for k, us in kinds.items()},
+        "ms_per_step_by_kernel": {
+            e.key[:100]: round(e.self_device_time_total / 1000 / decodes, 3) for e in kernels[:30]
+        },
+        "launches_per_step_by_kernel": {
+            e.key[:100]: round(e.count / decodes, 2) for e in kernels[:30]
+        },
+    }
+
+
 async def _sample(engine: Engine, started: float, samples: list[tuple[float, int]]) -> None:
     while True:
         samples.append((time.perf_counter() - started, engine.running() or 0))
@@ -279,9 +341,16 @@ def main(argv: list[str] | None = None) -> ProfileReport:
         default=0,
         help="keep this many requests in flight (a closed loop); 0 submits all at once",
     )
+    parser.add_argument(
+        "--window-after",
+        type=float,
+        help="profile the throughput phase's kernels from this many seconds in (on a GPU)",
+    )
+    parser.add_argument("--window", type=float, default=2.0, help="seconds the window lasts")
     args = parser.parse_args(argv)
+    window = None if args.window_after is None else (args.window_after, args.window)
     report = asyncio.run(
-        run(Settings(), args.requests, args.lone, args.seed, args.trace, args.concurrency)
+        run(Settings(), args.requests, args.lone, args.seed, args.trace, args.concurrency, window)
     )
     emit(report, args.report)
     return report

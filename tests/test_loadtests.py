@@ -54,7 +54,9 @@ async def test_profile_keeps_a_closed_loop_and_says_how_full_the_steps_ran(
     make_settings: MakeSettings,
 ) -> None:
     settings = make_settings(max_new_tokens=8)
-    report = await profile.run(settings, requests=8, lone=0, seed=0, concurrency=2)
+    report = await profile.run(
+        settings, requests=8, lone=0, seed=0, concurrency=2, window=(0.0, 0.5)
+    )
     assert report.throughput_concurrency == 2
     loop = report.throughput_step_loop
     # Two in flight: no decode step ran more than two rows, and every prompt was prefilled.
@@ -62,6 +64,12 @@ async def test_profile_keeps_a_closed_loop_and_says_how_full_the_steps_ran(
     assert loop["prefill_steps"] >= 4
     assert loop["prefill_tokens_per_prefill"] > 0
     assert loop["device_busy_share_of_wall"] == 0.0  # nothing is timed off a GPU
+    # The loaded window saw steps of the throughput phase, and (off a GPU) no kernels.
+    window = report.loaded_window
+    assert isinstance(window["decode_steps"], int)
+    assert window["decode_steps"] > 0
+    assert 1 <= float(window["mean_decode_rows"]) <= 2  # type: ignore[arg-type]
+    assert window["ms_per_step_by_kind"] == {}
 
 
 async def test_fidelity_of_int8_weights_against_their_dequantized_numbers(

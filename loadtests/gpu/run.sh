@@ -11,7 +11,8 @@
 # 4,096 requests at once (QUEUE sets the bound) with /health polled, then goodput at RATE
 # requests/s, default 85, under a DEADLINE, default 5 s).
 # fast (the fast engine through HTTP, plus the naive baseline), fast-fp8 (its FP8 weights),
-# fast-profile / fast-profile-fp8 (loadtests.profile on the fast engine), fidelity-float32 /
+# fast-profile / fast-profile-fp8 (loadtests.profile on the fast engine; WINDOW_AFTER=S profiles
+# the loaded steps' kernels for 2 s from S s into its throughput phase), fidelity-float32 /
 # fidelity-bfloat16 (loadtests.fidelity: TEXTS texts alone and in a CROWD, against generate()),
 # kernels (loadtests.kernels: decode attention and one-row projections alone, in CUDA graphs;
 # KERNEL_ARGS=--gemv-sweep adds every block size of the one-row kernel).
@@ -52,6 +53,7 @@ for variant in "$@"; do
     quant=none; [ "$variant" = fast-profile-fp8 ] && quant=fp8
     HYMT_ENGINE=fast HYMT_QUANTIZATION=$quant HYMT_LOAD_FORMAT=dummy HYMT_DATA_DIR="$work/data" timeout "${VARIANT_TIMEOUT:-280}" \
       python3 -m loadtests.profile --requests "$requests" --concurrency "${CONCURRENCY:-0}" --lone "${LONE:-6}" --report "$work/$variant.json" --trace "$work/$variant.kernels.json" \
+      ${WINDOW_AFTER:+--window-after "$WINDOW_AFTER"} \
       > "$work/$variant.out" 2>&1
     echo "exit $?"; cat "$work/$variant.json" 2>/dev/null || tail -c 3000 "$work/$variant.out"
     grep -E '"(fast engine ready|decode graphs captured|decode compiled|kv cache allocated)"' "$work/$variant.out" | cut -c1-600
