@@ -14,7 +14,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from loadtests import baseline, bench, fidelity, ipc, kernels, loadgen, overload, profile
+from loadtests import (
+    baseline,
+    bench,
+    fidelity,
+    ipc,
+    kernels,
+    loadgen,
+    overload,
+    profile,
+    quant_kernels,
+)
 from loadtests.timeline import summarize
 from service.frontend.metrics import Metrics
 from service.frontend.stalls import StallMonitor
@@ -227,3 +237,14 @@ def test_the_load_generator_raises_its_open_files_limit() -> None:
         assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == min(lowered + 100, hard)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_quant_kernels_smoke_runs_every_engine_format() -> None:
+    # On a CPU: the engine's formats at a sixteenth of the 7B's layer, each equal to the product
+    # over its own dequantized weight.
+    report = quant_kernels.main(["--smoke", "--rows", "1,3"])
+    one, three = report["products_us"]["rows1"], report["products_us"]["rows3"]
+    for name in ("bf16", "nf4", "int8", "int4-reduction"):
+        assert one[f"{name}_rel_error"] < 1e-5, name
+    assert "int4-reduction_rel_error" not in three  # a one-row form only
+    assert three["nf4_rel_error"] < 1e-5

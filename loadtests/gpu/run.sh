@@ -15,7 +15,9 @@
 # the loaded steps' kernels for 2 s from S s into its throughput phase), fidelity-float32 /
 # fidelity-bfloat16 (loadtests.fidelity: TEXTS texts alone and in a CROWD, against generate()),
 # kernels (loadtests.kernels: decode attention and one-row projections alone, in CUDA graphs;
-# KERNEL_ARGS=--gemv-sweep adds every block size of the one-row kernel).
+# KERNEL_ARGS=--gemv-sweep adds every block size of the one-row kernel); quant-kernels
+# (loadtests.quant_kernels: one layer's products in bf16, nf4, int8, int4 by tinygemm and by
+# bitsandbytes' own kernels, at 1 to 1,024 rows).
 # stream (loadtests.streaming: time to first token and to the full text of a 2,000-word document
 # through POST /translate/stream), replicas (loadtests.replicas: REPLICAS services, one per GPU, behind
 # the shipped nginx and Redis, REQUESTS concurrent clients, a flood of FLOOD at a queue bound of QUEUE,
@@ -64,6 +66,11 @@ for variant in "$@"; do
       "${common[@]}" > "$work/stream.out" 2>&1
     echo "exit $?"; cat "$work/stream.json" 2>/dev/null || tail -c 3000 "$work/stream.out"
     cp "$work/stream.json" "$out/" 2>/dev/null; continue
+  fi
+  if [ "$variant" = quant-kernels ]; then  # loadtests.quant_kernels: a layer's products by weight format
+    timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.quant_kernels --report "$work/quant-kernels.json" > "$work/quant-kernels.out" 2>&1
+    echo "exit $?"; cat "$work/quant-kernels.json" 2>/dev/null || tail -c 3000 "$work/quant-kernels.out"
+    cp "$work/quant-kernels.json" "$out/" 2>/dev/null; continue
   fi
   if [ "$variant" = kernels ]; then  # loadtests.kernels: decode kernels alone, in CUDA graphs
     timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.kernels ${KERNEL_ARGS:-} --report "$work/kernels.json" > "$work/kernels.out" 2>&1

@@ -1,0 +1,262 @@
+"""Which 4-bit (and 8-bit) weight format multiplies fastest: one layer of the 7B's projections
+(fused QKV, output, fused gate/up, down, in turn: together their weights pass the L2 cache, so
+each is read from memory as in the engine) at a few batch sizes, each format inside a CUDA graph
+(``kernels.timed_us``).
+
+- ``bf16``: cuBLAS on the 16-bit weight, the floor every format is set against;
+- ``nf4`` and ``int8``: the engine's own products over bitsandbytes' numbers (``linear.linear``):
+  at one row compiled, the dequantization inside the reduction that reads the packed bytes; at
+  more rows dequantized into the activations' dtype, then one GEMM;
+- ``nf4-bitsandbytes``: bitsandbytes' own 4-bit product (``matmul_4bit``: its GEMV kernel at
+  one row, dequantize and GEMM above), what the article's fix runs, launched eagerly as
+  transformers does;
+- ``int4-tinygemm``: AWQ/GPTQ-style int4 (a scale and zero point per group of 128 inputs) by
+  torch's own W4A16 kernel (``aten._weight_int4pack_mm``, tinygemm, compute capability 8.0+);
+- ``int4-reduction``: the same int4 numbers dequantized inside the engine's compiled one-row
+  reduction (the form the engine would take for such a checkpoint at one row).
+
+Weights are random (speed does not depend on the values); each variant's result is compared with
+the product over its own dequantized weight. On a CPU (``--smoke``) the engine's variants run once
+at a sixteenth of the sizes, untimed.
+
+    python -m loadtests.quant_kernels --report quant-kernels.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch._dynamo.config
+
+from loadtests.kernels import SHAPES, timed_us
+from service.engine.fast.linear import dequantize, linear
+
+# NF4's 16 values (bitsandbytes' table).
+NF4 = (
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+    -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+    0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+    0.44070982933044434, 0.5626170039176941, 0.7229568362884521, 1.0,
+)  # fmt: skip
+BLOCK = 64  # bitsandbytes' 4-bit block
+GROUP = 128  # the int4 formats' group
+INNER_K_TILES = 8
+
+
+def _nf4(outputs: int, inputs: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    codes = torch.randint(0, 256, (outputs, inputs // 2), dtype=torch.uint8, device=device)
+    maxima = torch.rand(outputs, inputs // BLOCK, device=device) / inputs**0.5
+    return codes, maxima, torch.tensor(NF4, device=device)
+
+
+def _int4(outputs: int, inputs: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Codes 0..15 ``[out, in]``, a scale and a zero point per group ``[out, in / GROUP]``: a
+    weight is ``(code - 8) * scale + zero`` (tinygemm's convention)."""
+    codes = torch.randint(0, 16, (outputs, inputs), dtype=torch.uint8, device=device)
+    scales = torch.rand(outputs, inputs // GROUP, device=device) / inputs**0.5
+    zeros = (torch.rand(outputs, inputs // GROUP, device=device) - 0.5) / inputs**0.5
+    return codes, scales, zeros
+
+
+def int4_dequantized(
+    codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor
+) -> torch.Tensor:
+    """The int4 weight as float32 ``[out, in]``."""
+    out, inputs = codes.shape
+    grouped = (codes.float() - 8).view(out, inputs // GROUP, GROUP)
+    return (grouped * scales[:, :, None] + zeros[:, :, None]).view(out, inputs)
+
+
+def int4_row(
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor
+) -> torch.Tensor:
+    """One row times the int4 weight, written to compile into one reduction."""
+    weight = int4_dequantized(codes, scales, zeros)
+    return (x[:, None, :].float() * weight[None]).sum(-1).to(x.dtype)
+
+
+def _tinygemm(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    dtype: torch.dtype,
+    high_first: bool = True,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """tinygemm's product over the int4 weight (``high_first``: which code of a pair goes in a
+    byte's high half; the check against the dequantized weight says which the kernel reads)."""
+    first, second = codes[:, ::2], codes[:, 1::2]
+    pairs = (first << 4 | second) if high_first else (second << 4 | first)
+    packed = torch.ops.aten._convert_weight_to_int4pack(pairs.contiguous(), INNER_K_TILES)
+    scales_and_zeros = torch.stack([scales.t(), zeros.t()], dim=-1).to(dtype).contiguous()
+    return lambda x: torch.ops.aten._weight_int4pack_mm(x, packed, GROUP, scales_and_zeros)
+
+
+def _bitsandbytes(
+    outputs: int, inputs: int, device: torch.device, dtype: torch.dtype
+) -> tuple[tuple[Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]:
+    """bitsandbytes' own 4-bit weight of a random matrix: its product and the weight it
+    stands for."""
+    import bitsandbytes.functional as bnbf
+    from bitsandbytes.autograd._functions import matmul_4bit
+
+    weight = torch.randn(outputs, inputs, dtype=dtype, device=device) / inputs**0.5
+    packed, state = bnbf.quantize_4bit(weight, blocksize=BLOCK, quant_type="nf4")
+    exact = bnbf.dequantize_4bit(packed, state).float()
+    return (lambda x: matmul_4bit(x, packed.t(), quant_state=state),), exact
+
+
+@dataclass(frozen=True)
+class _Format:
+    """One format's weights for the four projections of a layer, and its product."""
+
+    product: Callable[..., torch.Tensor]
+    weights: list[tuple[Any, ...]]
+    exact: list[torch.Tensor]
+
+    def layer(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [self.product(x, *w) for x, w in zip(xs, self.weights, strict=True)]
+
+
+def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str, _Format]:
+    """Every format's weights for the 7B's layer (a sixteenth of it with ``smoke``)."""
+    cuda = device.type == "cuda"
+    formats: dict[str, _Format] = {
+        "bf16": _Format(torch.nn.functional.linear, [], []),
+        "nf4": _Format(linear, [], []),
+        "int8": _Format(linear, [], []),
+        "int4-reduction": _Format(int4_row, [], []),
+    }
+    if cuda and not smoke:
+        formats["int4-tinygemm"] = _Format(lambda x, call: call(x), [], [])
+        formats["nf4-bitsandbytes"] = _Format(lambda x, call: call(x), [], [])
+    for _name, inputs, outputs in SHAPES:
+        if smoke:
+            inputs, outputs = inputs // 16, outputs // 16
+        weight = torch.randn(outputs, inputs, dtype=dtype, device=device) / inputs**0.5
+        codes, maxima, table = _nf4(outputs, inputs, device)
+        int8 = torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8, device=device)
+        row_max = torch.rand(outputs, 1, device=device) * 127 / inputs**0.5
+        q4, scales, zeros = _int4(outputs, inputs, device)
+        int4_exact = int4_dequantized(q4, scales, zeros)
+        parts: dict[str, tuple[tuple[Any, ...], torch.Tensor]] = {
+            "bf16": ((weight,), weight.float()),
+            "nf4": ((codes, maxima, table), dequantize(codes, maxima, table, torch.float32)),
+            "int8": ((int8, row_max), dequantize(int8, row_max, None, torch.float32)),
+            "int4-reduction": ((q4, scales, zeros), int4_exact),
+        }
+        if "int4-tinygemm" in formats:
+            probe = torch.randn(16, inputs, dtype=dtype, device=device)
+            for high_first in (True, False):
+                tinygemm = _tinygemm(q4, scales, zeros, dtype, high_first)
+                if _error(tinygemm(probe), probe, int4_exact) < 0.05:
+                    break
+            parts["int4-tinygemm"] = ((tinygemm,), int4_exact)
+        if "nf4-bitsandbytes" in formats:
+            parts["nf4-bitsandbytes"] = _bitsandbytes(outputs, inputs, device, dtype)
+        for name, (held, exact) in parts.items():
+            formats[name].weights.append(held)
+            formats[name].exact.append(exact)
+    return formats
+
+
+def products(
+    rows_list: list[int], device: torch.device, dtype: torch.dtype, repeat: int, smoke: bool
+) -> dict[str, Any]:
+    """Per batch size and format: microseconds for one layer's four products in turn (their
+    weights together pass the GPU's L2 cache, so each is read from memory as in the engine),
+    the same times 32 layers in ms, and the largest relative error of the four."""
+    cuda = device.type == "cuda"
+    formats = _formats(device, dtype, smoke)
+    compiled: dict[str, Callable[..., list[torch.Tensor]]] = {}
+    results: dict[str, Any] = {}
+    for rows in rows_list:
+        xs = [
+            torch.randn(rows, inputs // (16 if smoke else 1), dtype=dtype, device=device)
+            for _, inputs, _ in SHAPES
+        ]
+        measured: dict[str, float | str] = {}
+        for name, held in formats.items():
+            if name == "int4-reduction" and rows > 1:
+                continue  # a one-row form only
+            layer = held.layer
+            if cuda and rows == 1 and name in ("nf4", "int8", "int4-reduction"):
+                # The engine compiles a lone row's step: the dequantization joins the reduction.
+                layer = compiled.setdefault(
+                    name, torch.compile(held.layer, fullgraph=True, dynamic=False)
+                )
+            try:
+                # bitsandbytes' kernels run eagerly, as transformers calls them (a capture
+                # that failed midway would leave the stream unusable for the formats after).
+                timer = _eager_us if name == "nf4-bitsandbytes" else timed_us
+                layer_us = timer(partial(layer, xs), repeat, device)
+                outs = layer(xs)
+                errors = [_error(o, x, e) for o, x, e in zip(outs, xs, held.exact, strict=True)]
+            except Exception as failure:  # one format failing leaves the others measured
+                measured[f"{name}_failed"] = str(failure)[:200]
+                continue
+            measured[f"{name}_layer_us"] = layer_us
+            measured[f"{name}_32_layers_ms"] = round(32 * layer_us / 1000, 3)
+            measured[f"{name}_rel_error"] = max(errors)
+        results[f"rows{rows}"] = measured
+    return results
+
+
+def _eager_us(call: Callable[[], object], repeat: int, device: torch.device) -> float:
+    """GPU microseconds per call of ``call`` launched eagerly ``repeat`` times in a row."""
+    if device.type != "cuda":
+        call()
+        return 0.0
+    for _ in range(3):
+        call()
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    start.record()
+    for _ in range(repeat):
+        call()
+    end.record()
+    torch.cuda.synchronize(device)
+    return round(1000 * float(start.elapsed_time(end)) / repeat, 2)
+
+
+def _error(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> float:
+    """Largest difference from ``x @ weight.T`` (float32), relative to its largest value."""
+    wanted = x.float() @ weight.t()
+    error = (out.float() - wanted).abs().max() / wanted.abs().max()
+    return float(f"{error.item():.3g}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.quant_kernels", description=__doc__)
+    parser.add_argument("--rows", default="1,16,256,1024", help="batch sizes")
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--smoke", action="store_true", help="CPU: small sizes, untimed")
+    parser.add_argument("--report", type=Path)
+    args = parser.parse_args(argv)
+    device = torch.device("cpu" if args.smoke else "cuda")
+    # bf16: tinygemm's one dtype; cuBLAS and the engine's kernels run float16 at the same speed.
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    rows = [int(r) for r in args.rows.split(",")]
+    static = torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64)
+    with static, torch.inference_mode():
+        report: dict[str, Any] = {
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__,
+            "dtype": str(dtype),
+            "products_us": products(rows, device, dtype, args.repeat, args.smoke),
+        }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.report is not None:
+        args.report.write_text(text)
+    return report
+
+
+if __name__ == "__main__":
+    main()
