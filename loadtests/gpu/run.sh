@@ -10,7 +10,9 @@
 # split's own cost, to an engine that answers at once), overload (queue bound 512: a flood of
 # 4,096 requests at once (QUEUE sets the bound) with /health polled, then goodput at RATE
 # requests/s, default 85, under a DEADLINE, default 5 s).
-# fast (the fast engine through HTTP, plus the naive baseline), fast-fp8 (its FP8 weights),
+# flood (issue 36: the 4,096-request flood at a queue bound of QUEUE, default 512, from 8 client
+# processes into a canned responder, the machine's floor, then into the service with its default
+# settings, one command); fast (the fast engine through HTTP, plus the naive baseline), fast-fp8 (its FP8 weights),
 # fast-profile / fast-profile-fp8 (loadtests.profile on the fast engine; WINDOW_AFTER=S profiles
 # the loaded steps' kernels for 2 s from S s into its throughput phase), fidelity-float32 /
 # fidelity-bfloat16 (loadtests.fidelity: TEXTS texts alone and in a CROWD, against generate()),
@@ -86,6 +88,19 @@ for variant in "$@"; do
       "${service_env[@]}" --env HYMT_MAX_QUEUE_SIZE="${QUEUE:-1024}" > "$work/replicas.out" 2>&1
     echo "exit $?"; cat "$work/replicas/replicas.json" 2>/dev/null || tail -c 3000 "$work/replicas.out"
     cp "$work/replicas/replicas.json" "$out/" 2>/dev/null; continue
+  fi
+  if [ "$variant" = flood ]; then  # the machine's floor (a canned 429), then the service's defaults
+    python3 -m loadtests.canned --port 8100 --processes 8 > "$work/canned.out" 2>&1 & canned=$!
+    sleep 4
+    timeout 120 python3 -m loadtests.overload --url http://127.0.0.1:8100 --report "$work/flood-canned.json" \
+      flood --requests 4096 --processes 8 > "$work/flood-canned.out" 2>&1
+    echo "canned exit $?"; kill $canned; wait $canned 2>/dev/null
+    cat "$work/flood-canned.json" 2>/dev/null | head -c 1500; cp "$work/flood-canned.json" "$out/" 2>/dev/null
+    timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.bench --label flood --requests 256 --lone-requests 0 \
+      --baseline-requests 0 --flood-requests 4096 --flood-processes 8 "${common[@]}" \
+      --env HYMT_MAX_QUEUE_SIZE="${QUEUE:-512}" > "$work/flood.out" 2>&1
+    echo "exit $?"; grep -E '"(refusal_p50_ms|refusal_p99_ms|health_p99_ms|health_max_ms|lost|by_status|start_to_ready_s)"' "$work/flood.json" || tail -c 3000 "$work/flood.out"
+    cp "$work/flood.json" "$out/" 2>/dev/null; continue
   fi
   if [ "$variant" = ipc ]; then
     timeout 120 python3 -m loadtests.ipc --report "$work/ipc.json" > "$work/ipc.out" 2>&1
