@@ -12,8 +12,8 @@ engine's kernels for a step, measured apart from the engine.
   quantization runs as separate kernels).
 
 A graph holds ``--repeat`` calls and is replayed; the figure is GPU time per call including the
-gaps between kernels, which is what a decode step pays. On a CPU (``--smoke``) every variant runs
-once at small sizes, untimed, to check that the script works.
+gaps between kernels, which is what a decode step pays (``kernel_timing.graph_us``). On a CPU
+(``--smoke``) every variant runs once at small sizes, untimed, to check that the script works.
 
     python -m loadtests.kernels --report kernels.json
 """
@@ -37,6 +37,7 @@ from service.engine.fast import gemv
 from service.engine.fast.attention import DecodeAttention, FlexDecode, TritonDecode, triton_runs
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import CacheShape, PagedKVCache
+from service.engine.fast.kernel_timing import graph_us as timed_us
 from service.engine.fast.linear import fp8_linear, quantize_fp8, row_product
 from service.engine.fast.pages import pages_for
 from service.engine.fast.projections import swiglu
@@ -51,34 +52,6 @@ FLEX_OPTIONS: dict[str, FlexKernelOptions | None] = {
 }
 # (name, in, out) of the 7B: fused QKV, output, fused gate/up, down.
 SHAPES = (("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 28672), ("down", 14336, 4096))
-
-
-def timed_us(call: Callable[[], object], repeat: int, device: torch.device) -> float:
-    """GPU microseconds per call of ``call``, ``repeat`` calls captured in one graph."""
-    if device.type != "cuda":
-        call()
-        return 0.0
-    side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(repeat):
-            call()
-    graph.replay()
-    torch.cuda.synchronize(device)
-    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    replays = 10
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize(device)
-    return round(1000 * float(start.elapsed_time(end)) / (replays * repeat), 2)
 
 
 def attention(

@@ -1,7 +1,7 @@
 """Which 4-bit (and 8-bit) weight format multiplies fastest: one layer of the 7B's projections
 (fused QKV, output, fused gate/up, down, in turn: together their weights pass the L2 cache, so
 each is read from memory as in the engine) at a few batch sizes, each format inside a CUDA graph
-(``kernels.timed_us``).
+(``kernel_timing.graph_us``).
 
 - ``bf16``: cuBLAS on the 16-bit weight, the floor every format is set against;
 - ``nf4`` and ``int8``: the engine's own products over bitsandbytes' numbers (``linear.linear``):
@@ -35,7 +35,8 @@ from typing import Any
 import torch
 import torch._dynamo.config
 
-from loadtests.kernels import SHAPES, timed_us
+from loadtests.kernels import SHAPES
+from service.engine.fast.kernel_timing import graph_us
 from service.engine.fast.linear import dequantize, linear
 
 # NF4's 16 values (bitsandbytes' table).
@@ -194,7 +195,7 @@ def products(
             try:
                 # bitsandbytes' kernels run eagerly, as transformers calls them (a capture
                 # that failed midway would leave the stream unusable for the formats after).
-                timer = _eager_us if name == "nf4-bitsandbytes" else timed_us
+                timer = _eager_us if name == "nf4-bitsandbytes" else graph_us
                 layer_us = timer(partial(layer, xs), repeat, device)
                 outs = layer(xs)
                 errors = [_error(o, x, e) for o, x, e in zip(outs, xs, held.exact, strict=True)]

@@ -137,12 +137,13 @@ class EngineSettings(Section):
         "paged cache; gather = each row's pages copied out for SDPA (exact, slower); auto = "
         "triton for bf16 or fp16 on CUDA, flex for float32 on CUDA, gather elsewhere.",
     )
-    triton_attention_rows: int = Field(
-        16,
+    triton_attention_rows: int | None = Field(
+        None,
         ge=1,
         alias="fast_triton_attention_rows",
         description="The largest decode batch that takes the Triton decode attention; larger "
-        "batches take FlexAttention.",
+        "batches take FlexAttention. Unset: measured on the GPU at start (both kernels timed "
+        "at the batch sizes above 16; the largest at which the Triton kernel is as fast).",
     )
 
 

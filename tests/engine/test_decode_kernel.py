@@ -54,12 +54,17 @@ def _filled(lengths: list[int]) -> tuple[PagedKVCache, DeviceRows]:
     return cache, rows
 
 
-def test_kernel_equals_the_gathered_attention() -> None:
+@pytest.mark.parametrize("row_splits", [512, 10, 5])
+def test_kernel_equals_the_gathered_attention(row_splits: int) -> None:
+    # row_splits: a launch of 5 rows split 4 ways (512), 2 ways (10), or not at all (5).
     cache, rows = _filled(LENGTHS)
     batch = len(LENGTHS)
     query = torch.randn(batch, GEOMETRY.heads, GEOMETRY.head_dim)
     scale = GEOMETRY.head_dim**-0.5
-    kernel = TritonDecode(cache, rows, GEOMETRY, max_batch=batch, splits=4, min_pages=2)
+    kernel = TritonDecode(
+        cache, rows, GEOMETRY, max_batch=batch, splits=4, min_pages=2, row_splits=row_splits
+    )
+    assert kernel.splits_for(batch) == {512: 4, 10: 2, 5: 1}[row_splits]
     gather = GatherDecode(cache, rows)
     most = max(pages_for(n, PAGE) for n in LENGTHS)
     expected = gather(query, cache.keys[0], cache.values[0], gather.prepare(batch, most), scale)

@@ -176,6 +176,7 @@ class TritonDecode:
         max_batch: int,
         splits: int = 16,
         min_pages: int = 2,
+        row_splits: int = 512,
     ) -> None:
         if _kernel is None:
             raise RuntimeError("the Triton decode attention needs Triton")
@@ -190,13 +191,21 @@ class TritonDecode:
         self._group_pad = max(16, 1 << (self._group - 1).bit_length())
         self._splits = splits
         self._min_pages = min_pages
+        # A launch splits rows only while rows times splits stays within ``row_splits``: a wide
+        # batch has programs enough without splitting, and the split buffers stay that size
+        # whatever the batch.
+        self._row_splits = max(row_splits, splits)
         kv_heads, dim, device = geometry.kv_heads, geometry.head_dim, rows.device
-        shape = (max_batch, kv_heads, splits)
+        shape = (self._row_splits, kv_heads)
         self._partial = torch.empty(*shape, self._group_pad, dim, device=device)
         self._stats = torch.empty(*shape, 2, self._group_pad, device=device)
         # Arrivals per row and KV head; the combining program sets its count back to zero.
         self._arrivals = torch.zeros(max_batch, kv_heads, dtype=torch.int32, device=device)
         self.max_batch = max_batch
+
+    def splits_for(self, batch: int) -> int:
+        """The most splits a row of a ``batch``-row launch is cut into."""
+        return max(1, min(self._splits, self._row_splits // batch))
 
     def prepare(self, batch: int, pages: int) -> object:
         if batch > self.max_batch:
@@ -216,7 +225,7 @@ class TritonDecode:
         batch, heads, dim = query.shape
         rows = self._rows
         out = torch.empty(batch, heads, dim, dtype=query.dtype, device=query.device)
-        _kernel[(batch, keys.shape[0], self._splits)](
+        _kernel[(batch, keys.shape[0], self.splits_for(batch))](
             query,
             keys,
             values,

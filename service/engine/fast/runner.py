@@ -30,6 +30,11 @@ from service.engine.fast.attention import (
     SmallBatchDecode,
     TritonDecode,
 )
+from service.engine.fast.attention_choice import (
+    MEASURED_ABOVE,
+    AttentionTimer,
+    measured_triton_rows,
+)
 from service.engine.fast.batch import DeviceRows, Joining
 from service.engine.fast.cache import CacheShape, PagedKVCache, fit_rows_and_pages
 from service.engine.fast.checkpoint import Fp8Checkpoint
@@ -109,6 +114,7 @@ class ModelRunner:
         )
         self._max_pages = pages_for(geometry.max_positions, fast.page_size)
         self.rows = DeviceRows(rows, self._max_pages, geometry.vocab, self.device)
+        self._buckets = buckets_up_to(rows)
         attention = self._attention(choices, geometry, fast)
         self._static = fast.decode_shapes == "static" and choices.compiled
         pdl = one_row_pdl_for(
@@ -139,7 +145,6 @@ class ModelRunner:
             torch.zeros(rows, dtype=torch.long, pin_memory=pinned) for _ in range(2)
         ]
         self._flip = 0
-        self._buckets = buckets_up_to(rows)
         self._graphs = self._prepare_decode(choices, fast)
         if choices.compiled:
             self._compile_prefill()
@@ -167,7 +172,16 @@ class ModelRunner:
         flex = FlexDecode(self.cache, self.rows, choices.compiled)
         if choices.attention == "flex":
             return flex
-        small = min(fast.triton_attention_rows, self.rows.rows)
+        small = fast.triton_attention_rows
+        if small is None:
+            small = min(MEASURED_ABOVE, self.rows.rows)
+            if self.device.type == "cuda":  # the kernels' speeds are a GPU's to measure
+                widest = TritonDecode(self.cache, self.rows, geometry, self.rows.rows)
+                timer = AttentionTimer(
+                    self.cache, self.rows, geometry, widest, _TYPICAL_CONTEXT, choices.compiled
+                )
+                small = measured_triton_rows(timer, self._buckets)
+        small = min(small, self.rows.rows)
         return SmallBatchDecode(TritonDecode(self.cache, self.rows, geometry, small), flex)
 
     def _prepare_decode(self, choices: _Choices, fast: EngineSettings) -> DecodeGraphs | None:
