@@ -60,7 +60,7 @@ for variant in "$@"; do
       ${WINDOW_AFTER:+--window-after "$WINDOW_AFTER"} \
       > "$work/$variant.out" 2>&1
     echo "exit $?"; cat "$work/$variant.json" 2>/dev/null || tail -c 3000 "$work/$variant.out"
-    grep -E '"(fast engine ready|decode graphs captured|decode compiled|kv cache allocated)"' "$work/$variant.out" | cut -c1-600
+    grep -E '"(fast engine ready|decode graphs captured|decode compiled|kv cache allocated|decode attention measured)"' "$work/$variant.out" | cut -c1-600
     cp "$work/$variant.json" "$work/$variant.kernels.json" "$out/" 2>/dev/null; continue
   fi
   if [ "$variant" = stream ]; then  # loadtests.streaming: a 2,000-word document streamed
