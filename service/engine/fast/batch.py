@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from service.engine.fast.sampler import RowSampling
+from service.engine.fast.transfer import to_device
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,16 +92,15 @@ class DeviceRows:
         rows = self._index([j.row for j in joining])
 
         def put(target: torch.Tensor, values: list[float] | list[int] | list[bool]) -> None:
-            source = torch.tensor(values, dtype=target.dtype)
-            target.index_copy_(0, rows, source.to(self.device, non_blocking=True))
+            target.index_copy_(0, rows, to_device(values, target.dtype, self.device))
 
         put(self.tokens, [j.token for j in joining])
         put(self.positions, [j.position for j in joining])
         put(self.live, [1] * len(joining))
-        table = torch.zeros(len(joining), self.max_pages, dtype=torch.int32)
+        table = np.zeros((len(joining), self.max_pages), dtype=np.int32)
         for i, j in enumerate(joining):
-            table[i, : len(j.pages)] = torch.tensor(j.pages, dtype=torch.int32)
-        self.block_table.index_copy_(0, rows, table.to(self.device, non_blocking=True))
+            table[i, : len(j.pages)] = j.pages
+        self.block_table.index_copy_(0, rows, to_device(table, torch.int32, self.device))
         s = self.sampling
         put(s.greedy, [j.greedy for j in joining])
         put(s.temperature, [j.temperature for j in joining])
@@ -116,7 +117,7 @@ class DeviceRows:
 
     def set_pages(self, rows: list[int], columns: list[int], pages: list[int]) -> None:
         """``block_table[rows[i], columns[i]] = pages[i]``: pages taken as sequences grow."""
-        values = torch.tensor(pages, dtype=torch.int32).to(self.device, non_blocking=True)
+        values = to_device(pages, torch.int32, self.device)
         self.block_table.index_put_((self._index(rows), self._index(columns)), values)
 
     def compact(self, holes: list[int], movers: list[int], end: int, old_end: int) -> None:
@@ -130,4 +131,4 @@ class DeviceRows:
                 tensor[end:old_end] = 0
 
     def _index(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long).to(self.device, non_blocking=True)
+        return to_device(values, torch.long, self.device)

@@ -19,6 +19,7 @@ import torch
 
 from service.engine.fast.pages import pages_for
 from service.engine.fast.sampler import FULL_SORT_ROWS
+from service.engine.fast.transfer import to_device
 from service.engine.fast.weights import Geometry
 
 log = logging.getLogger(__name__)
@@ -225,15 +226,15 @@ class PagedKVCache:
         if not pages:
             return
         device = self.owner.device
-        index = torch.tensor(pages, dtype=torch.long).to(device, non_blocking=True)
-        owners = torch.tensor(rows, dtype=torch.int32).to(device, non_blocking=True)
-        places = torch.tensor(logical, dtype=torch.int32).to(device, non_blocking=True)
+        index = to_device(pages, torch.long, device)
+        owners = to_device(rows, torch.int32, device)
+        places = to_device(logical, torch.int32, device)
         self.owner.index_copy_(0, index, owners)
         self.logical.index_copy_(0, index, places)
 
     def clear_owner(self, pages: list[int]) -> None:
         if pages:
-            index = torch.tensor(pages, dtype=torch.long).to(self.owner.device, non_blocking=True)
+            index = to_device(pages, torch.long, self.owner.device)
             self.owner.index_fill_(0, index, -1)
 
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -219,7 +219,16 @@ class Transformer:
             if p.key_slots is not None:
                 k, v = self.cache.gather(index, p.key_slots)
             attended = packed_causal_attention(
-                q, k, v, p.cu_q, p.cu_k, p.max_q, p.max_k, g.scale, self._flash_prefill
+                q,
+                k,
+                v,
+                p.cu_q,
+                p.cu_k,
+                p.max_q,
+                p.max_k,
+                g.scale,
+                self._flash_prefill,
+                p.host_starts,
             )
             x = self._prefill_out(x, attended, layer, g)
         return self.logits(x.index_select(0, p.last))

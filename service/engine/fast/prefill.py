@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from service.engine.fast.transfer import to_device
+
 
 @dataclass(frozen=True, slots=True)
 class Piece:
@@ -43,6 +45,9 @@ class PackedPrefill:
     max_k: int
     key_slots: torch.Tensor | None  # every sequence's key slots; None: no piece has a prefix
     last: torch.Tensor  # token indices whose logits are wanted: the last of each completed prompt
+    # ``cu_q`` and ``cu_k`` as the host has them, for attention that splits the sequences on the
+    # host (reading the device's copy back would wait for the device).
+    host_starts: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
 
 
 def slots_of(pages: Sequence[int], positions: np.ndarray, page_size: int) -> np.ndarray:
@@ -68,7 +73,7 @@ def pack(pieces: Sequence[Piece], page_size: int, device: torch.device) -> Packe
             last.append(cu_q[-1] - 1)
 
     def on_device(values: list[int] | np.ndarray, dtype: torch.dtype = torch.long) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(values, dtype=np.int64)).to(device, dtype)
+        return to_device(values, dtype, device)
 
     return PackedPrefill(
         tokens=on_device(tokens),
@@ -84,4 +89,5 @@ def pack(pieces: Sequence[Piece], page_size: int, device: torch.device) -> Packe
             else None
         ),
         last=on_device(last),
+        host_starts=(tuple(cu_q), tuple(cu_k)),
     )

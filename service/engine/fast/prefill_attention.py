@@ -10,6 +10,8 @@ one prompt at a time, which also serves as the reference the kernel is tested ag
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from service.engine.capability import Capability
@@ -25,15 +27,19 @@ def packed_causal_attention(
     max_k: int,
     scale: float | None,
     flash: bool | None = None,
+    host_starts: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed sequences, ``[tokens, heads, dim]`` in and out; each sequence's
     queries are the last positions of its keys. torch's flash kernel where ``flash`` (None: where
-    the device's capability and the dtype allow it), SDPA one sequence at a time elsewhere."""
+    the device's capability and the dtype allow it), SDPA one sequence at a time elsewhere, split
+    at ``host_starts`` (``cu_q`` and ``cu_k`` on the host; else read back from the device)."""
     if flash is None:
         flash = Capability.of(q.device).flash_prefill(q.dtype)
     if flash:
         return _flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale)
-    return _reference_varlen(q, k, v, cu_q, cu_k, scale)
+    if not host_starts or not host_starts[0]:
+        host_starts = (cu_q.tolist(), cu_k.tolist())
+    return _reference_varlen(q, k, v, host_starts[0], host_starts[1], scale)
 
 
 def _flash_varlen(
@@ -68,11 +74,10 @@ def _reference_varlen(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    cu_q: torch.Tensor,
-    cu_k: torch.Tensor,
+    starts_q: Sequence[int],
+    starts_k: Sequence[int],
     scale: float | None,
 ) -> torch.Tensor:
-    starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
     outputs = []
     for i in range(len(starts_q) - 1):
         qi = q[starts_q[i] : starts_q[i + 1]].transpose(0, 1)

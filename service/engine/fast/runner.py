@@ -55,6 +55,7 @@ from service.engine.fast.prefill import Piece, pack
 from service.engine.fast.sampler import RowSampling, race_noise, sample_rows
 from service.engine.fast.scheduler import Chunk, DecodePlan, Joined, PageOwners, Retired
 from service.engine.fast.sequence import Sequence
+from service.engine.fast.transfer import to_device
 from service.engine.fast.weights import Geometry, ModelWeights, is_dense, take_weights
 from service.engine.loading import LoadedModel
 
@@ -249,15 +250,15 @@ class ModelRunner:
         owners = [i for i, sequence in enumerate(sequences) for _ in sequence.prompt]
         tokens_seen = [token for sequence in sequences for token in sequence.prompt]
         seen.index_put_(
-            (_on(owners, device), _on(tokens_seen, device)),
+            (to_device(owners, torch.long, device), to_device(tokens_seen, torch.long, device)),
             torch.ones((), dtype=torch.bool, device=device),
         )
         rows = RowSampling(
-            greedy=torch.tensor([p.greedy for p in params], device=device),
-            temperature=torch.tensor([p.temperature for p in params], device=device),
-            top_k=torch.tensor([p.top_k for p in params], device=device),
-            top_p=torch.tensor([p.top_p for p in params], device=device),
-            penalty=torch.tensor([p.penalty for p in params], device=device),
+            greedy=to_device([p.greedy for p in params], torch.bool, device),
+            temperature=to_device([p.temperature for p in params], torch.float32, device),
+            top_k=to_device([p.top_k for p in params], torch.long, device),
+            top_p=to_device([p.top_p for p in params], torch.float32, device),
+            penalty=to_device([p.penalty for p in params], torch.float32, device),
             seen=seen,
         )
         full = any(p.full_sort for p in params)
@@ -452,7 +453,3 @@ def _choose(loaded: LoadedModel, config: EngineConfig) -> _Choices:
     fused_rope = fused_rope_for(fast.fused_rope, loaded.dtype, device)
     ready = pdl_ready(fast.pdl, graphs, capability, fused_rope, attention)
     return _Choices(rows, prefill, graphs, compiled, attention, fused_rope, ready, fp8, capability)
-
-
-def _on(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)

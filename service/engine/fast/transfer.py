@@ -1,0 +1,34 @@
+"""Host values onto the device without making the host wait for the device.
+
+torch's default copy to a GPU (``non_blocking=False``) synchronizes the stream after it: the host
+waits until every kernel enqueued before it has run. In the step loop that is the decode step in
+flight, so a prefill whose inputs were copied that way was launched only once the device had gone
+idle, and the device then waited for the host to launch it, layer by layer. Every copy of the
+engine's host values goes through ``to_device``, which never waits: a copy from ordinary (pageable)
+memory is staged by the driver at once and runs in stream order, so the values may be freed as
+soon as it returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+_NUMPY = {
+    torch.long: np.int64,
+    torch.int32: np.int32,
+    torch.bool: np.bool_,
+    torch.float32: np.float32,
+}
+
+
+def to_device(
+    values: Sequence[int] | Sequence[float] | Sequence[bool] | np.ndarray,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """``values`` as a ``dtype`` tensor on ``device``, copied without a wait."""
+    array: np.ndarray = np.asarray(values, dtype=_NUMPY[dtype])
+    return torch.from_numpy(array).to(device, non_blocking=True)
