@@ -116,6 +116,8 @@ def engine(request: pytest.FixtureRequest, data_dir: Path) -> Iterator[Recording
     config = _config(data_dir, "hunyuan-7b", attention=request.param, **small)
     built = RecordingEngine(load_model(config), config)
     assert built.info.attention.startswith(f"paged-{request.param}")
+    # The bound as set (off a GPU nothing is measured); no other attention has one.
+    assert built.plan.triton_rows == (1 if request.param == "triton" else 0)
     yield built
     built.close()
 

@@ -263,6 +263,11 @@ class SmallBatchDecode:
         self._small = small
         self._large = large
 
+    @property
+    def small_rows(self) -> int:
+        """The largest batch the Triton kernel serves."""
+        return self._small.max_batch
+
     def prepare(self, batch: int, pages: int) -> object:
         if batch <= self._small.max_batch:
             return self._small.prepare(batch, pages)

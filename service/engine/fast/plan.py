@@ -40,6 +40,9 @@ class Plan:
     fused_rope: bool
     # Whether a lone request's layers launch with programmatic dependent launch (launch.py).
     one_row_pdl: bool
+    # The largest decode batch the Triton attention serves (set, or measured at start:
+    # attention_choice.py); 0 where it serves none.
+    triton_rows: int = 0
 
 
 def plan_for(

@@ -161,6 +161,7 @@ class ModelRunner:
             decode_shapes=fast.decode_shapes if choices.compiled else "eager",
             fused_rope=choices.fused_rope,
             one_row_pdl=pdl,
+            triton_rows=attention.small_rows if isinstance(attention, SmallBatchDecode) else 0,
         )
         self.attention = attention.name
         self.fp8 = choices.fp8 is not None
