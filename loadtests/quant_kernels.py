@@ -12,6 +12,8 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
   transformers does;
 - ``int4-tinygemm``: AWQ/GPTQ-style int4 (a scale and zero point per group of 128 inputs) by
   torch's own W4A16 kernel (``aten._weight_int4pack_mm``, tinygemm, compute capability 8.0+);
+- ``nf4-gemv`` and ``int8-gemv``: the engine's own one-row kernel for bitsandbytes weights
+  (``quant_gemv.py``), which a lone request's decode step takes;
 - ``int4-reduction``: the same int4 numbers dequantized inside the engine's compiled one-row
   reduction (the form the engine would take for such a checkpoint at one row).
 
@@ -36,8 +38,9 @@ import torch
 import torch._dynamo.config
 
 from loadtests.kernels import SHAPES
+from service.engine.fast import quant_gemv
 from service.engine.fast.kernel_timing import graph_us
-from service.engine.fast.linear import dequantize, linear
+from service.engine.fast.linear import Linear, dequantize, linear
 
 # NF4's 16 values (bitsandbytes' table).
 NF4 = (
@@ -134,6 +137,9 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
         "int8": _Format(linear, [], []),
         "int4-reduction": _Format(int4_row, [], []),
     }
+    if quant_gemv.runs(dtype, device):
+        for name in ("nf4-gemv", "int8-gemv"):
+            formats[name] = _Format(lambda x, p: quant_gemv.one_row(x, p), [], [])
     if cuda and not smoke:
         formats["int4-tinygemm"] = _Format(lambda x, call: call(x), [], [])
         formats["nf4-bitsandbytes"] = _Format(lambda x, call: call(x), [], [])
@@ -152,6 +158,9 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
             "int8": ((int8, row_max), dequantize(int8, row_max, None, torch.float32)),
             "int4-reduction": ((q4, scales, zeros), int4_exact),
         }
+        if "nf4-gemv" in formats:
+            parts["nf4-gemv"] = ((Linear(codes, maxima, table),), parts["nf4"][1])
+            parts["int8-gemv"] = ((Linear(int8, row_max),), parts["int8"][1])
         if "int4-tinygemm" in formats:
             probe = torch.randn(16, inputs, dtype=dtype, device=device)
             for high_first in (True, False):
@@ -184,8 +193,8 @@ def products(
         ]
         measured: dict[str, float | str] = {}
         for name, held in formats.items():
-            if name == "int4-reduction" and rows > 1:
-                continue  # a one-row form only
+            if name in ("int4-reduction", "nf4-gemv", "int8-gemv") and rows > 1:
+                continue  # one-row forms only
             layer = held.layer
             if cuda and rows == 1 and name in ("nf4", "int8", "int4-reduction"):
                 # The engine compiles a lone row's step: the dequantization joins the reduction.

@@ -205,7 +205,10 @@ class Transformer:
         w = self.weights
         x = rms_norm(x, w.norm, w.geometry.eps)
         head = w.lm_head
-        out = linear(x, head.weight, head.scale, head.code, head.nested)
+        if head.bitsandbytes:  # one row of it: the quantized one-row kernel (projections.py)
+            out = project(x, head)
+        else:
+            out = linear(x, head.weight, head.scale, head.code, head.nested)
         return out[:, : w.geometry.vocab].float()
 
     def prefill(self, packed: PackedPrefill) -> torch.Tensor:

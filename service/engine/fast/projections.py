@@ -1,17 +1,18 @@
 """The projections of a layer as the forward pass calls them: which kernel computes each one.
 
-A single row on the GPU (a lone request's decode step) of 16-bit or FP8 weights takes the
-engine's own one-row kernel (``gemv.py``) with the SwiGLU after gate/up and the residual add after
-a projection fused in; every other shape (prefill, batches, a CPU, float32, bitsandbytes weights)
-takes ``linear`` (cuBLAS, ``_scaled_mm`` for FP8, bitsandbytes' formats dequantized first) with the
-same operations written out around it, as transformers runs them.
+A single row on the GPU (a lone request's decode step) takes one of the engine's own one-row
+kernels with the SwiGLU after gate/up and the residual add after a projection fused in: 16-bit
+and FP8 weights ``gemv.py``'s, bitsandbytes' NF4, FP4 and int8 weights ``quant_gemv.py``'s. Every
+other shape (prefill, batches, a CPU, float32) takes ``linear`` (cuBLAS, ``_scaled_mm`` for FP8,
+bitsandbytes' formats dequantized first) with the same operations written out around it, as
+transformers runs them.
 """
 
 from __future__ import annotations
 
 import torch
 
-from service.engine.fast import gemv
+from service.engine.fast import gemv, quant_gemv
 from service.engine.fast.linear import Linear, linear
 
 
@@ -25,8 +26,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 
 
 def _one_row(x: torch.Tensor, p: Linear) -> bool:
-    # The one-row kernel reads 16-bit and FP8 weights; bitsandbytes' take ``linear``'s path.
+    """Whether ``gemv.py``'s kernel computes ``x @ p.T``: one row of 16-bit or FP8 weights."""
     return x.shape[0] == 1 and not p.bitsandbytes and gemv.available(x)
+
+
+def _one_quantized_row(x: torch.Tensor, p: Linear, norm_eps: float | None) -> bool:
+    """Whether ``quant_gemv.py``'s kernel computes it: one row of bitsandbytes weights (whose
+    norms never fold into them)."""
+    one = x.shape[0] == 1 and p.bitsandbytes and quant_gemv.available(x)
+    return one and norm_eps is None
 
 
 def project(
@@ -42,6 +50,8 @@ def project(
     """``x @ p.T``, plus ``residual`` when given; with ``norm_eps``, of ``x`` RMS-normalised
     first (the norm's weight folded into ``p``). ``norm_sum``, ``sum_into``, ``zero`` and
     ``pdl`` are the one-row kernel's (``gemv.one_row``); other shapes do without them."""
+    if _one_quantized_row(x, p, norm_eps):
+        return quant_gemv.one_row(x, p, residual=residual)
     if _one_row(x, p):
         return gemv.one_row(
             x,
@@ -68,6 +78,8 @@ def gated_product(
 ) -> torch.Tensor:
     """``silu(gate) * up`` of the fused gate/up projection of ``x`` (RMS-normalised first with
     ``norm_eps``, and ``norm_sum`` and ``pdl`` on one row, as ``project``)."""
+    if _one_quantized_row(x, gate_up, norm_eps):
+        return quant_gemv.one_row(x, gate_up, gated=True)
     if _one_row(x, gate_up):
         return gemv.one_row(
             x,

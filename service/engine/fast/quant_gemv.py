@@ -1,0 +1,99 @@
+"""One-row projections of bitsandbytes weights as a Triton kernel of the engine's own: a lone
+request's decode step reads the packed weights once, dequantizing them where it multiplies.
+
+Compiled by inductor, the same product (``linear.row_product`` over ``linear.dequantize``) looks
+each 4-bit code up inside the reduction, and at one row it measured three times slower than bf16
+on an H100 (docs/benchmarks.md, run 62). This kernel reads a program's ``block_n`` output rows in
+slices of ``block_k`` inputs: for NF4 (or FP4) the packed codes (two to a byte, the first in the
+high half), looked up in the format's 16 values and multiplied by their block's maximum (float32,
+or bitsandbytes' 8-bit double quantization: ``nested``); for int8 each row's values times its
+maximum over 127. Every weight is rounded to the activations' dtype as bitsandbytes' own
+dequantization rounds it, so the product is the one ``dequantize`` then a 16-bit product gives,
+summed in float32. ``gated`` (SwiGLU over the fused gate/up halves) and ``residual`` are fused as
+in ``gemv.py``; norms never fold into bitsandbytes weights, so there is no norm option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from service.engine.fast.linear import GROUP, Linear
+
+_kernel: Any
+try:
+    from service.engine.fast.quant_gemv_kernel import quant_gemv as _kernel
+except ImportError:  # no Triton (a CPU build of torch)
+    _kernel = None
+
+
+@dataclass(frozen=True, slots=True)
+class QuantGemvConfig:
+    block_n: int
+    block_k: int  # inputs per slice (a multiple of the 4-bit block)
+    warps: int
+
+
+DEFAULT = QuantGemvConfig(block_n=4, block_k=1024, warps=4)
+
+
+def runs(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether one row of ``dtype`` on ``device`` takes the kernel: 16-bit on CUDA, Triton
+    present."""
+    cuda = device.type == "cuda"
+    return cuda and dtype in (torch.bfloat16, torch.float16) and _kernel is not None
+
+
+def available(x: torch.Tensor) -> bool:
+    return runs(x.dtype, x.device)
+
+
+def one_row(
+    x: torch.Tensor,
+    p: Linear,
+    *,
+    gated: bool = False,
+    residual: torch.Tensor | None = None,
+    config: QuantGemvConfig | None = None,
+) -> torch.Tensor:
+    """``x @ W.T`` (``x``: ``[1, K]``) for the bitsandbytes weight ``p``, or ``silu(gate) * up``
+    of its two halves when ``gated``, plus ``residual`` when given; ``[1, N]`` in ``x``'s
+    dtype."""
+    assert p.scale is not None, "a bitsandbytes weight has its scales"
+    chosen = config or DEFAULT
+    four_bit = p.code is not None
+    total = p.weight.shape[0]
+    outputs = total // 2 if gated else total
+    inputs = x.shape[-1]
+    block = inputs // p.scale.shape[1] if four_bit else 1
+    block_k = max(chosen.block_k, block) if four_bit else chosen.block_k
+    nested = p.nested
+    out = torch.empty(1, outputs, dtype=x.dtype, device=x.device)
+    _kernel[(-(-outputs // chosen.block_n),)](
+        x,
+        p.weight,
+        p.scale,
+        # Unused pointers stand in as the scales (never read: their flags are off).
+        p.scale if p.code is None else p.code,
+        p.scale if nested is None else nested.code,
+        p.scale if nested is None else nested.absmax,
+        p.scale if nested is None else nested.offset,
+        x if residual is None else residual,
+        out,
+        outputs,
+        inputs,
+        p.weight.stride(0),
+        p.scale.stride(0),
+        four_bit=four_bit,
+        nested=nested is not None,
+        block=block,
+        group=GROUP,
+        swiglu=gated,
+        has_residual=residual is not None,
+        block_n=chosen.block_n,
+        block_k=block_k,
+        num_warps=chosen.warps,
+    )
+    return out

@@ -1,0 +1,136 @@
+"""The Triton kernel behind ``quant_gemv.one_row`` (``quant_gemv.py`` says what it computes).
+
+Its own module, so that ``quant_gemv.py`` imports where there is no Triton (a CPU build of torch
+has none): there this module's import fails and the kernel is never used.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _weights(  # type: ignore[no-untyped-def]
+    w_ptr,
+    maxima_ptr,
+    code_ptr,
+    nested_code_ptr,
+    nested_absmax_ptr,
+    nested_offset_ptr,
+    rows,
+    row_ok,
+    start,
+    inputs,
+    stride_w,
+    stride_m,
+    dtype: tl.constexpr,
+    four_bit: tl.constexpr,
+    nested: tl.constexpr,
+    block: tl.constexpr,
+    group: tl.constexpr,
+    block_k: tl.constexpr,
+):
+    """A slice of ``block_k`` inputs of ``rows``, dequantized as bitsandbytes does (float32,
+    rounded once to the activations' dtype): the even and the odd inputs' weights for 4-bit
+    codes (a byte holds two, the first in its high half); for int8 all of them (twice: a
+    function returns the same kinds of values on both of its paths)."""
+    if four_bit:
+        pairs = start // 2 + tl.arange(0, block_k // 2)
+        mask = row_ok[:, None] & (pairs < inputs // 2)[None, :]
+        at_w = w_ptr + rows.to(tl.int64)[:, None] * stride_w + pairs[None, :]
+        packed = tl.load(at_w, mask=mask, other=0)
+        blocks = (2 * pairs) // block
+        at = rows.to(tl.int64)[:, None] * stride_m + blocks[None, :]
+        if nested:
+            quantized = tl.load(maxima_ptr + at, mask=mask, other=0).to(tl.int32)
+            grouped = at // group
+            maxima = tl.load(nested_code_ptr + quantized) * tl.load(
+                nested_absmax_ptr + grouped, mask=mask, other=0.0
+            ) + tl.load(nested_offset_ptr + grouped, mask=mask, other=0.0)
+        else:
+            maxima = tl.load(maxima_ptr + at, mask=mask, other=0.0)
+        high = tl.load(code_ptr + (packed >> 4).to(tl.int32)) * maxima
+        low = tl.load(code_ptr + (packed & 15).to(tl.int32)) * maxima
+        return high.to(dtype).to(tl.float32), low.to(dtype).to(tl.float32)
+    cols = start + tl.arange(0, block_k)
+    mask = row_ok[:, None] & (cols < inputs)[None, :]
+    values = tl.load(w_ptr + rows.to(tl.int64)[:, None] * stride_w + cols[None, :], mask=mask)
+    row_max = tl.load(maxima_ptr + rows, mask=row_ok, other=0.0)
+    # bitsandbytes' int8 step, 1 / 127, as the float32 it multiplies by.
+    dequantized = values.to(tl.float32) * row_max[:, None] * 7.874015718698502e-3
+    rounded = dequantized.to(dtype).to(tl.float32)
+    return rounded, rounded
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def quant_gemv(  # type: ignore[no-untyped-def]
+    x_ptr,
+    w_ptr,
+    maxima_ptr,
+    code_ptr,
+    nested_code_ptr,
+    nested_absmax_ptr,
+    nested_offset_ptr,
+    residual_ptr,
+    out_ptr,
+    rows_out,
+    inputs,
+    stride_w,
+    stride_m,
+    four_bit: tl.constexpr,
+    nested: tl.constexpr,
+    block: tl.constexpr,
+    group: tl.constexpr,
+    swiglu: tl.constexpr,
+    has_residual: tl.constexpr,
+    block_n: tl.constexpr,
+    block_k: tl.constexpr,
+):
+    dtype = out_ptr.dtype.element_ty
+    rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
+    row_ok = rows < rows_out
+    # Sums kept per column slot and reduced once at the end.
+    if four_bit:  # a column slot per byte: two weights each
+        acc = tl.zeros([block_n, block_k // 2], dtype=tl.float32)
+        acc_up = tl.zeros([block_n, block_k // 2], dtype=tl.float32)
+    else:
+        acc = tl.zeros([block_n, block_k], dtype=tl.float32)
+        acc_up = tl.zeros([block_n, block_k], dtype=tl.float32)
+    for start in range(0, inputs, block_k):
+        first, second = _weights(
+            w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr, nested_offset_ptr,
+            rows, row_ok, start, inputs, stride_w, stride_m,
+            dtype, four_bit, nested, block, group, block_k,
+        )  # fmt: skip
+        if four_bit:
+            pairs = start // 2 + tl.arange(0, block_k // 2)
+            pair_ok = pairs < inputs // 2
+            even = tl.load(x_ptr + 2 * pairs, mask=pair_ok, other=0.0).to(tl.float32)
+            odd = tl.load(x_ptr + 2 * pairs + 1, mask=pair_ok, other=0.0).to(tl.float32)
+            acc += first * even[None, :] + second * odd[None, :]
+        else:
+            cols = start + tl.arange(0, block_k)
+            xs = tl.load(x_ptr + cols, mask=cols < inputs, other=0.0).to(tl.float32)
+            acc += first * xs[None, :]
+        if swiglu:
+            up_rows = rows + rows_out
+            up_first, up_second = _weights(
+                w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr,
+                nested_offset_ptr, up_rows, row_ok, start, inputs, stride_w, stride_m,
+                dtype, four_bit, nested, block, group, block_k,
+            )  # fmt: skip
+            if four_bit:
+                acc_up += up_first * even[None, :] + up_second * odd[None, :]
+            else:
+                acc_up += up_first * xs[None, :]
+    out = tl.sum(acc, axis=1)
+    if swiglu:
+        # Each of the three values rounded to the model's dtype, as transformers' MLP does.
+        gate = out.to(dtype).to(tl.float32)
+        activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        out = activated * tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
+    if has_residual:
+        out = out.to(dtype).to(tl.float32)
+        out = out + tl.load(residual_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows, out.to(dtype), mask=row_ok)

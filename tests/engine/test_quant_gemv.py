@@ -1,0 +1,131 @@
+"""The one-row kernel for bitsandbytes weights (``quant_gemv.py``) in Triton's interpreter: NF4
+codes with float32 block maxima and with bitsandbytes' 8-bit double quantization of them, and
+int8 rows, each equal to the product over ``linear.dequantize``'s weights, with the SwiGLU and
+residual epilogues; and the projections taking it for one row where it runs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loadtests.quant_kernels import NF4
+from service.engine.fast import quant_gemv
+from service.engine.fast.linear import GROUP, Linear, NestedMaxima, dequantize
+from service.engine.fast.projections import gated_product, project
+
+pytestmark = pytest.mark.usefixtures("interpreted")
+
+
+@pytest.fixture
+def interpreted() -> None:
+    pytest.importorskip("triton")
+    assert os.environ.get("TRITON_INTERPRET") == "1"  # set by tests/conftest.py
+
+
+def _nf4(outputs: int, inputs: int, nested: bool, seed: int) -> Linear:
+    generator = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (outputs, inputs // 2), dtype=torch.uint8, generator=generator)
+    table = torch.tensor(NF4)
+    blocks = inputs // 64
+    # Block maxima of a trained layer's size: products of order one, no overflow in the SiLU.
+    size = inputs**-0.5
+    if not nested:
+        return Linear(codes, torch.rand(outputs, blocks, generator=generator) * size, table)
+    groups = outputs * blocks // GROUP
+    quantized = torch.randint(0, 256, (outputs, blocks), dtype=torch.uint8, generator=generator)
+    double = NestedMaxima(
+        code=torch.linspace(-1, 1, 256),
+        absmax=(torch.rand(groups, generator=generator) + 0.5) * size,
+        offset=torch.rand(groups, generator=generator) * size,
+    )
+    return Linear(codes, quantized, table, double)
+
+
+def _int8(outputs: int, inputs: int, seed: int) -> Linear:
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8, generator=generator)
+    return Linear(values, torch.rand(outputs, 1, generator=generator) * 4 * inputs**-0.5)
+
+
+def _dense(p: Linear) -> torch.Tensor:
+    assert p.scale is not None
+    return dequantize(p.weight, p.scale, p.code, torch.float32, p.nested)
+
+
+def _swiglu(product: torch.Tensor) -> torch.Tensor:
+    gate, up = product.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+CONFIGS = [quant_gemv.QuantGemvConfig(4, 128, 4), quant_gemv.QuantGemvConfig(16, 1024, 4)]
+
+
+@pytest.mark.parametrize("kind", ["nf4", "nf4-nested", "int8"])
+@settings(max_examples=6, deadline=None)
+@given(
+    # Outputs and inputs off the blocks' multiples (the masks); nested maxima come in whole
+    # groups of 256 (several per matrix, so a maximum's group is found by its place).
+    shape=st.sampled_from([(50, 640), (64, 256), (128, 512)]),
+    nested_shape=st.sampled_from([(96, 512), (128, 512)]),
+    config=st.sampled_from(CONFIGS),
+    seed=st.integers(0, 2**16),
+)
+def test_the_kernel_computes_the_product_of_the_dequantized_weights(
+    kind: str,
+    shape: tuple[int, int],
+    nested_shape: tuple[int, int],
+    config: quant_gemv.QuantGemvConfig,
+    seed: int,
+) -> None:
+    nested = kind == "nf4-nested"
+    outputs, inputs = nested_shape if nested else shape
+    p = _int8(outputs, inputs, seed) if kind == "int8" else _nf4(outputs, inputs, nested, seed)
+    x = torch.randn(1, inputs, generator=torch.Generator().manual_seed(seed))
+    exact = x @ _dense(p).T
+
+    def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+
+    close(quant_gemv.one_row(x, p, config=config), exact)
+    residual = torch.randn(1, outputs)
+    close(quant_gemv.one_row(x, p, residual=residual, config=config), residual + exact)
+    gated = quant_gemv.one_row(x, p, gated=True, config=config)
+    assert gated.shape == (1, outputs // 2)
+    close(gated, _swiglu(exact))
+
+
+def test_one_row_of_bitsandbytes_weights_takes_the_kernel_where_it_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As on a GPU with 16-bit rows: one row takes the kernel (here in the interpreter), two
+    # rows the dequantized product; both compute the same.
+    calls: list[bool] = []
+    kernel = quant_gemv.one_row
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(True)
+        return kernel(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(quant_gemv, "available", lambda x: True)
+    monkeypatch.setattr(quant_gemv, "one_row", counted)
+    p = _nf4(64, 256, nested=True, seed=3)
+    x = torch.randn(2, 256, generator=torch.Generator().manual_seed(3))
+    residual = torch.randn(2, 64)
+    exact = x @ _dense(p).T
+
+    def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+
+    close(project(x[:1], p, residual=residual[:1]), residual[:1] + exact[:1])
+    close(gated_product(x[:1], p), _swiglu(exact[:1]))
+    assert len(calls) == 2
+    close(project(x, p, residual=residual), residual + exact)
+    close(gated_product(x, p), _swiglu(exact))
+    assert len(calls) == 2  # two rows: the dequantized product
+    # A norm to apply first keeps the general path (norms never fold into these weights).
+    project(x[:1], p, norm_eps=1e-5)
+    assert len(calls) == 2
