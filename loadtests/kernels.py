@@ -3,8 +3,9 @@ engine's kernels for a step, measured apart from the engine.
 
 - ``attention``: ``FlexDecode`` over a paged cache (the 7B's heads), ``rows`` rows of ``context``
   tokens each, with FlexAttention's kernel options: torch's decoding kernel and its split count,
-  or its main kernel forced; and the engine's own ``TritonDecode`` (with Triton present) at its
-  default splits (at least 2 pages each) and at 1 and 4 pages per split.
+  or its main kernel forced (``--flex`` picks among them: each compiles per batch size); and the
+  engine's own ``TritonDecode`` (with Triton present) at its default splits (at least 2 pages
+  each) and at 1 and 4 pages per split, and with other warps and pipeline stages.
 - ``linear``: the 7B's projections at one row: cuBLAS in bf16, the engine's ``row_product``
   (a multiply-and-sum inductor compiles into one reduction kernel; bf16 weights, and FP8 weights
   read as they are, scaled per output row) with and without inductor's block-size tuning, and
@@ -55,7 +56,12 @@ SHAPES = (("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 28672), ("do
 
 
 def attention(
-    rows_list: list[int], context: int, device: torch.device, dtype: torch.dtype, repeat: int
+    rows_list: list[int],
+    context: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    repeat: int,
+    flex: tuple[str, ...] = tuple(FLEX_OPTIONS),
 ) -> dict[str, dict[str, float]]:
     heads, kv_heads, dim, page = 32, 8, 128, 128
     geometry = Geometry(
@@ -86,9 +92,14 @@ def attention(
     backends: dict[str, DecodeAttention] = {
         name: FlexDecode(cache, rows, device.type == "cuda", options)
         for name, options in FLEX_OPTIONS.items()
+        if name in flex
     }
     if triton_runs(dtype, device, page):
         backends["triton"] = TritonDecode(cache, rows, geometry, most)
+        for warps, stages in ((8, None), (4, 1), (4, 2), (8, 2), (2, None)):
+            backends[f"triton-w{warps}-s{stages or 'default'}"] = TritonDecode(
+                cache, rows, geometry, most, warps=warps, stages=stages
+            )
         backends["triton-page-splits"] = TritonDecode(cache, rows, geometry, most, min_pages=1)
         backends["triton-4-page-splits"] = TritonDecode(cache, rows, geometry, most, min_pages=4)
     queries = {b: torch.randn(b, heads, dim, dtype=dtype, device=device) for b in rows_list}
@@ -249,6 +260,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m loadtests.kernels", description=__doc__)
     parser.add_argument("--rows", default="1,16,1024", help="attention batch sizes")
     parser.add_argument("--context", type=int, default=160)
+    parser.add_argument(
+        "--flex",
+        default=",".join(FLEX_OPTIONS),
+        help="FlexAttention's variants to time (each compiles per batch size: slow)",
+    )
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--smoke", action="store_true", help="CPU: small sizes, untimed")
     parser.add_argument(
@@ -272,7 +288,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             report["gemv_sweep"] = gemv_sweep(device, args.repeat)
         else:
             report["context"] = args.context
-            report["attention_us"] = attention(rows, args.context, device, dtype, args.repeat)
+            flex = tuple(args.flex.split(","))
+            report["attention_us"] = attention(rows, args.context, device, dtype, args.repeat, flex)
             report["linear_one_row"] = linear(device, dtype, args.repeat, args.smoke)
     text = json.dumps(report, indent=2)
     print(text)

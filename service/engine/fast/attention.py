@@ -177,6 +177,8 @@ class TritonDecode:
         splits: int = 16,
         min_pages: int = 2,
         row_splits: int = 512,
+        warps: int = 4,
+        stages: int | None = None,
     ) -> None:
         if _kernel is None:
             raise RuntimeError("the Triton decode attention needs Triton")
@@ -191,6 +193,8 @@ class TritonDecode:
         self._group_pad = max(16, 1 << (self._group - 1).bit_length())
         self._splits = splits
         self._min_pages = min_pages
+        # Triton's launch options (``stages`` None: Triton's default), for the kernel sweep.
+        self._launch = {"num_warps": warps} | ({} if stages is None else {"num_stages": stages})
         # A launch splits rows only while rows times splits stays within ``row_splits``: a wide
         # batch has programs enough without splitting, and the split buffers stay that size
         # whatever the batch.
@@ -248,7 +252,7 @@ class TritonDecode:
             group_pad=self._group_pad,
             dim=dim,
             page=self._cache.page_size,
-            num_warps=4,
+            **self._launch,
             **pdl_args(pdl, query.device),
         )
         return out
