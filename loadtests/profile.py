@@ -46,6 +46,7 @@ from service.contract.types import Engine, GenerationRequest, GenerationResult
 from service.engine.fast.engine import FastEngine
 from service.engine.fast.step import StepTimes
 from service.engine.loading import load_model
+from service.logs import configure_logging
 
 
 @dataclass
@@ -348,6 +349,8 @@ def main(argv: list[str] | None = None) -> ProfileReport:
     )
     parser.add_argument("--window", type=float, default=2.0, help="seconds the window lasts")
     args = parser.parse_args(argv)
+    # The engine's own log lines (what fits, the attention measured, graphs captured) on stderr.
+    configure_logging("info", process="engine")
     window = None if args.window_after is None else (args.window_after, args.window)
     report = asyncio.run(
         run(Settings(), args.requests, args.lone, args.seed, args.trace, args.concurrency, window)
