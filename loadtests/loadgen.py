@@ -4,7 +4,10 @@ Closed loop (``--concurrency N`` clients, each sending its next request when the
 open loop (``--rate R`` Poisson arrivals per second, whatever the answers), a warm-up that is not
 measured, a bounded number of requests and a time bound, single (``/translate``) or batch
 (``/batch_translate``) requests, a progress line, and a JSON report: requests/s, output tokens/s
-(from the service's own ``usage``), latency p50/p90/p99 and errors by status.
+(from the service's own ``usage``), latency p50/p90/p99 and errors by status. A closed loop
+also reports its steady state (``steady_state``): the output tokens/s between the clients' first
+full turnover and the moment the last request was sent, leaving out the engine filling up and
+the drain at the end, which the whole run's figure includes.
 
 In the closed loop the connections are opened before the clock starts (``GET /live`` on each),
 as nginx's upstream keep-alive pool holds them open in production; otherwise the first second
@@ -48,6 +51,8 @@ class Outcome:
     texts: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    # When the answer came, in seconds since the run's start (set by the loops).
+    finished_s: float = 0.0
 
 
 @dataclass
@@ -69,6 +74,10 @@ class Report:
     errors_by_status: dict[str, int] = field(default_factory=dict)
     concurrency: int | None = None
     rate: float | None = None
+    # A closed loop's steady state (``steady_state``): output tokens/s between the first full
+    # turnover of the clients and the moment the last request was sent, and that window.
+    steady_output_tokens_per_s: float | None = None
+    steady_window_s: float | None = None
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -150,18 +159,44 @@ def source_address(index: int) -> str:
 async def closed_loop(
     clients: list[aiohttp.ClientSession], jobs: list[Job], route: str, concurrency: int,
     deadline: float, progress: Progress,
-) -> list[Outcome]:  # fmt: skip
+) -> tuple[list[Outcome], float]:  # fmt: skip
+    """Every outcome, and when the last request was sent (seconds since the start): until
+    then ``concurrency`` requests were in flight all the time."""
     queue = list(reversed(jobs))
     outcomes: list[Outcome] = []
+    started = time.perf_counter()
+    drained = [0.0]
 
     async def worker(client: aiohttp.ClientSession) -> None:
         while queue and time.perf_counter() < deadline:
-            outcome = await send(client, queue.pop(), route)
+            job = queue.pop()
+            if not queue:
+                drained[0] = time.perf_counter() - started
+            outcome = await send(client, job, route)
+            outcome.finished_s = time.perf_counter() - started
             outcomes.append(outcome)
             progress.update(outcome)
 
     await asyncio.gather(*(worker(clients[n % len(clients)]) for n in range(concurrency)))
-    return outcomes
+    return outcomes, drained[0] or time.perf_counter() - started
+
+
+def steady_state(
+    outcomes: list[Outcome], concurrency: int, drained_s: float
+) -> tuple[float, float] | None:
+    """A closed loop's output tokens/s in its steady state, and the window's length: from the
+    answer that completes the clients' first turnover (``concurrency`` answers: the engine has
+    filled up) to the moment the last request was sent (after it the clients run out of work
+    and the load drains). None where no such window exists (too few requests)."""
+    answered = sorted((o for o in outcomes if o.status == 200), key=lambda o: o.finished_s)
+    if len(answered) <= concurrency:
+        return None
+    begin = answered[concurrency - 1].finished_s
+    window = drained_s - begin
+    if window <= 0:
+        return None
+    tokens = sum(o.output_tokens for o in answered if begin < o.finished_s <= drained_s)
+    return tokens / window, window
 
 
 async def open_loop(
@@ -214,14 +249,16 @@ async def run(args: argparse.Namespace) -> Report:
         progress = Progress(len(measured), not args.quiet)
         started = time.perf_counter()
         deadline = started + args.duration
+        steady = None
         if args.mode == "open":
             outcomes = await open_loop(
                 clients, measured, args.route, args.rate, deadline, progress, args.seed
             )
         else:
-            outcomes = await closed_loop(
+            outcomes, drained = await closed_loop(
                 clients, measured, args.route, args.concurrency, deadline, progress
             )
+            steady = steady_state(outcomes, args.concurrency, drained)
         duration = time.perf_counter() - started
     ok = [o for o in outcomes if o.status == 200]
     latencies = [o.latency_s for o in ok]
@@ -245,6 +282,8 @@ async def run(args: argparse.Namespace) -> Report:
         errors_by_status=dict(Counter(str(o.status) for o in outcomes if o.status != 200)),
         concurrency=args.concurrency if args.mode == "closed" else None,
         rate=args.rate if args.mode == "open" else None,
+        steady_output_tokens_per_s=None if steady is None else round(steady[0], 1),
+        steady_window_s=None if steady is None else round(steady[1], 3),
     )
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from loadtests import (
     baseline,
@@ -248,3 +250,32 @@ def test_quant_kernels_smoke_runs_every_engine_format() -> None:
         assert one[f"{name}_rel_error"] < 1e-5, name
     assert "int4-reduction_rel_error" not in three  # a one-row form only
     assert three["nf4_rel_error"] < 1e-5
+
+
+@given(
+    rate=st.integers(20, 200),
+    ramp=st.floats(0.5, 5.0),
+    tail=st.floats(0.5, 10.0),
+    concurrency=st.integers(1, 8),
+)
+def test_the_steady_state_leaves_out_the_ramp_and_the_drain(
+    rate: int, ramp: float, tail: float, concurrency: int
+) -> None:
+    # ``concurrency`` slow answers while the engine fills, then answers of 10 tokens at ``rate``
+    # per second for 4 s until the last request is sent, then a slow drain: the steady figure
+    # is the middle's rate alone, whatever the ramp and the tail.
+    def answer(at: float, tokens: int = 10) -> loadgen.Outcome:
+        return loadgen.Outcome(status=200, latency_s=1.0, output_tokens=tokens, finished_s=at)
+
+    filling = [answer(ramp * (n + 1) / concurrency, tokens=1) for n in range(concurrency)]
+    steady = [answer(ramp + (n + 1) / rate) for n in range(4 * rate)]
+    drained = ramp + 4.0
+    draining = [answer(drained + tail * (n + 1) / 3, tokens=500) for n in range(3)]
+    refused = [loadgen.Outcome(status=429, latency_s=0.01, finished_s=ramp + 1)]
+    found = loadgen.steady_state(filling + steady + draining + refused, concurrency, drained)
+    assert found is not None
+    tokens_per_s, window = found
+    assert window == pytest.approx(4.0)
+    assert tokens_per_s == pytest.approx(10 * rate, rel=1e-6)
+    # Too few answers for a first turnover: no steady state.
+    assert loadgen.steady_state(filling, concurrency, drained) is None
