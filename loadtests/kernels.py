@@ -5,7 +5,8 @@ engine's kernels for a step, measured apart from the engine.
   tokens each, with FlexAttention's kernel options: torch's decoding kernel and its split count,
   or its main kernel forced (``--flex`` picks among them: each compiles per batch size); and the
   engine's own ``TritonDecode`` (with Triton present) at its default splits (at least 2 pages
-  each) and at 1 and 4 pages per split, and with other warps and pipeline stages.
+  each) and at 1 and 4 pages per split, with other warps and pipeline stages, and reading
+  whole pages or tiles of other sizes.
 - ``linear``: the 7B's projections at one row: cuBLAS in bf16, the engine's ``row_product``
   (a multiply-and-sum inductor compiles into one reduction kernel; bf16 weights, and FP8 weights
   read as they are, scaled per output row) with and without inductor's block-size tuning, and
@@ -99,6 +100,11 @@ def attention(
         for warps, stages in ((8, None), (4, 1), (4, 2), (8, 2), (2, None)):
             backends[f"triton-w{warps}-s{stages or 'default'}"] = TritonDecode(
                 cache, rows, geometry, most, warps=warps, stages=stages
+            )
+        # Whole pages at every batch size (the kernel before tiles), and other tiles.
+        for tile in (page, 64, 16):
+            backends[f"triton-tile{tile}"] = TritonDecode(
+                cache, rows, geometry, most, tile=tile, whole_pages_up_to=0
             )
         backends["triton-page-splits"] = TritonDecode(cache, rows, geometry, most, min_pages=1)
         backends["triton-4-page-splits"] = TritonDecode(cache, rows, geometry, most, min_pages=4)

@@ -34,19 +34,19 @@ GEOMETRY = Geometry(
 LENGTHS = [5, 16, 70, 0, 200]
 
 
-def _filled(lengths: list[int]) -> tuple[PagedKVCache, DeviceRows]:
+def _filled(lengths: list[int], page: int = PAGE) -> tuple[PagedKVCache, DeviceRows]:
     torch.manual_seed(0)
-    needed = sum(pages_for(n, PAGE) for n in lengths)
+    needed = sum(pages_for(n, page) for n in lengths)
     cache = PagedKVCache(
-        GEOMETRY, 1, CacheShape(needed + 8, PAGE), torch.float32, torch.device("cpu")
+        GEOMETRY, 1, CacheShape(needed + 8, page), torch.float32, torch.device("cpu")
     )
     cache.keys[0].normal_()
     cache.values[0].normal_()
-    rows = DeviceRows(len(lengths), pages_for(512, PAGE), 16, torch.device("cpu"))
+    rows = DeviceRows(len(lengths), pages_for(512, page), 16, torch.device("cpu"))
     free = list(range(1, needed + 8))
     random.Random(0).shuffle(free)  # a row's pages are anywhere in the cache
     for row, length in enumerate(lengths):
-        mine = [free.pop() for _ in range(pages_for(length, PAGE))]
+        mine = [free.pop() for _ in range(pages_for(length, page))]
         if mine:
             rows.set_pages([row] * len(mine), list(range(len(mine))), mine)
             cache.assign(mine, [row] * len(mine), list(range(len(mine))))
@@ -77,6 +77,28 @@ def test_kernel_equals_the_gathered_attention(row_splits: int) -> None:
         torch.testing.assert_close(out[live], expected[live], atol=1e-5, rtol=1e-5)
         assert torch.equal(out[3], torch.zeros_like(out[3]))  # the row without a request
         assert int(kernel._arrivals.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_pages_read_in_tiles_up_to_the_length_give_the_same_attention(splits: int) -> None:
+    # Pages of 64 slots read 16 at a time, only as far as each row is written (lengths inside
+    # a tile, at a tile's end, at a page's end, past a page), alone and split.
+    lengths = [5, 16, 70, 0, 200, 64, 129]
+    cache, rows = _filled(lengths, page=64)
+    batch = len(lengths)
+    query = torch.randn(batch, GEOMETRY.heads, GEOMETRY.head_dim)
+    scale = GEOMETRY.head_dim**-0.5
+    kernel = TritonDecode(
+        cache, rows, GEOMETRY, batch, splits=splits, min_pages=1, tile=16, whole_pages_up_to=0
+    )
+    gather = GatherDecode(cache, rows)
+    most = max(pages_for(n, 64) for n in lengths)
+    expected = gather(query, cache.keys[0], cache.values[0], gather.prepare(batch, most), scale)
+    out = kernel(query, cache.keys[0], cache.values[0], kernel.prepare(batch, most), scale)
+    live = [row for row, n in enumerate(lengths) if n]
+    torch.testing.assert_close(out[live], expected[live], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="tile"):
+        TritonDecode(cache, rows, GEOMETRY, batch, tile=24)
 
 
 def test_small_batches_take_the_kernel_and_larger_ones_flex() -> None:

@@ -179,6 +179,8 @@ class TritonDecode:
         row_splits: int = 512,
         warps: int = 4,
         stages: int | None = None,
+        tile: int = 32,
+        whole_pages_up_to: int = 16,
     ) -> None:
         if _kernel is None:
             raise RuntimeError("the Triton decode attention needs Triton")
@@ -193,6 +195,14 @@ class TritonDecode:
         self._group_pad = max(16, 1 << (self._group - 1).bit_length())
         self._splits = splits
         self._min_pages = min_pages
+        # Slots read per iteration in batches wider than ``whole_pages_up_to`` rows: a row's
+        # last page is read only up to its length, in tiles (a translation's context of some
+        # 140 tokens in pages of 128 reads 160 slots, not 256); narrower batches read whole
+        # pages, fewer and longer iterations for a lone row's latency.
+        self._tile = min(tile, cache.page_size)
+        self._whole_pages_up_to = whole_pages_up_to
+        if not _tiles(self._tile) or cache.page_size % self._tile:
+            raise ValueError("the attention's tile is a power of two >= 16 dividing the page")
         # Triton's launch options (``stages`` None: Triton's default), for the kernel sweep.
         self._launch = {"num_warps": warps} | ({} if stages is None else {"num_stages": stages})
         # A launch splits rows only while rows times splits stays within ``row_splits``: a wide
@@ -252,6 +262,7 @@ class TritonDecode:
             group_pad=self._group_pad,
             dim=dim,
             page=self._cache.page_size,
+            tile=self._cache.page_size if batch <= self._whole_pages_up_to else self._tile,
             **self._launch,
             **pdl_args(pdl, query.device),
         )

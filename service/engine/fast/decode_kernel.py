@@ -36,6 +36,7 @@ def paged_decode(  # type: ignore[no-untyped-def]
     group_pad: tl.constexpr,
     dim: tl.constexpr,
     page: tl.constexpr,
+    tile: tl.constexpr,
     pdl: tl.constexpr,
 ):
     if pdl:  # programmatic dependent launch, as in gemv_kernel.py
@@ -71,10 +72,14 @@ def paged_decode(  # type: ignore[no-untyped-def]
         best = tl.full([group_pad], float("-inf"), dtype=tl.float32)
         total = tl.zeros([group_pad], dtype=tl.float32)
         acc = tl.zeros([group_pad, dim], dtype=tl.float32)
-        offsets = tl.arange(0, page)
-        first = split * chunk
-        last = tl.minimum(first + chunk, pages)
-        for logical in range(first, last):
+        # The split's pages in tiles of ``tile`` slots, none past the row's length: the last
+        # page is read only as far as it is written.
+        tiles = page // tile
+        first = split * chunk * tiles
+        last = tl.minimum(tl.minimum(split * chunk + chunk, pages) * tiles, tl.cdiv(length, tile))
+        for step in range(first, last):
+            logical = step // tiles
+            offsets = (step % tiles) * tile + tl.arange(0, tile)
             physical = tl.load(table_ptr + row * stride_tb + logical).to(tl.int64)
             at = kv_head.to(tl.int64) * stride_kh + (physical * page + offsets)[:, None] * stride_ks
             keys = tl.load(k_ptr + at + d[None, :])
