@@ -70,8 +70,20 @@ def _caches(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     ids=["norm-after-rope", "norm-before-rope", "no-norm"],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_equals_the_torch_code(normed: bool, norm_first: bool, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("per_program", [1, 3], ids=["a-head-a-program", "heads-in-turn"])
+def test_kernel_equals_the_torch_code(
+    normed: bool,
+    norm_first: bool,
+    dtype: torch.dtype,
+    per_program: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1"  # set by tests/conftest.py
+    if per_program > 1:
+        # As a wide batch runs it: heads three to a program (eight heads: the last program
+        # has two, its third slot past the end).
+        monkeypatch.setattr(rope, "_ONE_HEAD_UP_TO", 0)
+        monkeypatch.setattr(rope, "_HEADS_PER_PROGRAM", per_program)
     g = dataclasses.replace(GEOMETRY, norm_before_rope=norm_first)
     c = _case(dtype, normed)
     q, k, v = rotate_and_normalise(c.qkv, c.query_norm, c.key_norm, c.cos, c.sin, g)

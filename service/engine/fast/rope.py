@@ -31,6 +31,10 @@ try:
 except ImportError:  # no Triton (a CPU build of torch)
     _kernel = None
 
+# Batches up to this many rows give every head a program; wider ones this many heads each.
+_ONE_HEAD_UP_TO = 16
+_HEADS_PER_PROGRAM = 8
+
 
 def built() -> bool:
     """Whether Triton is there to build the kernel (a CPU build of torch has none)."""
@@ -65,7 +69,12 @@ def rope_and_store(
     rows = qkv.shape[0]
     out = torch.empty(rows, g.heads, g.head_dim, dtype=qkv.dtype, device=qkv.device)
     normed = query_norm is not None and key_norm is not None
-    grid = (rows, g.heads + 2 * g.kv_heads)
+    total = g.heads + 2 * g.kv_heads
+    # A lone row's heads each get a program (latency); a wide batch's row takes its heads a
+    # few to a program, so tens of thousands of one-warp programs of 256 bytes each do not
+    # cost more to schedule than their work.
+    per_program = 1 if rows <= _ONE_HEAD_UP_TO else _HEADS_PER_PROGRAM
+    grid = (rows, -(-total // per_program))
     _kernel[grid](
         qkv,
         cos,
@@ -88,6 +97,7 @@ def rope_and_store(
         half=g.head_dim // 2,
         qk_norm=normed,
         norm_first=g.norm_before_rope,
+        per_program=per_program,
         num_warps=1,
         **pdl_args(pdl, qkv.device),
     )

@@ -54,13 +54,52 @@ def rope_store(  # type: ignore[no-untyped-def]
     half: tl.constexpr,
     qk_norm: tl.constexpr,
     norm_first: tl.constexpr,
+    per_program: tl.constexpr,
     pdl: tl.constexpr,
 ):
     if pdl:  # programmatic dependent launch, as in gemv_kernel.py
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
-    head = tl.program_id(1)  # query heads, then key heads, then value heads
+    for i in tl.static_range(per_program):
+        # Query heads, then key heads, then value heads; ``per_program`` of them in turn.
+        head = tl.program_id(1) * per_program + i
+        if head < heads + 2 * kv_heads:
+            _head(
+                qkv_ptr, cos_ptr, sin_ptr, query_norm_ptr, key_norm_ptr, slots_ptr, key_ptr,
+                value_ptr, out_ptr, stride_x, stride_rope, stride_cache_head, stride_cache_slot,
+                stride_ob, stride_oh, eps, heads, kv_heads, half, qk_norm, norm_first, row, head,
+            )  # fmt: skip
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _head(  # type: ignore[no-untyped-def]
+    qkv_ptr,
+    cos_ptr,
+    sin_ptr,
+    query_norm_ptr,
+    key_norm_ptr,
+    slots_ptr,
+    key_ptr,
+    value_ptr,
+    out_ptr,
+    stride_x,
+    stride_rope,
+    stride_cache_head,
+    stride_cache_slot,
+    stride_ob,
+    stride_oh,
+    eps: tl.constexpr,
+    heads: tl.constexpr,
+    kv_heads: tl.constexpr,
+    half: tl.constexpr,
+    qk_norm: tl.constexpr,
+    norm_first: tl.constexpr,
+    row,
+    head,
+):
+    """One head of one row: RoPE (and the norms) into the queries or the key cache, or a
+    value head copied into its cache slot."""
     lo = tl.arange(0, half)
     dtype = out_ptr.dtype.element_ty
     src = qkv_ptr + row * stride_x + head * (2 * half)
