@@ -7,14 +7,16 @@ tensors are fixed buffers updated in place, so the call can be captured in a CUD
 on CUDA (the fused decode kernel); eager it is the unfused reference torch documents, which is what
 the CPU tests run.
 
-``TritonDecode`` is the project's own kernel (``decode_kernel.py``) for small batches, where
-FlexAttention's three kernels per layer (the decoding kernel, the reduction of its splits and the
-output's epilogue) cost more than the work: one program per row, KV head and split reads the
-row's pages through the block table and attends all of the head's query heads at once; a row of
-few pages is one split whose program writes the output itself, a longer one is split over up to
-``splits`` programs of at least ``min_pages`` pages each, and the last of them to finish combines
-the splits (flash-decoding) in the same launch. ``SmallBatchDecode`` takes it up to a batch size
-and FlexAttention above.
+``TritonDecode`` is the project's own kernel (``decode_kernel.py``), first written for small
+batches, where FlexAttention's three kernels per layer (the decoding kernel, the reduction of its
+splits and the output's epilogue) cost more than the work: one program per row, KV head and split
+reads the row's pages through the block table and attends all of the head's query heads at once;
+a row of few pages is one split whose program writes the output itself, a longer one is split
+over up to ``splits`` programs of at least ``min_pages`` pages each (while rows times splits stays
+within ``row_splits``), and the last of them to finish combines the splits (flash-decoding) in the
+same launch. In a wide batch a row is read in tiles only as far as it is written, not in whole
+pages. ``SmallBatchDecode`` takes it up to a batch size (set, or measured at start:
+``attention_choice.py``) and FlexAttention above.
 
 ``GatherDecode`` copies each row's pages out and runs masked SDPA: simple and exact, but its work
 grows with the longest row of the batch. It serves CPUs and checks the others.
