@@ -23,6 +23,7 @@ gaps between kernels, which is what a decode step pays (``kernel_timing.graph_us
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 from collections.abc import Callable, Iterator
@@ -283,13 +284,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = torch.device("cpu" if args.smoke else "cuda")
     dtype = torch.float32 if args.smoke else torch.bfloat16
     rows = [int(r) for r in args.rows.split(",")]
-    # Every batch size compiled static, as the engine's batch-1 and largest buckets are.
-    static = torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64)
-    with static, torch.inference_mode():
-        report: dict[str, Any] = {
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__,
-        }
+    with timing_context():
+        report = header(device)
         if args.gemv_sweep:
             report["gemv_sweep"] = gemv_sweep(device, args.repeat)
         else:
@@ -297,11 +293,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             flex = tuple(args.flex.split(","))
             report["attention_us"] = attention(rows, args.context, device, dtype, args.repeat, flex)
             report["linear_one_row"] = linear(device, dtype, args.repeat, args.smoke)
+    write(report, args.report)
+    return report
+
+
+@contextlib.contextmanager
+def timing_context() -> Iterator[None]:
+    """Every batch size compiled static, as the engine's batch-1 and largest buckets are, and
+    no autograd."""
+    static = torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64)
+    with static, torch.inference_mode():
+        yield
+
+
+def header(device: torch.device) -> dict[str, Any]:
+    """A kernel report's first fields: the device and torch's version."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"device": name, "torch": torch.__version__}
+
+
+def write(report: dict[str, Any], path: Path | None) -> None:
+    """Print ``report`` as JSON, and write it to ``path`` when given."""
     text = json.dumps(report, indent=2)
     print(text)
-    if args.report is not None:
-        args.report.write_text(text)
-    return report
+    if path is not None:
+        path.write_text(text)
 
 
 if __name__ == "__main__":

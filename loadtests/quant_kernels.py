@@ -27,7 +27,6 @@ at a sixteenth of the sizes, untimed.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -37,7 +36,7 @@ from typing import Any
 import torch
 import torch._dynamo.config
 
-from loadtests.kernels import SHAPES
+from loadtests.kernels import SHAPES, header, timing_context, write
 from service.engine.fast import quant_gemv
 from service.engine.fast.kernel_timing import graph_us
 from service.engine.fast.linear import Linear, dequantize, linear
@@ -253,18 +252,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # bf16: tinygemm's one dtype; cuBLAS and the engine's kernels run float16 at the same speed.
     dtype = torch.float32 if args.smoke else torch.bfloat16
     rows = [int(r) for r in args.rows.split(",")]
-    static = torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64)
-    with static, torch.inference_mode():
-        report: dict[str, Any] = {
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__,
+    with timing_context():
+        report = header(device) | {
             "dtype": str(dtype),
             "products_us": products(rows, device, dtype, args.repeat, args.smoke),
         }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.report is not None:
-        args.report.write_text(text)
+    write(report, args.report)
     return report
 
 

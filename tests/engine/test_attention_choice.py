@@ -20,7 +20,7 @@ from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import CacheShape, PagedKVCache
 from service.engine.fast.graphs import buckets_up_to
 from service.engine.fast.pages import pages_for
-from service.engine.fast.weights import Geometry
+from tests.engine.test_decode_kernel import GEOMETRY
 
 
 @given(
@@ -71,17 +71,7 @@ def test_where_flex_wins_the_kernel_keeps_the_sizes_it_won_at_everywhere() -> No
 def test_timing_leaves_the_rows_and_the_cache_as_it_found_them() -> None:
     pytest.importorskip("triton")
     cpu = torch.device("cpu")
-    geometry = Geometry(
-        hidden=128,
-        heads=8,
-        kv_heads=2,
-        head_dim=16,
-        intermediate=64,
-        eps=1e-5,
-        vocab=16,
-        max_positions=512,
-        norm_before_rope=False,
-    )
+    geometry = GEOMETRY
     cache = PagedKVCache(geometry, 1, CacheShape(12, 16), torch.float32, cpu)
     rows = DeviceRows(4, pages_for(512, 16), 16, cpu)
     triton = TritonDecode(cache, rows, geometry, 4)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from loadtests.quant_kernels import NF4
 from service.engine.fast import quant_gemv
+from service.engine.fast.gemv import GemvConfig
 from service.engine.fast.linear import GROUP, Linear, NestedMaxima, dequantize
 from service.engine.fast.projections import gated_product, project
 
@@ -61,7 +62,7 @@ def _swiglu(product: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
-CONFIGS = [quant_gemv.QuantGemvConfig(4, 128, 4), quant_gemv.QuantGemvConfig(16, 1024, 4)]
+CONFIGS = [GemvConfig(4, 128, 4, 2), GemvConfig(16, 1024, 4, 2)]
 
 
 @pytest.mark.parametrize("kind", ["nf4", "nf4-nested", "int8"])
@@ -78,7 +79,7 @@ def test_the_kernel_computes_the_product_of_the_dequantized_weights(
     kind: str,
     shape: tuple[int, int],
     nested_shape: tuple[int, int],
-    config: quant_gemv.QuantGemvConfig,
+    config: GemvConfig,
     seed: int,
 ) -> None:
     nested = kind == "nf4-nested"

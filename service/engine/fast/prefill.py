@@ -47,7 +47,7 @@ class PackedPrefill:
     last: torch.Tensor  # token indices whose logits are wanted: the last of each completed prompt
     # ``cu_q`` and ``cu_k`` as the host has them, for attention that splits the sequences on the
     # host (reading the device's copy back would wait for the device).
-    host_starts: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+    host_starts: tuple[tuple[int, ...], tuple[int, ...]]
 
 
 def slots_of(pages: Sequence[int], positions: np.ndarray, page_size: int) -> np.ndarray:

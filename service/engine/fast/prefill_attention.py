@@ -37,7 +37,7 @@ def packed_causal_attention(
         flash = Capability.of(q.device).flash_prefill(q.dtype)
     if flash:
         return _flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale)
-    if not host_starts or not host_starts[0]:
+    if host_starts is None:
         host_starts = (cu_q.tolist(), cu_k.tolist())
     return _reference_varlen(q, k, v, host_starts[0], host_starts[1], scale)
 

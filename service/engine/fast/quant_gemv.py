@@ -15,11 +15,11 @@ in ``gemv.py``; norms never fold into bitsandbytes weights, so there is no norm 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from service.engine.fast.gemv import GemvConfig
 from service.engine.fast.linear import GROUP, Linear
 
 _kernel: Any
@@ -29,14 +29,8 @@ except ImportError:  # no Triton (a CPU build of torch)
     _kernel = None
 
 
-@dataclass(frozen=True, slots=True)
-class QuantGemvConfig:
-    block_n: int
-    block_k: int  # inputs per slice (a multiple of the 4-bit block)
-    warps: int
-
-
-DEFAULT = QuantGemvConfig(block_n=4, block_k=1024, warps=4)
+# Block sizes as ``gemv.py``'s (``block_k``: inputs per slice, raised to the 4-bit block).
+DEFAULT = GemvConfig(block_n=4, block_k=1024, warps=4, stages=2)
 
 
 def runs(dtype: torch.dtype, device: torch.device) -> bool:
@@ -56,7 +50,7 @@ def one_row(
     *,
     gated: bool = False,
     residual: torch.Tensor | None = None,
-    config: QuantGemvConfig | None = None,
+    config: GemvConfig | None = None,
 ) -> torch.Tensor:
     """``x @ W.T`` (``x``: ``[1, K]``) for the bitsandbytes weight ``p``, or ``silu(gate) * up``
     of its two halves when ``gated``, plus ``residual`` when given; ``[1, N]`` in ``x``'s
@@ -95,5 +89,6 @@ def one_row(
         block_n=chosen.block_n,
         block_k=block_k,
         num_warps=chosen.warps,
+        num_stages=chosen.stages,
     )
     return out

@@ -61,79 +61,44 @@ def rope_store(  # type: ignore[no-untyped-def]
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
+    lo = tl.arange(0, half)
+    dtype = out_ptr.dtype.element_ty
+    slot = tl.load(slots_ptr + row).to(tl.int64)
     for i in tl.static_range(per_program):
         # Query heads, then key heads, then value heads; ``per_program`` of them in turn.
         head = tl.program_id(1) * per_program + i
         if head < heads + 2 * kv_heads:
-            _head(
-                qkv_ptr, cos_ptr, sin_ptr, query_norm_ptr, key_norm_ptr, slots_ptr, key_ptr,
-                value_ptr, out_ptr, stride_x, stride_rope, stride_cache_head, stride_cache_slot,
-                stride_ob, stride_oh, eps, heads, kv_heads, half, qk_norm, norm_first, row, head,
-            )  # fmt: skip
-
-
-@triton.jit  # type: ignore[untyped-decorator]
-def _head(  # type: ignore[no-untyped-def]
-    qkv_ptr,
-    cos_ptr,
-    sin_ptr,
-    query_norm_ptr,
-    key_norm_ptr,
-    slots_ptr,
-    key_ptr,
-    value_ptr,
-    out_ptr,
-    stride_x,
-    stride_rope,
-    stride_cache_head,
-    stride_cache_slot,
-    stride_ob,
-    stride_oh,
-    eps: tl.constexpr,
-    heads: tl.constexpr,
-    kv_heads: tl.constexpr,
-    half: tl.constexpr,
-    qk_norm: tl.constexpr,
-    norm_first: tl.constexpr,
-    row,
-    head,
-):
-    """One head of one row: RoPE (and the norms) into the queries or the key cache, or a
-    value head copied into its cache slot."""
-    lo = tl.arange(0, half)
-    dtype = out_ptr.dtype.element_ty
-    src = qkv_ptr + row * stride_x + head * (2 * half)
-    slot = tl.load(slots_ptr + row).to(tl.int64)
-    if head >= heads + kv_heads:
-        # A value head: into its cache slot as it is.
-        value_head = (head - heads - kv_heads).to(tl.int64)
-        at = value_ptr + value_head * stride_cache_head + slot * stride_cache_slot
-        tl.store(at + lo, tl.load(src + lo))
-        tl.store(at + half + lo, tl.load(src + half + lo))
-    else:
-        is_query = head < heads
-        norm_ptr = key_norm_ptr
-        if is_query:
-            norm_ptr = query_norm_ptr
-        x1 = tl.load(src + lo).to(tl.float32)
-        x2 = tl.load(src + half + lo).to(tl.float32)
-        if qk_norm and norm_first:
-            x1, x2 = _norm(x1, x2, norm_ptr, lo, half, eps, dtype)
-        rope = row * stride_rope
-        c1 = tl.load(cos_ptr + rope + lo).to(tl.float32)
-        c2 = tl.load(cos_ptr + rope + half + lo).to(tl.float32)
-        s1 = tl.load(sin_ptr + rope + lo).to(tl.float32)
-        s2 = tl.load(sin_ptr + rope + half + lo).to(tl.float32)
-        # x * cos + rotate_half(x) * sin, each product and the sum rounded as eager rounds them
-        # (rotate_half's negation is exact).
-        y1 = _rounded(_rounded(x1 * c1, dtype) - _rounded(x2 * s1, dtype), dtype)
-        y2 = _rounded(_rounded(x2 * c2, dtype) + _rounded(x1 * s2, dtype), dtype)
-        if qk_norm and not norm_first:
-            y1, y2 = _norm(y1, y2, norm_ptr, lo, half, eps, dtype)
-        if is_query:
-            at = out_ptr + row * stride_ob + head * stride_oh
-        else:
-            key_head = (head - heads).to(tl.int64)
-            at = key_ptr + key_head * stride_cache_head + slot * stride_cache_slot
-        tl.store(at + lo, y1.to(dtype))
-        tl.store(at + half + lo, y2.to(dtype))
+            src = qkv_ptr + row * stride_x + head * (2 * half)
+            if head >= heads + kv_heads:
+                # A value head: into its cache slot as it is.
+                value_head = (head - heads - kv_heads).to(tl.int64)
+                at = value_ptr + value_head * stride_cache_head + slot * stride_cache_slot
+                tl.store(at + lo, tl.load(src + lo))
+                tl.store(at + half + lo, tl.load(src + half + lo))
+            else:
+                is_query = head < heads
+                norm_ptr = key_norm_ptr
+                if is_query:
+                    norm_ptr = query_norm_ptr
+                x1 = tl.load(src + lo).to(tl.float32)
+                x2 = tl.load(src + half + lo).to(tl.float32)
+                if qk_norm and norm_first:
+                    x1, x2 = _norm(x1, x2, norm_ptr, lo, half, eps, dtype)
+                rope = row * stride_rope
+                c1 = tl.load(cos_ptr + rope + lo).to(tl.float32)
+                c2 = tl.load(cos_ptr + rope + half + lo).to(tl.float32)
+                s1 = tl.load(sin_ptr + rope + lo).to(tl.float32)
+                s2 = tl.load(sin_ptr + rope + half + lo).to(tl.float32)
+                # x * cos + rotate_half(x) * sin, each product and the sum rounded as eager
+                # rounds them (rotate_half's negation is exact).
+                y1 = _rounded(_rounded(x1 * c1, dtype) - _rounded(x2 * s1, dtype), dtype)
+                y2 = _rounded(_rounded(x2 * c2, dtype) + _rounded(x1 * s2, dtype), dtype)
+                if qk_norm and not norm_first:
+                    y1, y2 = _norm(y1, y2, norm_ptr, lo, half, eps, dtype)
+                if is_query:
+                    at = out_ptr + row * stride_ob + head * stride_oh
+                else:
+                    key_head = (head - heads).to(tl.int64)
+                    at = key_ptr + key_head * stride_cache_head + slot * stride_cache_slot
+                tl.store(at + lo, y1.to(dtype))
+                tl.store(at + half + lo, y2.to(dtype))
