@@ -251,6 +251,10 @@ def _step_loop(before: StepTimes, after: StepTimes, wall_s: float) -> dict[str, 
         "prefill_tokens_per_prefill": (
             round(delta("prefill_tokens") / prefills, 1) if prefills else 0.0
         ),
+        # Prompt tokens whose keys and values came from kept prefixes instead of a prefill.
+        "reused_tokens_per_prefill": (
+            round(delta("reused_tokens") / prefills, 1) if prefills else 0.0
+        ),
         "device_prefill_ms_per_prefill": (
             round(1000 * delta("device_prefill_s") / prefills, 3) if prefills else 0.0
         ),

@@ -39,6 +39,15 @@ class EngineSettings(Section):
         description="KV-cache pages, an explicit memory budget (unset: fast_memory_fraction of "
         "the memory free after loading, the GPU's or on a CPU the host's).",
     )
+    prefix_cache_tokens: int | None = Field(
+        None,
+        ge=0,
+        alias="fast_prefix_cache_tokens",
+        description="KV-cache tokens set aside for prompt prefixes seen more than once (the "
+        "template before the text, a repeated glossary or context), whose keys and values are "
+        "then copied instead of computed again; 0 turns it off. Unset: 4,096 tokens, at most a "
+        "sixteenth of the cache.",
+    )
     memory_gib: float | None = Field(
         None,
         gt=0,

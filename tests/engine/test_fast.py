@@ -161,8 +161,11 @@ async def test_greedy_equals_generate_alone_and_in_a_crowd(
     # The 5th prompt is longer than a prefill chunk (24 tokens): it is prefilled in pieces.
     assert max(len(p) for p in prompts) > 24
     assert await _alone(engine, requests) == wanted
-    # A crowd of 4x the texts, in 4 decode rows: they queue, join and leave mid-flight.
+    # A crowd of 4x the texts, in 4 decode rows: they queue, join and leave mid-flight. From
+    # their second sighting the prompts' blocks are kept, then copied in instead of prefilled.
     assert await _generated(engine, requests * 4, "crowd") == wanted * 4
+    assert engine.scheduler.prefixes is not None
+    assert engine.scheduler.prefixes.reused_tokens > 0
     # Every page went back once everything finished.
     assert engine.pages.committed == 0
 

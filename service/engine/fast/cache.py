@@ -243,6 +243,12 @@ class PagedKVCache:
         values = self.values[layer].index_select(1, slots).transpose(0, 1)
         return keys, values
 
+    def copy(self, layer: int, source: torch.Tensor, target: torch.Tensor) -> None:
+        """One layer's keys and values at slots ``source`` copied to slots ``target`` (the two
+        sets disjoint)."""
+        for cache in (self.keys[layer], self.values[layer]):
+            cache.index_copy_(1, target, cache.index_select(1, source))
+
 
 def write_kv(
     key_cache: torch.Tensor,

@@ -28,6 +28,7 @@ from service.contract.errors import (
 from service.contract.types import Completion, GenerationRequest, TextSink
 from service.engine.fast.output import Client, OutputProcessor, TokenObserver
 from service.engine.fast.pages import PageManager, pages_for
+from service.engine.fast.prefix_cache import PREFIX_BLOCK, PrefixCache
 from service.engine.fast.runner import ModelRunner
 from service.engine.fast.scheduler import Scheduler
 from service.engine.fast.sequence import RowParameters, Sequence
@@ -52,6 +53,7 @@ class FastEngine(LoadedEngine):
         self.runner = ModelRunner(loaded, config)
         plan = self.runner.plan
         self.pages = PageManager(plan.pages)
+        prefixes = PrefixCache.reserve(self.pages, plan.page_size, config.fast.prefix_cache_tokens)
         self.scheduler = Scheduler(
             rows=plan.rows,
             prefill_tokens=plan.prefill_tokens,
@@ -60,6 +62,7 @@ class FastEngine(LoadedEngine):
             max_positions=self.runner.weights.geometry.max_positions,
             max_new_tokens=config.max_new_tokens,
             eos=self._eos_ids,
+            prefixes=prefixes,
         )
         self.output = OutputProcessor(loaded.tokenizer, self._eos_ids, observe)
         self.plan = plan
@@ -87,6 +90,7 @@ class FastEngine(LoadedEngine):
                 "weights_gib": round(self.runner.weights.nbytes() / 2**30, 3),
                 "cache_gib": round(cache_bytes / 2**30, 3),
                 "cache_tokens": plan.pages * plan.page_size,
+                "prefix_cache_tokens": 0 if prefixes is None else prefixes.capacity * PREFIX_BLOCK,
                 "memory_budget_gib": config.fast.memory_gib,
                 "step_ms": {b: round(1000 * t, 3) for b, t in self._step_seconds.items()},
             },

@@ -219,6 +219,8 @@ class Transformer:
         for index, layer in enumerate(w.layers):
             q, k, v = self._prefill_in(x, layer, cos, sin, g)
             write_kv(self.cache.keys[index], self.cache.values[index], p.slots, k, v)
+            if p.copy_from is not None and p.copy_to is not None:
+                self.cache.copy(index, p.copy_from, p.copy_to)
             if p.key_slots is not None:
                 k, v = self.cache.gather(index, p.key_slots)
             attended = packed_causal_attention(

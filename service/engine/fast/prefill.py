@@ -4,7 +4,9 @@ A piece is a run of one prompt's tokens (the whole prompt, or a chunk of a long 
 are already taken. Packing lays the pieces end to end, with each token's cache slot read off its
 sequence's page table and the cumulative lengths the varlen kernel takes; a piece that does not
 start at the prompt's beginning also attends to the keys already cached before it, so then the
-slots of every sequence's keys are packed too.
+slots of every sequence's keys are packed too. A piece that reuses kept prefix blocks
+(``prefix_cache.Reuse``) brings the cache-slot copies that put them in place and keep its own
+blocks; each layer makes them after writing the step's keys, before its attention reads them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from service.engine.fast.pages import slots_of
+from service.engine.fast.prefix_cache import Reuse
 from service.engine.fast.transfer import to_device
 
 
@@ -24,6 +28,7 @@ class Piece:
     pages: Sequence[int]  # the sequence's pages, covering at least start + count tokens
     start: int
     count: int
+    reuse: Reuse | None = None
 
     @property
     def end(self) -> int:
@@ -45,22 +50,21 @@ class PackedPrefill:
     max_k: int
     key_slots: torch.Tensor | None  # every sequence's key slots; None: no piece has a prefix
     last: torch.Tensor  # token indices whose logits are wanted: the last of each completed prompt
+    # Cache-slot copies, ``copy_to[i]`` from ``copy_from[i]``: kept prefixes into the prompts
+    # that reuse them, and blocks just written out to the kept pages; None: none this step.
+    copy_from: torch.Tensor | None
+    copy_to: torch.Tensor | None
     # ``cu_q`` and ``cu_k`` as the host has them, for attention that splits the sequences on the
     # host (reading the device's copy back would wait for the device).
     host_starts: tuple[tuple[int, ...], tuple[int, ...]]
-
-
-def slots_of(pages: Sequence[int], positions: np.ndarray, page_size: int) -> np.ndarray:
-    """Cache slots of ``positions`` in a sequence holding ``pages``."""
-    table = np.asarray(pages, dtype=np.int64)
-    slots: np.ndarray = table[positions // page_size] * page_size + positions % page_size
-    return slots
 
 
 def pack(pieces: Sequence[Piece], page_size: int, device: torch.device) -> PackedPrefill:
     tokens: list[int] = []
     positions, slots, key_slots = [], [], []
     cu_q, cu_k, last = [0], [0], []
+    copy_from: list[np.ndarray] = []
+    copy_to: list[np.ndarray] = []
     for piece in pieces:
         span = np.arange(piece.start, piece.end)
         tokens.extend(piece.prompt[piece.start : piece.end])
@@ -71,6 +75,12 @@ def pack(pieces: Sequence[Piece], page_size: int, device: torch.device) -> Packe
         cu_k.append(cu_k[-1] + piece.end)
         if piece.completes:
             last.append(cu_q[-1] - 1)
+        if piece.reuse is not None:
+            reuse = piece.reuse
+            copy_from += [reuse.into, slots_of(piece.pages, reuse.out_positions, page_size)]
+            copy_to += [slots_of(piece.pages, np.arange(reuse.tokens), page_size), reuse.out_slots]
+
+    copies = sum(len(part) for part in copy_from) > 0
 
     def on_device(values: list[int] | np.ndarray, dtype: torch.dtype = torch.long) -> torch.Tensor:
         return to_device(values, dtype, device)
@@ -89,5 +99,7 @@ def pack(pieces: Sequence[Piece], page_size: int, device: torch.device) -> Packe
             else None
         ),
         last=on_device(last),
+        copy_from=on_device(np.concatenate(copy_from)) if copies else None,
+        copy_to=on_device(np.concatenate(copy_to)) if copies else None,
         host_starts=(tuple(cu_q), tuple(cu_k)),
     )

@@ -233,7 +233,9 @@ class ModelRunner:
     def prefill(self, chunks: list[Chunk]) -> list[int]:
         """Prefill ``chunks`` (their pages taken); the first token of each prompt that
         completes, in order."""
-        pieces = [Piece(c.sequence.prompt, c.sequence.pages, c.start, c.count) for c in chunks]
+        pieces = [
+            Piece(c.sequence.prompt, c.sequence.pages, c.start, c.count, c.reuse) for c in chunks
+        ]
         started = self.clock.start()
         logits = self.model.prefill(pack(pieces, self.page_size, self.device))
         completing = [c.sequence for c in chunks if c.completes]

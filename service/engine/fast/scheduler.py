@@ -10,8 +10,10 @@ down when others finish, pages given back) comes back as data for the runner to 
 Admission commits a request's KV pages for its prompt and its whole token budget, so an admitted
 request always completes; a request waits while the rows or the cache are full. A prefill step
 takes whole prompts, or a chunk of a long one, up to ``prefill_tokens`` tokens, so that a long
-prompt never holds the running decodes back for more than a chunk. Rows ``0..n-1`` hold the
-running requests; when some finish, the last rows move into their places.
+prompt never holds the running decodes back for more than a chunk. A prompt that starts with
+kept prefix blocks (``prefix_cache.py``) is prefilled from the end of them, their keys and values
+copied in. Rows ``0..n-1`` hold the running requests; when some finish, the last rows move into
+their places.
 """
 
 from __future__ import annotations
@@ -26,16 +28,19 @@ import numpy as np
 from service.contract.errors import InvalidInput, OutOfMemory, ServiceError
 from service.engine.fast.host_rows import HostRows
 from service.engine.fast.pages import PageManager, pages_for
+from service.engine.fast.prefix_cache import PrefixCache, Reuse
 from service.engine.fast.sequence import Sequence
 
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """``count`` tokens of a prompt from ``start``, to prefill this step (its pages taken)."""
+    """``count`` tokens of a prompt from ``start``, to prefill this step (its pages taken), and
+    the kept prefix blocks its first chunk reuses and keeps."""
 
     sequence: Sequence
     start: int
     count: int
+    reuse: Reuse | None = None
 
     @property
     def completes(self) -> bool:
@@ -130,8 +135,10 @@ class Scheduler:
         max_positions: int,
         max_new_tokens: int,
         eos: Iterable[int],
+        prefixes: PrefixCache | None = None,
     ) -> None:
         self.pages = pages
+        self.prefixes = prefixes
         self.rows = HostRows(rows, max_new_tokens)
         self._max_rows = rows
         self._prefill_tokens = prefill_tokens
@@ -211,12 +218,18 @@ class Scheduler:
         budget = self._prefill_tokens
         chunks: list[Chunk] = []
         completing = 0  # prompts of this step that take a row when it ends
+        if self.prefixes is not None:
+            self.prefixes.next_step()
         while budget > 0:
+            reuse = None
             if self._prefilling and (not chunks or chunks[-1].sequence is not self._prefilling[0]):
                 sequence = self._prefilling[0]
             elif self._waiting and self._admit(self._waiting[0], completing):
                 sequence = self._waiting.popleft()
                 self._prefilling.append(sequence)
+                if self.prefixes is not None:
+                    reuse = self.prefixes.admit(sequence.prompt, budget)
+                    sequence.prefilled = reuse.tokens
             else:
                 break
             start = sequence.prefilled
@@ -224,7 +237,7 @@ class Scheduler:
             while len(sequence.pages) < pages_for(start + count, self._page):
                 sequence.pages.append(self.pages.take())
             sequence.prefilled = start + count
-            chunks.append(Chunk(sequence, start, count))
+            chunks.append(Chunk(sequence, start, count, reuse))
             budget -= count
             if not chunks[-1].completes:
                 break
@@ -328,6 +341,8 @@ class Scheduler:
         """Everything the scheduler holds let go (a step failed): the rows to clear, and every
         request that was not cancelled, to be answered with the failure."""
         everyone = list(self._by_id.values())
+        if self.prefixes is not None:
+            self.prefixes.clear()  # the failed step may not have written what it kept
         retired = Retired(keep=0, old_n=self._n)
         self.rows.clear(0, self._max_rows)
         self._n = 0

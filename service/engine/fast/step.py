@@ -80,14 +80,17 @@ class StepTimes:
     and enqueued), the wait for the step before it (``collect``: the host idle while the device
     works), and the host's own work on the tokens (rows, retire, text, answers). The wait's share
     of the whole is how much of the loop the device kept the host waiting: near zero, the device
-    waited for the host instead. Also counted: the steps that prefilled and their prompt tokens,
-    and the rows of every decode step (their mean is how full the batch ran). The device's own
-    time on prefills and decode steps (``device_clock``) is filled in where it is measured."""
+    waited for the host instead. Also counted: the steps that prefilled, their prompt tokens and
+    those reused from kept prefixes, and the rows of every decode step (their mean is how full
+    the batch ran). The device's own time on prefills and decode steps (``device_clock``) is
+    filled in where it is measured."""
 
     steps: int = 0
     decodes: int = 0
     prefills: int = 0
     prefill_tokens: int = 0
+    # Prompt tokens whose keys and values came from kept prefixes instead (not in the above).
+    reused_tokens: int = 0
     decode_rows: int = 0
     device_prefill_s: float = 0.0
     device_decode_s: float = 0.0
@@ -122,6 +125,7 @@ class Stepper(Generic[Step]):
         if chunks:
             times.prefills += 1
             times.prefill_tokens += sum(chunk.count for chunk in chunks)
+            times.reused_tokens += sum(c.reuse.tokens for c in chunks if c.reuse is not None)
             firsts = device.prefill(chunks)
             if firsts:
                 joined = scheduler.join([c.sequence for c in chunks if c.completes], firsts)
