@@ -87,7 +87,9 @@ def _device_and_dtype(settings: EngineConfig) -> tuple[torch.device, torch.dtype
         # The allocator refuses what would pass the budget (context memory aside).
         total = torch.cuda.get_device_properties(device).total_memory
         share = min(1.0, settings.fast.memory_gib * 2**30 / total)
-        torch.cuda.set_per_process_memory_fraction(share, device)
+        # (It takes a device with an index: "cuda" alone is refused.)
+        index = torch.cuda.current_device() if device.index is None else device.index
+        torch.cuda.set_per_process_memory_fraction(share, index)
     return device, dtype
 
 

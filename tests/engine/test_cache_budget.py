@@ -81,6 +81,19 @@ def test_a_little_more_or_less_free_memory_gives_the_same_cache(
     assert _pages(monkeypatch, 10 * page, 0) == int(10 * page * 0.85) // page
 
 
+def test_under_the_operator_s_budget_the_cache_takes_every_page_it_leaves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A 16 GiB budget on a larger card: the size is the same at every start already, and a
+    # quantum is a gigabyte of a small cache, so nothing is rounded away.
+    page = page_bytes(GEOMETRY, 32, 128, torch.bfloat16)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (70 * GIB, 80 * GIB))
+    left = int((PAGE_QUANTUM * 3 + PAGE_QUANTUM // 2) * page / 0.85)
+    pages = budget_pages(GEOMETRY, 32, 128, torch.bfloat16, torch.device("cuda"), 0.85, left=left)
+    assert pages == int(left * 0.85) // page
+    assert pages % PAGE_QUANTUM
+
+
 def test_a_device_without_room_keeps_the_minimum(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _pages(monkeypatch, 2 * GIB, 8 * GIB) == 2
 

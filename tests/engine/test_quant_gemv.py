@@ -1,7 +1,7 @@
-"""The one-row kernel for bitsandbytes weights (``quant_gemv.py``) in Triton's interpreter: NF4
-codes with float32 block maxima and with bitsandbytes' 8-bit double quantization of them, and
-int8 rows, each equal to the product over ``linear.dequantize``'s weights, with the SwiGLU and
-residual epilogues; and the projections taking it for one row where it runs."""
+"""The kernels for bitsandbytes weights (``quant_gemv.py``) in Triton's interpreter: NF4 codes
+with float32 block maxima and with bitsandbytes' 8-bit double quantization of them, and int8
+rows, each equal to the product over ``linear.dequantize``'s weights: one row with the SwiGLU and
+residual epilogues, and batches; and the projections taking them where they run."""
 
 from __future__ import annotations
 
@@ -99,20 +99,57 @@ def test_the_kernel_computes_the_product_of_the_dequantized_weights(
     close(gated, _swiglu(exact))
 
 
+@pytest.mark.parametrize("kind", ["nf4", "nf4-nested", "int8"])
+@settings(max_examples=5, deadline=None)
+@given(
+    shape=st.sampled_from([(50, 640), (64, 256), (136, 512)]),
+    nested_shape=st.sampled_from([(96, 512), (128, 512)]),
+    batch=st.integers(2, 40),
+    config=st.sampled_from(
+        [
+            None,
+            quant_gemv.MatmulConfig(16, 32, 64, 4, 2),
+            quant_gemv.MatmulConfig(32, 64, 128, 4, 2),
+        ]
+    ),
+    seed=st.integers(0, 2**16),
+)
+def test_the_batch_kernel_computes_the_product_of_the_dequantized_weights(
+    kind: str,
+    shape: tuple[int, int],
+    nested_shape: tuple[int, int],
+    batch: int,
+    config: quant_gemv.MatmulConfig | None,
+    seed: int,
+) -> None:
+    # Batches off the tiles' multiples, weight rows off block_n's: the masks.
+    nested = kind == "nf4-nested"
+    outputs, inputs = nested_shape if nested else shape
+    p = _int8(outputs, inputs, seed) if kind == "int8" else _nf4(outputs, inputs, nested, seed)
+    x = torch.randn(batch, inputs, generator=torch.Generator().manual_seed(seed))
+    torch.testing.assert_close(quant_gemv.rows(x, p, config), x @ _dense(p).T, rtol=1e-4, atol=1e-4)
+
+
 def test_one_row_of_bitsandbytes_weights_takes_the_kernel_where_it_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # As on a GPU with 16-bit rows: one row takes the kernel (here in the interpreter), two
-    # rows the dequantized product; both compute the same.
+    # As on a GPU with 16-bit rows: one row takes the one-row kernel (here in the
+    # interpreter), two rows the batch kernel; all compute the same.
     calls: list[bool] = []
-    kernel = quant_gemv.one_row
+    batches: list[bool] = []
+    kernel, batch_kernel = quant_gemv.one_row, quant_gemv.rows
 
     def counted(*args: object, **kwargs: object) -> torch.Tensor:
         calls.append(True)
         return kernel(*args, **kwargs)  # type: ignore[arg-type]
 
+    def counted_rows(*args: object, **kwargs: object) -> torch.Tensor:
+        batches.append(True)
+        return batch_kernel(*args, **kwargs)  # type: ignore[arg-type]
+
     monkeypatch.setattr(quant_gemv, "available", lambda x: True)
     monkeypatch.setattr(quant_gemv, "one_row", counted)
+    monkeypatch.setattr(quant_gemv, "rows", counted_rows)
     p = _nf4(64, 256, nested=True, seed=3)
     x = torch.randn(2, 256, generator=torch.Generator().manual_seed(3))
     residual = torch.randn(2, 64)
@@ -126,7 +163,7 @@ def test_one_row_of_bitsandbytes_weights_takes_the_kernel_where_it_runs(
     assert len(calls) == 2
     close(project(x, p, residual=residual), residual + exact)
     close(gated_product(x, p), _swiglu(exact))
-    assert len(calls) == 2  # two rows: the dequantized product
+    assert (len(calls), len(batches)) == (2, 2)  # two rows: the batch kernel
     # A norm to apply first keeps the general path (norms never fold into these weights).
     project(x[:1], p, norm_eps=1e-5)
-    assert len(calls) == 2
+    assert (len(calls), len(batches)) == (2, 3)

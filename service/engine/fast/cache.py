@@ -101,8 +101,10 @@ def budget_pages(
     # The compiled decode kernels are specialised to the cache's size, and the free memory
     # differs by some megabytes from one start to the next (another process's context, the
     # allocator's leftovers): whole multiples of PAGE_QUANTUM let a restart find them in the
-    # compile cache instead of compiling every bucket again.
-    if pages >= PAGE_QUANTUM:
+    # compile cache instead of compiling every bucket again. Under the operator's budget the
+    # size is the same from one start to the next already, and on a small card a quantum's
+    # gigabyte is a good share of the cache.
+    if pages >= PAGE_QUANTUM and (left is None or left >= free_bytes(device)):
         pages -= pages % PAGE_QUANTUM
     return max(2, pages)
 

@@ -102,8 +102,8 @@ def paged_decode(  # type: ignore[no-untyped-def]
             # split that arrives last combines them in split order (the same sums whatever the
             # arrival order) and resets the arrival count for the next launch.
             slot = (row * kv_heads + kv_head) * splits_max
-            tile = lanes[:, None] * dim + d[None, :]
-            tl.store(partial_ptr + (slot + split) * group_pad * dim + tile, acc)
+            spot = lanes[:, None] * dim + d[None, :]
+            tl.store(partial_ptr + (slot + split) * group_pad * dim + spot, acc)
             tl.store(stats_ptr + (slot + split) * 2 * group_pad + lanes, best)
             tl.store(stats_ptr + (slot + split) * 2 * group_pad + group_pad + lanes, total)
             tl.debug_barrier()  # every lane's stores before the release below
@@ -121,7 +121,7 @@ def paged_decode(  # type: ignore[no-untyped-def]
                     scaled = tl.exp(tl.load(at_stats, cache_modifier=".cg") - overall)
                     sums = tl.load(at_stats + group_pad, cache_modifier=".cg")
                     part = tl.load(
-                        partial_ptr + (slot + other) * group_pad * dim + tile,
+                        partial_ptr + (slot + other) * group_pad * dim + spot,
                         cache_modifier=".cg",
                     )
                     weight_sum += scaled * sums

@@ -34,11 +34,10 @@ from service.engine.fast import gemv
 from service.engine.fast.attention import DecodeAttention
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import PagedKVCache, write_kv
-from service.engine.fast.linear import linear
 from service.engine.fast.moe import moe_block
 from service.engine.fast.prefill import PackedPrefill
 from service.engine.fast.prefill_attention import packed_causal_attention
-from service.engine.fast.projections import gated_product, project, rms_norm
+from service.engine.fast.projections import gated_product, product, project, rms_norm
 from service.engine.fast.rope import rope_and_store
 from service.engine.fast.weights import Geometry, LayerWeights, ModelWeights
 
@@ -205,10 +204,8 @@ class Transformer:
         w = self.weights
         x = rms_norm(x, w.norm, w.geometry.eps)
         head = w.lm_head
-        if head.bitsandbytes:  # one row of it: the quantized one-row kernel (projections.py)
-            out = project(x, head)
-        else:
-            out = linear(x, head.weight, head.scale, head.code, head.nested)
+        # A quantized head by the engine's own kernels (projections.py): one row, or a batch.
+        out = project(x, head) if head.bitsandbytes else product(x, head)
         return out[:, : w.geometry.vocab].float()
 
     def prefill(self, packed: PackedPrefill) -> torch.Tensor:

@@ -3,9 +3,10 @@
 A single row on the GPU (a lone request's decode step) takes one of the engine's own one-row
 kernels with the SwiGLU after gate/up and the residual add after a projection fused in: 16-bit
 and FP8 weights ``gemv.py``'s, bitsandbytes' NF4, FP4 and int8 weights ``quant_gemv.py``'s. Every
-other shape (prefill, batches, a CPU, float32) takes ``linear`` (cuBLAS, ``_scaled_mm`` for FP8,
-bitsandbytes' formats dequantized first) with the same operations written out around it, as
-transformers runs them.
+other shape (prefill, batches, a CPU, float32) takes ``product`` (bitsandbytes' formats on CUDA by
+``quant_gemv.rows``, which dequantizes into the product; else ``linear``: cuBLAS, ``_scaled_mm``
+for FP8, bitsandbytes' formats dequantized first) with the same operations written out around
+it, as transformers runs them.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def project(
             pdl=pdl,
         )
     h = x if norm_eps is None else rms_norm(x, None, norm_eps)
-    out = linear(h, p.weight, p.scale, p.code, p.nested)
+    out = product(h, p)
     return out if residual is None else residual + out
 
 
@@ -91,7 +92,15 @@ def gated_product(
             pdl=pdl,
         )
     h = x if norm_eps is None else rms_norm(x, None, norm_eps)
-    return swiglu(linear(h, gate_up.weight, gate_up.scale, gate_up.code, gate_up.nested))
+    return swiglu(product(h, gate_up))
+
+
+def product(x: torch.Tensor, p: Linear) -> torch.Tensor:
+    """``x @ p.T`` for any number of rows: bitsandbytes weights by ``quant_gemv.rows`` where it
+    runs (16-bit rows on CUDA), everything else by ``linear``."""
+    if p.bitsandbytes and quant_gemv.available(x):
+        return quant_gemv.rows(x, p)
+    return linear(x, p.weight, p.scale, p.code, p.nested)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:

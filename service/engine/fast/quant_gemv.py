@@ -1,5 +1,6 @@
-"""One-row projections of bitsandbytes weights as a Triton kernel of the engine's own: a lone
-request's decode step reads the packed weights once, dequantizing them where it multiplies.
+"""Projections of bitsandbytes weights by Triton kernels of the engine's own, which read the
+packed weights and dequantize them where they multiply: ``one_row`` for a lone request's decode
+step, ``rows`` for a batch (a decode step of many rows, a prefill).
 
 Compiled by inductor, the same product (``linear.row_product`` over ``linear.dequantize``) looks
 each 4-bit code up inside the reduction, and at one row it measured three times slower than bf16
@@ -11,10 +12,18 @@ maximum over 127. Every weight is rounded to the activations' dtype as bitsandby
 dequantization rounds it, so the product is the one ``dequantize`` then a 16-bit product gives,
 summed in float32. ``gated`` (SwiGLU over the fused gate/up halves) and ``residual`` are fused as
 in ``gemv.py``; norms never fold into bitsandbytes weights, so there is no norm option.
+
+Dequantized whole before a cuBLAS product, a batch wrote and read every layer's weights in 16 bits
+at every step (more bytes than bf16 weights, plus the float32 temporaries of the dequantization)
+and a 16 GiB card ran out of memory capturing the output layer's step. ``rows`` dequantizes a
+slice of ``block_n`` weight rows at a time in registers, straight into the tensor cores' product
+with ``block_m`` rows of the batch: the weights are read in their packed bytes once per
+``block_m`` rows, and nothing the size of a weight is ever written.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,10 +32,12 @@ from service.engine.fast.gemv import GemvConfig
 from service.engine.fast.linear import GROUP, Linear
 
 _kernel: Any
+_batch_kernel: Any
 try:
     from service.engine.fast.quant_gemv_kernel import quant_gemv as _kernel
+    from service.engine.fast.quant_gemv_kernel import quant_matmul as _batch_kernel
 except ImportError:  # no Triton (a CPU build of torch)
-    _kernel = None
+    _kernel = _batch_kernel = None
 
 
 # Block sizes as ``gemv.py``'s (``block_k``: inputs per slice, raised to the 4-bit block).
@@ -88,6 +99,70 @@ def one_row(
         has_residual=residual is not None,
         block_n=chosen.block_n,
         block_k=block_k,
+        num_warps=chosen.warps,
+        num_stages=chosen.stages,
+    )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulConfig:
+    """``rows``'s tiles: batch rows, weight rows and inputs per program and slice."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+
+def matmul_config(batch: int) -> MatmulConfig:
+    """Tiles for a batch of ``batch`` rows: as few padded rows as the tensor cores allow (16)
+    for a decode step, wider tiles that dequantize each slice for more rows as the batch grows."""
+    if batch <= 16:
+        return MatmulConfig(16, 64, 128, 4, 3)
+    if batch <= 32:
+        return MatmulConfig(32, 64, 128, 4, 3)
+    if batch <= 64:
+        return MatmulConfig(64, 64, 128, 4, 3)
+    return MatmulConfig(128, 128, 64, 8, 3)
+
+
+def rows(x: torch.Tensor, p: Linear, config: MatmulConfig | None = None) -> torch.Tensor:
+    """``x @ W.T`` (``x``: ``[M, K]``, contiguous rows) for the bitsandbytes weight ``p``;
+    ``[M, N]`` in ``x``'s dtype."""
+    assert p.scale is not None, "a bitsandbytes weight has its scales"
+    batch, inputs = x.shape
+    chosen = config or matmul_config(batch)
+    four_bit = p.code is not None
+    outputs = p.weight.shape[0]
+    block = inputs // p.scale.shape[1] if four_bit else 1
+    nested = p.nested
+    x = x.contiguous()
+    out = torch.empty(batch, outputs, dtype=x.dtype, device=x.device)
+    grid = (-(-outputs // chosen.block_n), -(-batch // chosen.block_m))
+    _batch_kernel[grid](
+        x,
+        p.weight,
+        p.scale,
+        p.scale if p.code is None else p.code,
+        p.scale if nested is None else nested.code,
+        p.scale if nested is None else nested.absmax,
+        p.scale if nested is None else nested.offset,
+        out,
+        batch,
+        outputs,
+        inputs,
+        x.stride(0),
+        p.weight.stride(0),
+        p.scale.stride(0),
+        four_bit=four_bit,
+        nested=nested is not None,
+        block=block,
+        group=GROUP,
+        block_m=chosen.block_m,
+        block_n=chosen.block_n,
+        block_k=max(chosen.block_k, block) if four_bit else chosen.block_k,
         num_warps=chosen.warps,
         num_stages=chosen.stages,
     )

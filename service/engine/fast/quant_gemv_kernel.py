@@ -1,6 +1,7 @@
-"""The Triton kernel behind ``quant_gemv.one_row`` (``quant_gemv.py`` says what it computes).
+"""The Triton kernels behind ``quant_gemv.one_row`` and ``quant_gemv.rows`` (``quant_gemv.py``
+says what they compute).
 
-Its own module, so that ``quant_gemv.py`` imports where there is no Triton (a CPU build of torch
+Their own module, so that ``quant_gemv.py`` imports where there is no Triton (a CPU build of torch
 has none): there this module's import fails and the kernel is never used.
 """
 
@@ -134,3 +135,59 @@ def quant_gemv(  # type: ignore[no-untyped-def]
         out = out.to(dtype).to(tl.float32)
         out = out + tl.load(residual_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, out.to(dtype), mask=row_ok)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def quant_matmul(  # type: ignore[no-untyped-def]
+    x_ptr,
+    w_ptr,
+    maxima_ptr,
+    code_ptr,
+    nested_code_ptr,
+    nested_absmax_ptr,
+    nested_offset_ptr,
+    out_ptr,
+    batch,
+    rows_out,
+    inputs,
+    stride_x,
+    stride_w,
+    stride_m,
+    four_bit: tl.constexpr,
+    nested: tl.constexpr,
+    block: tl.constexpr,
+    group: tl.constexpr,
+    block_m: tl.constexpr,
+    block_n: tl.constexpr,
+    block_k: tl.constexpr,
+):
+    """``x @ W.T`` for ``batch`` rows of ``x``: a program's ``block_n`` weight rows dequantized
+    a slice at a time (``_weights``, rounded as bitsandbytes rounds them) straight into the
+    tensor cores' product with ``block_m`` rows of ``x``, summed in float32."""
+    dtype = out_ptr.dtype.element_ty
+    rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
+    row_ok = rows < rows_out
+    lines = tl.program_id(1) * block_m + tl.arange(0, block_m)
+    line_ok = lines < batch
+    x_lines = x_ptr + lines.to(tl.int64)[:, None] * stride_x
+    acc = tl.zeros([block_m, block_n], dtype=tl.float32)
+    for start in range(0, inputs, block_k):
+        first, second = _weights(
+            w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr, nested_offset_ptr,
+            rows, row_ok, start, inputs, stride_w, stride_m,
+            dtype, four_bit, nested, block, group, block_k,
+        )  # fmt: skip
+        if four_bit:  # the even inputs times the high halves' weights, the odd the low ones'
+            pairs = start // 2 + tl.arange(0, block_k // 2)
+            mask = line_ok[:, None] & (pairs < inputs // 2)[None, :]
+            even = tl.load(x_lines + 2 * pairs[None, :], mask=mask, other=0.0)
+            odd = tl.load(x_lines + 2 * pairs[None, :] + 1, mask=mask, other=0.0)
+            acc = tl.dot(even, tl.trans(first.to(dtype)), acc)
+            acc = tl.dot(odd, tl.trans(second.to(dtype)), acc)
+        else:
+            cols = start + tl.arange(0, block_k)
+            mask = line_ok[:, None] & (cols < inputs)[None, :]
+            xs = tl.load(x_lines + cols[None, :], mask=mask, other=0.0)
+            acc = tl.dot(xs, tl.trans(first.to(dtype)), acc)
+    at = out_ptr + lines.to(tl.int64)[:, None] * rows_out + rows[None, :]
+    tl.store(at, acc.to(dtype), mask=line_ok[:, None] & row_ok[None, :])

@@ -415,6 +415,10 @@ def _size(
     if fast.memory_gib is not None:
         budget = int(fast.memory_gib * 2**30)
         device = loaded.device
+        if device.type == "cuda":
+            # What loading left cached (a quantization's temporaries) goes back first: the
+            # budget counts what the engine holds, and the cache is sized from what is left.
+            torch.cuda.empty_cache()
         used = torch.cuda.memory_reserved(device) if device.type == "cuda" else weights.nbytes()
         if used >= budget:
             raise RuntimeError(
