@@ -102,8 +102,8 @@ def attention(
             backends[f"triton-w{warps}-s{stages or 'default'}"] = TritonDecode(
                 cache, rows, geometry, most, warps=warps, stages=stages
             )
-        # Whole pages at every batch size (the kernel before tiles), and other tiles.
-        for tile in (page, 64, 16):
+        # Whole pages at every batch size (the kernel before tiles), and other tiles than 16.
+        for tile in (page, 64, 32):
             backends[f"triton-tile{tile}"] = TritonDecode(
                 cache, rows, geometry, most, tile=tile, whole_pages_up_to=0
             )
