@@ -19,6 +19,7 @@ import torch
 from service.config.settings import Settings
 from service.contract.types import GenerationRequest
 from service.engine.fast.engine import FastEngine
+from service.engine.fast.transfer import to_device
 from service.engine.loading import load_model
 from tests.engine.test_engine import SAMPLED, generate
 
@@ -77,3 +78,25 @@ def test_the_step_loop_copies_to_the_device_without_waiting(
     # The one read back of a prefill is its first tokens (the prefill's attention splits its
     # sequences where the host packed them, not by reading their bounds back at every layer).
     assert 0 < len(reads) <= prefills
+
+
+def test_a_copy_to_a_gpu_goes_through_page_locked_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    # CUDA may synchronize a stream to stage a copy from pageable memory, non_blocking or not:
+    # the values are pinned first. Recorded here, with no GPU: the calls the copy makes.
+    calls: list[str] = []
+
+    def pin_memory(self: torch.Tensor) -> torch.Tensor:
+        calls.append("pin")
+        return self
+
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(f"to {args[0]} non_blocking={kwargs.get('non_blocking')}")
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    to_device([1, 2, 3], torch.long, torch.device("cuda"))
+    assert calls == ["pin", "to cuda non_blocking=True"]
+    calls.clear()
+    to_device([1, 2, 3], torch.long, torch.device("cpu"))
+    assert calls == ["to cpu non_blocking=True"]  # nothing to pin for a CPU

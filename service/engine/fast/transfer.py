@@ -4,9 +4,11 @@ torch's default copy to a GPU (``non_blocking=False``) synchronizes the stream a
 waits until every kernel enqueued before it has run. In the step loop that is the decode step in
 flight, so a prefill whose inputs were copied that way was launched only once the device had gone
 idle, and the device then waited for the host to launch it, layer by layer. Every copy of the
-engine's host values goes through ``to_device``, which never waits: a copy from ordinary (pageable)
-memory is staged by the driver at once and runs in stream order, so the values may be freed as
-soon as it returns.
+engine's host values goes through ``to_device``, which never waits. A non-blocking copy from
+ordinary (pageable) memory is not enough: CUDA documents that the driver may synchronize with the
+stream to stage it (run 64's prefills still spanned twice their kernels), so on a GPU the values
+are first put in page-locked memory from torch's caching host allocator, which keeps the block
+until the copy that reads it has run.
 """
 
 from __future__ import annotations
@@ -31,4 +33,7 @@ def to_device(
 ) -> torch.Tensor:
     """``values`` as a ``dtype`` tensor on ``device``, copied without a wait."""
     array: np.ndarray = np.asarray(values, dtype=_NUMPY[dtype])
-    return torch.from_numpy(array).to(device, non_blocking=True)
+    host = torch.from_numpy(array)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
