@@ -14,6 +14,9 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
   torch's own W4A16 kernel (``aten._weight_int4pack_mm``, tinygemm, compute capability 8.0+);
 - ``nf4-gemv`` and ``int8-gemv``: the engine's own one-row kernel for bitsandbytes weights
   (``quant_gemv.py``), which a lone request's decode step takes;
+- ``nf4-rows`` and ``int8-rows``: the engine's own batch kernel for them (``quant_gemv.rows``:
+  slices dequantized straight into the tensor cores' product), which batches and prefills take
+  on a GPU (``nf4`` and ``int8`` above 1 row are the whole-weight dequantization it replaced);
 - ``int4-reduction``: the same int4 numbers dequantized inside the engine's compiled one-row
   reduction (the form the engine would take for such a checkpoint at one row).
 
@@ -139,6 +142,8 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
     if quant_gemv.runs(dtype, device):
         for name in ("nf4-gemv", "int8-gemv"):
             formats[name] = _Format(lambda x, p: quant_gemv.one_row(x, p), [], [])
+        for name in ("nf4-rows", "int8-rows"):
+            formats[name] = _Format(lambda x, p: quant_gemv.rows(x, p), [], [])
     if cuda and not smoke:
         formats["int4-tinygemm"] = _Format(lambda x, call: call(x), [], [])
         formats["nf4-bitsandbytes"] = _Format(lambda x, call: call(x), [], [])
@@ -160,6 +165,8 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
         if "nf4-gemv" in formats:
             parts["nf4-gemv"] = ((Linear(codes, maxima, table),), parts["nf4"][1])
             parts["int8-gemv"] = ((Linear(int8, row_max),), parts["int8"][1])
+            parts["nf4-rows"] = parts["nf4-gemv"]
+            parts["int8-rows"] = parts["int8-gemv"]
         if "int4-tinygemm" in formats:
             probe = torch.randn(16, inputs, dtype=dtype, device=device)
             for high_first in (True, False):
