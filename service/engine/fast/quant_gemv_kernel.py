@@ -53,15 +53,21 @@ def _weights(  # type: ignore[no-untyped-def]
             maxima = tl.load(maxima_ptr + at, mask=mask, other=0.0)
         high = tl.load(code_ptr + (packed >> 4).to(tl.int32)) * maxima
         low = tl.load(code_ptr + (packed & 15).to(tl.int32)) * maxima
-        return high.to(dtype).to(tl.float32), low.to(dtype).to(tl.float32)
-    cols = start + tl.arange(0, block_k)
-    mask = row_ok[:, None] & (cols < inputs)[None, :]
-    values = tl.load(w_ptr + rows.to(tl.int64)[:, None] * stride_w + cols[None, :], mask=mask)
-    row_max = tl.load(maxima_ptr + rows, mask=row_ok, other=0.0)
-    # bitsandbytes' int8 step, 1 / 127, as the float32 it multiplies by.
-    dequantized = values.to(tl.float32) * row_max[:, None] * 7.874015718698502e-3
-    rounded = dequantized.to(dtype).to(tl.float32)
-    return rounded, rounded
+        first = high.to(dtype).to(tl.float32)
+        second = low.to(dtype).to(tl.float32)
+    else:
+        cols = start + tl.arange(0, block_k)
+        mask = row_ok[:, None] & (cols < inputs)[None, :]
+        at_w = w_ptr + rows.to(tl.int64)[:, None] * stride_w + cols[None, :]
+        values = tl.load(at_w, mask=mask)
+        row_max = tl.load(maxima_ptr + rows, mask=row_ok, other=0.0)
+        # bitsandbytes' int8 step, 1 / 127, as the float32 it multiplies by.
+        dequantized = values.to(tl.float32) * row_max[:, None] * 7.874015718698502e-3
+        first = dequantized.to(dtype).to(tl.float32)
+        second = first
+    # One return: Triton compiles every return of a function, the branch not taken included,
+    # and their shapes differ (a 4-bit slice is half as wide).
+    return first, second
 
 
 @triton.jit  # type: ignore[untyped-decorator]
