@@ -1,0 +1,45 @@
+"""Runs Triton's compiler front end over kernel launches, for ``test_kernels_compile.py``.
+
+A process of its own: the tests run Triton's interpreter (``TRITON_INTERPRET=1``), which changes
+what ``triton.language`` is at import, and the compiler needs it unchanged. Reads a JSON list of
+launches (module, kernel, signature, constexpr values) on stdin and prints, per launch, ``ok`` or
+the compiler's error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import sys
+from typing import Any
+
+from triton._C.libtriton import ir
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.compiler import ASTSource
+
+
+def front_end(launch: dict[str, Any]) -> str:
+    """``ok``, or why the launch's kernel does not compile to Triton IR for sm_90."""
+    kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
+    names = list(inspect.signature(kernel.fn).parameters)
+    values = {(names.index(name),): value for name, value in launch["constexprs"].items()}
+    target = GPUTarget("cuda", 90, 32)
+    backend = CUDABackend(target)
+    options = backend.parse_options({"num_warps": 4, "enable_fp_fusion": True})
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    try:
+        module = ASTSource(kernel, launch["signature"], values).make_ir(
+            target, options, backend.get_codegen_implementation(options),
+            backend.get_module_map(), context,
+        )  # fmt: skip
+    except Exception as error:  # the compiler's message is the result
+        return f"{type(error).__name__}: {error}"
+    return "ok" if "tt.func" in str(module) else "no function in the IR"
+
+
+if __name__ == "__main__":
+    print(json.dumps([front_end(launch) for launch in json.load(sys.stdin)]))

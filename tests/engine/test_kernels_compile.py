@@ -1,0 +1,189 @@
+"""Every Triton kernel of the engine passes Triton's compiler front end for a GPU, without one.
+
+Triton's interpreter, which the kernels' other tests run, executes only the branches a launch
+takes and checks no types; the compiler builds every statement. Two kernels that passed their
+interpreter tests did not compile on the H100 (a local named like a ``constexpr`` parameter; a
+helper whose untaken branch returned another shape: docs/benchmarks.md, runs 63 and 68). Here each
+wrapper is called as the engine calls it, in 16-bit, with the launch caught instead of run, and
+the launch's arguments become a signature that the compiler turns into Triton IR for a compute
+capability 9.0 target.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from service.engine.fast import attention, gemv, quant_gemv, rope
+from service.engine.fast.batch import DeviceRows
+from service.engine.fast.cache import CacheShape, PagedKVCache
+from service.engine.fast.gemv import GemvConfig
+from service.engine.fast.linear import Linear
+from service.engine.fast.pages import pages_for
+from service.engine.fast.weights import Geometry
+from tests.engine.test_quant_gemv import _int8, _nf4
+
+pytest.importorskip("triton")
+
+BF16 = torch.bfloat16
+_POINTERS = {
+    torch.bfloat16: "*bf16",
+    torch.float16: "*fp16",
+    torch.float32: "*fp32",
+    torch.int8: "*i8",
+    torch.uint8: "*u8",
+    torch.int32: "*i32",
+    torch.int64: "*i64",
+    torch.bool: "*i1",
+    torch.float8_e4m3fn: "*fp8e4nv",
+}
+GEOMETRY = Geometry(
+    hidden=256,
+    heads=8,
+    kv_heads=2,
+    head_dim=64,
+    intermediate=512,
+    eps=1e-5,
+    vocab=64,
+    max_positions=1024,
+    norm_before_rope=False,
+)
+
+
+class Caught:
+    """Stands in for a kernel: records each launch's arguments instead of running it."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.function = kernel.fn  # the Python function under Triton's decorator
+        self.launches: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def __getitem__(self, grid: object) -> Callable[..., None]:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            self.launches.append((args, kwargs))
+
+        return launch
+
+    def described(self) -> list[dict[str, Any]]:
+        """Each launch as the front end takes it: the kernel's module and name, a type per
+        argument, the ``constexpr`` values (launch options such as ``num_warps`` left out)."""
+        parameters = inspect.signature(self.function).parameters
+        names = list(parameters)
+        constexprs = {n for n, p in parameters.items() if "constexpr" in str(p.annotation)}
+        described = []
+        for args, kwargs in self.launches:
+            bound = dict(zip(names, args, strict=False))
+            bound.update({name: value for name, value in kwargs.items() if name in parameters})
+            described.append(
+                {
+                    "module": self.function.__module__,
+                    "kernel": self.function.__name__,
+                    "signature": {
+                        n: "constexpr" if n in constexprs else _type(bound[n]) for n in names
+                    },
+                    "constexprs": {n: bound[n] for n in constexprs},
+                }
+            )
+        return described
+
+
+def _type(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return _POINTERS[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"no Triton type for {value!r}")
+
+
+@pytest.fixture
+def caught(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any, str], Caught]:
+    def catch(module: Any, name: str) -> Caught:
+        stand_in = Caught(getattr(module, name))
+        monkeypatch.setattr(module, name, stand_in)
+        return stand_in
+
+    return catch
+
+
+def _compiles(stand_in: Caught) -> None:
+    assert stand_in.launches, "the wrapper launched nothing"
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    finished = subprocess.run(
+        [sys.executable, "-m", "tests.engine.kernel_front_end"],
+        input=json.dumps(stand_in.described()),
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+        check=True,
+    )
+    results = json.loads(finished.stdout.splitlines()[-1])
+    assert results == ["ok"] * len(stand_in.launches), results
+
+
+@pytest.mark.parametrize("kind", ["nf4", "nf4-nested", "int8"])
+def test_the_bitsandbytes_kernels_compile(kind: str, caught: Callable[[Any, str], Caught]) -> None:
+    nested = kind == "nf4-nested"
+    p = _int8(128, 512, 0) if kind == "int8" else _nf4(128, 512, nested, 0)
+    one, batch = caught(quant_gemv, "_kernel"), caught(quant_gemv, "_batch_kernel")
+    x = torch.randn(1, 512, dtype=BF16)
+    quant_gemv.one_row(x, p)
+    quant_gemv.one_row(x, p, gated=True, residual=torch.randn(1, 64, dtype=BF16))
+    for rows in (2, 40, 300):  # each tile configuration
+        quant_gemv.rows(torch.randn(rows, 512, dtype=BF16), p)
+    _compiles(one)
+    _compiles(batch)
+
+
+def test_the_one_row_kernel_compiles(caught: Callable[[Any, str], Caught]) -> None:
+    stand_in = caught(gemv, "_kernel")
+    weight = torch.randn(128, 512, dtype=BF16)
+    x = torch.randn(1, 512, dtype=BF16)
+    sums = torch.zeros(2, dtype=torch.float32)
+    config = GemvConfig(4, 256, 4, 2)
+    gemv.one_row(x, weight, None, config=config)
+    gemv.one_row(x, weight, None, gated=True, residual=torch.randn(1, 64, dtype=BF16))
+    gemv.one_row(
+        x, weight, None, norm_eps=1e-5, norm_sum=sums[0:1], sum_into=sums[1:2], zero=sums[0:1]
+    )
+    scaled = Linear(weight.to(torch.float8_e4m3fn), torch.rand(128, 1))
+    gemv.one_row(x, scaled.weight, scaled.scale, config=config)
+    _compiles(stand_in)
+
+
+def test_the_rope_kernel_compiles(caught: Callable[[Any, str], Caught]) -> None:
+    stand_in = caught(rope, "_kernel")
+    g = GEOMETRY
+    width = (g.heads + 2 * g.kv_heads) * g.head_dim
+    keys = torch.zeros(g.kv_heads, 64, g.head_dim, dtype=BF16)
+    norm = torch.ones(g.head_dim, dtype=BF16)
+    for rows in (1, 64):  # one head a program, and several
+        cos = torch.randn(rows, g.head_dim, dtype=BF16)
+        slots = torch.arange(rows, dtype=torch.long)
+        qkv = torch.randn(rows, width, dtype=BF16)
+        rope.rope_and_store(qkv, cos, cos, norm, norm, keys, keys.clone(), slots, g)
+        rope.rope_and_store(qkv, cos, cos, None, None, keys, keys.clone(), slots, g)
+    _compiles(stand_in)
+
+
+def test_the_decode_attention_compiles(caught: Callable[[Any, str], Caught]) -> None:
+    stand_in = caught(attention, "_kernel")
+    page, batch = 16, 32
+    cache = PagedKVCache(GEOMETRY, 1, CacheShape(4 * batch + 1, page), BF16, torch.device("cpu"))
+    rows = DeviceRows(batch, pages_for(GEOMETRY.max_positions, page), 16, torch.device("cpu"))
+    decode = attention.TritonDecode(cache, rows, GEOMETRY, batch, min_pages=1)
+    for wide in (1, batch):  # whole pages, and tiles up to each row's length
+        query = torch.randn(wide, GEOMETRY.heads, GEOMETRY.head_dim, dtype=BF16)
+        decode(query, cache.keys[0], cache.values[0], None, GEOMETRY.head_dim**-0.5)
+    _compiles(stand_in)
