@@ -224,6 +224,48 @@ def products(
     return results
 
 
+# The batch kernel's tiles tried by ``--rows-sweep`` (block_m, block_n, block_k, warps, stages).
+SWEEP = [
+    quant_gemv.MatmulConfig(*tiles)
+    for tiles in (
+        (16, 64, 128, 4, 3), (16, 128, 128, 4, 3), (16, 64, 256, 4, 3), (32, 64, 128, 4, 3),
+        (64, 64, 128, 4, 3), (64, 128, 64, 4, 3), (64, 128, 128, 8, 3), (128, 64, 64, 4, 3),
+        (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
+    )
+]  # fmt: skip
+
+
+def rows_sweep(
+    rows_list: list[int], device: torch.device, dtype: torch.dtype, repeat: int
+) -> dict[str, Any]:
+    """Per batch size, per tile configuration of ``quant_gemv.rows``: microseconds for one
+    layer's four products in nf4 and in int8 (a configuration that fails is reported so)."""
+    formats = _formats(device, dtype, smoke=False)
+    results: dict[str, Any] = {}
+    for rows in rows_list:
+        xs = [torch.randn(rows, inputs, dtype=dtype, device=device) for _, inputs, _ in SHAPES]
+        measured: dict[str, Any] = {}
+        for config in SWEEP:
+            name = "-".join(map(str, (config.block_m, config.block_n, config.block_k)))
+            name += f"-w{config.warps}-s{config.stages}"
+            for kind in ("nf4-rows", "int8-rows"):
+                held = formats[kind].weights
+                layer = partial(_rows_layer, xs, held, config)
+                try:
+                    measured[f"{name}_{kind}_us"] = graph_us(layer, repeat, device)
+                except Exception as failure:  # one configuration failing leaves the others
+                    measured[f"{name}_{kind}_failed"] = str(failure)[:200]
+        results[f"rows{rows}"] = measured
+    return results
+
+
+def _rows_layer(
+    xs: list[torch.Tensor], held: list[tuple[Any, ...]], config: quant_gemv.MatmulConfig
+) -> list[torch.Tensor]:
+    """One layer's four products by the batch kernel with tiles ``config``."""
+    return [quant_gemv.rows(x, w[0], config) for x, w in zip(xs, held, strict=True)]
+
+
 def _eager_us(call: Callable[[], object], repeat: int, device: torch.device) -> float:
     """GPU microseconds per call of ``call`` launched eagerly ``repeat`` times in a row."""
     if device.type != "cuda":
@@ -253,6 +295,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rows", default="1,16,256,1024", help="batch sizes")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--smoke", action="store_true", help="CPU: small sizes, untimed")
+    parser.add_argument(
+        "--rows-sweep", action="store_true", help="also every tile of the batch kernel (GPU)"
+    )
     parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.smoke else "cuda")
@@ -264,6 +309,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "dtype": str(dtype),
             "products_us": products(rows, device, dtype, args.repeat, args.smoke),
         }
+        if args.rows_sweep and not args.smoke:
+            report["rows_sweep_us"] = rows_sweep([r for r in rows if r > 1], device, dtype, 10)
     write(report, args.report)
     return report
 

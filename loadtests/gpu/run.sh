@@ -19,7 +19,7 @@
 # kernels (loadtests.kernels: decode attention and one-row projections alone, in CUDA graphs;
 # KERNEL_ARGS=--gemv-sweep adds every block size of the one-row kernel); quant-kernels
 # (loadtests.quant_kernels: one layer's products in bf16, nf4, int8, int4 by tinygemm and by
-# bitsandbytes' own kernels, at 1 to 1,024 rows).
+# bitsandbytes' own kernels, at 1 to 1,024 rows; QUANT_ARGS="--rows-sweep" adds every tile of the batch kernel).
 # stream (loadtests.streaming: time to first token and to the full text of a 2,000-word document
 # through POST /translate/stream), replicas (loadtests.replicas: REPLICAS services, one per GPU, behind
 # the shipped nginx and Redis, REQUESTS concurrent clients, a flood of FLOOD at a queue bound of QUEUE,
@@ -70,7 +70,7 @@ for variant in "$@"; do
     cp "$work/stream.json" "$out/" 2>/dev/null; continue
   fi
   if [ "$variant" = quant-kernels ]; then  # loadtests.quant_kernels: a layer's products by weight format
-    timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.quant_kernels --report "$work/quant-kernels.json" > "$work/quant-kernels.out" 2>&1
+    timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.quant_kernels ${QUANT_ARGS:-} --report "$work/quant-kernels.json" > "$work/quant-kernels.out" 2>&1
     echo "exit $?"; cat "$work/quant-kernels.json" 2>/dev/null || tail -c 3000 "$work/quant-kernels.out"
     cp "$work/quant-kernels.json" "$out/" 2>/dev/null; continue
   fi
