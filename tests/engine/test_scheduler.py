@@ -68,6 +68,9 @@ class FakeDevice:
                 firsts.append(token_of(chunk.sequence.request_id, 0, self.eos_at))
         return firsts
 
+    def firsts(self, pending: list[int]) -> list[int]:
+        return pending
+
     def join(self, joined: Joined) -> None:
         self._clear(joined.freed)
         for row, sequence, token in joined.rows:
@@ -174,7 +177,7 @@ def expected(name: str, max_new: int, eos_at: dict[str, int]) -> list[int]:
     return tokens
 
 
-def run(stepper: Stepper[Launched], limit: int = 500) -> int:
+def run(stepper: Stepper[Launched, list[int]], limit: int = 500) -> int:
     steps = 0
     while stepper.busy():
         stepper.step()

@@ -78,6 +78,15 @@ class Launched:
 
 
 @dataclass(frozen=True, slots=True)
+class Firsts:
+    """A prefill's first tokens on their way to the host (``tokens`` None: no prompt
+    completed)."""
+
+    tokens: torch.Tensor | None
+    ready: torch.cuda.Event | None
+
+
+@dataclass(frozen=True, slots=True)
 class _Choices:
     """What ``plan_for`` and the lone request's kernel choices settled on."""
 
@@ -141,9 +150,9 @@ class ModelRunner:
                 self._choose_tokens, fullgraph=True, dynamic=False if static else None
             )
         # Two host buffers: a step's tokens arrive in one while the next step fills the other.
-        pinned = self.device.type == "cuda"
+        self._pinned = self.device.type == "cuda"
         self._host_tokens = [
-            torch.zeros(rows, dtype=torch.long, pin_memory=pinned) for _ in range(2)
+            torch.zeros(rows, dtype=torch.long, pin_memory=self._pinned) for _ in range(2)
         ]
         self._flip = 0
         self._graphs = self._prepare_decode(choices, fast)
@@ -230,20 +239,40 @@ class ModelRunner:
 
     # --- prefill ---------------------------------------------------------------------------
 
-    def prefill(self, chunks: list[Chunk]) -> list[int]:
-        """Prefill ``chunks`` (their pages taken); the first token of each prompt that
-        completes, in order."""
+    def prefill(self, chunks: list[Chunk]) -> Firsts:
+        """Launch the prefill of ``chunks`` (their pages taken) and the choice of the first
+        token of each prompt that completes; ``firsts`` reads them."""
         pieces = [
             Piece(c.sequence.prompt, c.sequence.pages, c.start, c.count, c.reuse) for c in chunks
         ]
         started = self.clock.start()
         logits = self.model.prefill(pack(pieces, self.page_size, self.device))
         completing = [c.sequence for c in chunks if c.completes]
-        firsts = self._first_tokens(completing, logits) if completing else []
+        if not completing:
+            self.clock.stop(started)
+            return Firsts(None, None)
+        chosen = self._first_tokens(completing, logits)
+        # Into page-locked memory, with an event after it: reading them waits for this
+        # prefill only, not for the decode step launched after it.
+        host = torch.empty(len(completing), dtype=torch.long, pin_memory=self._pinned)
+        host.copy_(chosen, non_blocking=True)
+        ready = None
+        if self.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
         self.clock.stop(started)
-        return firsts
+        return Firsts(host, ready)
 
-    def _first_tokens(self, sequences: list[Sequence], logits: torch.Tensor) -> list[int]:
+    def firsts(self, pending: Firsts) -> list[int]:
+        """The first tokens a prefill chose, in order (waits for that prefill)."""
+        if pending.tokens is None:
+            return []
+        if pending.ready is not None:
+            pending.ready.synchronize()
+        tokens: list[int] = pending.tokens.tolist()
+        return tokens
+
+    def _first_tokens(self, sequences: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         device = self.device
         params = [s.parameters for s in sequences]
         # The prompts' tokens count as seen (the repetition penalty): one scatter for all.
@@ -265,8 +294,7 @@ class ModelRunner:
             seen=seen,
         )
         full = any(p.full_sort for p in params)
-        tokens: list[int] = sample_rows(logits, rows, full).tolist()
-        return tokens
+        return sample_rows(logits, rows, full)
 
     def join(self, joined: Joined) -> None:
         """Write the rows of the requests that joined, and forget the pages of those that

@@ -5,9 +5,11 @@ so the host's bookkeeping overlaps the next step instead of leaving the device i
 step is launched before the host knows which rows the previous one finished: when some did, the
 rows are packed down at once (on the device, after the step in flight: the stream keeps the
 order), and the step in flight, which ran in the rows as they were, is read a turn later through
-that move, its tokens of the finished rows dropped. The host never waits for a step it has just
-launched. One speculative token stays inside a request's committed pages (its budget's last
-position is never written by the step that produces the last token).
+that move, its tokens of the finished rows dropped. A prefill is launched before the decode step
+and its first tokens are read after it is launched: the prompts that completed join the rows
+(after the packing) while the device decodes, and decode from the next step on. The host never
+waits for a step it has just launched. One speculative token stays inside a request's committed
+pages (its budget's last position is never written by the step that produces the last token).
 
 The runner and the output processor are protocols here, so the scheduler's tests drive this same
 step with a fake device and no model.
@@ -45,10 +47,16 @@ class InFlight(Protocol):
 Step = TypeVar("Step", bound=InFlight)
 
 
-class Device(Protocol[Step]):
-    """What the step needs of the model runner."""
+Firsts = TypeVar("Firsts")
 
-    def prefill(self, chunks: list[Chunk]) -> list[int]: ...
+
+class Device(Protocol[Step, Firsts]):
+    """What the step needs of the model runner: ``prefill`` launches a prefill, ``firsts``
+    reads the first tokens of its completed prompts (waiting for it, not for what follows)."""
+
+    def prefill(self, chunks: list[Chunk]) -> Firsts: ...
+
+    def firsts(self, pending: Firsts) -> list[int]: ...
 
     def join(self, joined: Joined) -> None: ...
 
@@ -102,8 +110,8 @@ class StepTimes:
     host_s: float = 0.0
 
 
-class Stepper(Generic[Step]):
-    def __init__(self, scheduler: Scheduler, device: Device[Step], output: Answers) -> None:
+class Stepper(Generic[Step, Firsts]):
+    def __init__(self, scheduler: Scheduler, device: Device[Step, Firsts], output: Answers) -> None:
         self._scheduler = scheduler
         self._device = device
         self._output = output
@@ -122,15 +130,12 @@ class Stepper(Generic[Step]):
         began = time.perf_counter()
         times.steps += 1
         chunks = scheduler.schedule_prefill()
+        pending = None
         if chunks:
             times.prefills += 1
             times.prefill_tokens += sum(chunk.count for chunk in chunks)
             times.reused_tokens += sum(c.reuse.tokens for c in chunks if c.reuse is not None)
-            firsts = device.prefill(chunks)
-            if firsts:
-                joined = scheduler.join([c.sequence for c in chunks if c.completes], firsts)
-                device.join(joined)
-                self._output.joined(joined)
+            pending = device.prefill(chunks)
         planned = time.perf_counter()
         times.prefill_s += planned - began
         plan = scheduler.schedule_decode()
@@ -142,13 +147,24 @@ class Stepper(Generic[Step]):
         moved, self._moved = self._moved, None
         waiting = time.perf_counter()
         times.launch_s += waiting - planned
-        if previous is None:
-            return
-        tokens, rows = device.collect(previous), previous.rows
-        collected = time.perf_counter()
-        times.wait_s += collected - waiting
-        self._take(tokens, rows, moved, launched)
-        times.host_s += time.perf_counter() - collected
+        if previous is not None:
+            tokens, rows = device.collect(previous), previous.rows
+            collected = time.perf_counter()
+            times.wait_s += collected - waiting
+            self._take(tokens, rows, moved, launched)
+            waiting = time.perf_counter()
+            times.host_s += waiting - collected
+        if pending is not None:
+            # After the packing: the prompts that completed take the rows after the kept ones.
+            self._join([c.sequence for c in chunks if c.completes], device.firsts(pending))
+            times.prefill_s += time.perf_counter() - waiting
+
+    def _join(self, completing: list[Sequence], firsts: list[int]) -> None:
+        """Prompts whose prefill ended, with their first tokens, into the rows."""
+        if firsts:
+            joined = self._scheduler.join(completing, firsts)
+            self._device.join(joined)
+            self._output.joined(joined)
 
     def _take(
         self, tokens: np.ndarray, rows: int, moved: Retired | None, launched: Step | None
