@@ -34,6 +34,9 @@ from service.contract.types import (
 
 _BEFORE, _AFTER = 1, 2
 
+# The fake engine reports the prompt tokens before the last in whole blocks of this as cached.
+FAKE_CACHED_BLOCK = 8
+
 
 def char_tokenizer() -> TokenizerSpec:
     """One token per character (printable ASCII by code, the rest unknown); the chat template
@@ -201,6 +204,8 @@ class FakeEngine:
                 prompt_tokens=length,
                 completion_tokens=min(3, request.max_new_tokens),
                 finish_reason="stop",
+                # As if a kept prefix (the template) had given the prompt's first whole blocks.
+                cached_tokens=FAKE_CACHED_BLOCK * ((length - 1) // FAKE_CACHED_BLOCK),
             )
             for length, request in zip(lengths, step, strict=True)
         ]

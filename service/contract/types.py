@@ -85,6 +85,9 @@ class GenerationResult:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: FinishReason
+    # Of the prompt tokens, those whose keys and values the engine copied from a kept prefix
+    # instead of computing them (OpenAI's ``usage.prompt_tokens_details.cached_tokens``).
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from service.frontend.api.openai import StopCut
 from tests.conftest import KEYS, ServiceClient
+from tests.fakes import FAKE_CACHED_BLOCK
 
 PROMPT = "Translate the following segment into German, without additional explanation.\n\nHi"
 
@@ -43,6 +44,11 @@ async def test_models_and_a_chat_completion(keyed: ServiceClient) -> None:
     assert answer.usage is not None
     assert answer.usage.completion_tokens == 3
     assert answer.usage.total_tokens == answer.usage.prompt_tokens + 3
+    # The prompt tokens the engine took from a kept prefix, in OpenAI's field for them.
+    details = answer.usage.prompt_tokens_details
+    assert details is not None
+    cached = FAKE_CACHED_BLOCK * ((answer.usage.prompt_tokens - 1) // FAKE_CACHED_BLOCK)
+    assert details.cached_tokens == cached > 0
 
 
 async def test_streaming_gives_the_same_answer_in_chunks(keyed: ServiceClient) -> None:

@@ -42,6 +42,7 @@ from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.engine import FastEngine
 from service.engine.fast.linear import fp8_linear, linear, quantize_fp8
 from service.engine.fast.plan import fold_norms_for
+from service.engine.fast.prefix_cache import PREFIX_BLOCK
 from service.engine.fast.sampler import (
     FULL_SORT_ROWS,
     RowSampling,
@@ -363,6 +364,16 @@ async def test_results_text_budget_and_streaming(
         assert result.prompt_tokens == len(prompts[1])
         assert pieces
         assert all(result.text.startswith(piece) for piece in pieces)
+        # The same prompt again, one at a time: seen, then kept, then copied in; the answer
+        # says how many of its prompt tokens were (whole blocks, never its last token).
+        again = [
+            (await submit_all(engine, [GenerationRequest(prompts[1], 5, GREEDY)], f"r{i}"))[0]
+            for i in range(2)
+        ]
+        assert all(isinstance(r, GenerationResult) for r in again)
+        cached = [r.cached_tokens for r in again if isinstance(r, GenerationResult)]
+        assert cached == [0, PREFIX_BLOCK * ((len(prompts[1]) - 1) // PREFIX_BLOCK)]
+        assert [r.text for r in again if isinstance(r, GenerationResult)] == [result.text] * 2
         # Too long for the model's positions: refused, not crashed.
         (refused,) = await submit_all(
             engine, [GenerationRequest((1,) * 40000, 5, GREEDY)], prefix="long"

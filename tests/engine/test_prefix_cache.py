@@ -137,6 +137,15 @@ def test_a_prefix_is_kept_when_seen_again_and_reused_from_then_on() -> None:
     assert reused == [0, 0, 3 * PREFIX_BLOCK, 6 * PREFIX_BLOCK]
 
 
+def test_a_long_prompt_keeps_the_blocks_of_every_chunk() -> None:
+    prompt = tuple(range(1, 5 * PREFIX_BLOCK + 1))  # 40 tokens in chunks of 12
+    chosen = scheduler(rows=2, prefill=12, pages=64, kept_tokens=4 * PAGE)
+    cache = FakeCache()
+    reused = [drive(chosen, cache, [prompt]) for _ in range(3)]
+    # All but the block of its last token, though no chunk held more than one whole block.
+    assert reused == [0, 0, 4 * PREFIX_BLOCK]
+
+
 def test_a_whole_prompt_of_kept_blocks_still_prefills_its_last_token() -> None:
     prompt = tuple(range(1, 2 * PREFIX_BLOCK + 1))  # exactly two blocks
     chosen = scheduler(rows=2, prefill=64, pages=64, kept_tokens=PAGE)

@@ -11,6 +11,7 @@ and text go back with ``call_soon_threadsafe``: the step loop runs on its own th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -118,6 +119,8 @@ class OutputProcessor:
         for done, result in zip(finished, results, strict=True):
             if self._observe is not None:
                 self._observe(done.sequence.request_id, done.tokens)
+            if done.sequence.reused:
+                result = dataclasses.replace(result, cached_tokens=done.sequence.reused)
             self.answer(done.sequence, result)
 
     def answer(self, sequence: EngineSequence, outcome: GenerationResult | ServiceError) -> None:

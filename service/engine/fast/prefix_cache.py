@@ -10,8 +10,9 @@ values copied into its own first slots (one copy per layer, in its prefill) and 
 there on; its own pages stay its own, so decode and the page accounting are unchanged. Keys are
 rotated by position before they are cached, and a kept block always sits at the same positions.
 
-A block is kept the second time it is seen, from the prefill that computes it (its keys are
-copied out after that layer's write), so a text sent once costs nothing. Kept blocks are evicted
+A block is kept the second time it is seen, from the prefill (or the chunk of a long prompt's
+prefill) that computes it: its keys are copied out after that layer's write. A text sent once
+costs nothing. Kept blocks are evicted
 least recently used first; a prompt's blocks are touched last to first, so that a prefix's first
 block, which every longer match needs, leaves last. A block touched in the current step is never
 evicted in it: a step's copies into and out of the kept pages must not overlap.
@@ -133,8 +134,22 @@ class PrefixCache:
         tokens = matched * PREFIX_BLOCK
         written = (tokens + min(budget, len(prompt) - tokens)) // PREFIX_BLOCK
         into = [self._kept[digest] for digest in chain[:matched]]
+        self.reused_tokens += tokens
+        return self._offer(chain, matched, written, tokens, into)
+
+    def keep(self, prompt: tuple[int, ...], start: int, end: int) -> Reuse:
+        """What a later chunk of a prompt, positions ``start`` to ``end``, keeps: the blocks it
+        completes that were seen before."""
+        chain = digests(prompt, end // PREFIX_BLOCK)
+        return self._offer(chain, start // PREFIX_BLOCK, end // PREFIX_BLOCK, 0, [])
+
+    def _offer(
+        self, chain: list[bytes], first: int, last: int, tokens: int, into: list[int]
+    ) -> Reuse:
+        """The blocks ``first`` to ``last - 1`` of ``chain`` kept where they were seen before
+        (copied out after this step writes them), with what the prompt reuses."""
         out_blocks, out_starts = [], []
-        for index in range(matched, written):
+        for index in range(first, last):
             digest = chain[index]
             if digest in self._kept:
                 continue  # kept already (by another prompt of this step)
@@ -146,7 +161,6 @@ class PrefixCache:
                 break
             out_blocks.append(index * PREFIX_BLOCK)
             out_starts.append(start)
-        self.reused_tokens += tokens
         return Reuse(tokens, _spans(into), _spans(out_blocks), _spans(out_starts))
 
     def _touch(self, digest: bytes) -> None:

@@ -229,11 +229,13 @@ class Scheduler:
                 self._prefilling.append(sequence)
                 if self.prefixes is not None:
                     reuse = self.prefixes.admit(sequence.prompt, budget)
-                    sequence.prefilled = reuse.tokens
+                    sequence.prefilled = sequence.reused = reuse.tokens
             else:
                 break
             start = sequence.prefilled
             count = min(budget, len(sequence.prompt) - start)
+            if reuse is None and self.prefixes is not None:  # a later chunk of a long prompt
+                reuse = self.prefixes.keep(sequence.prompt, start, start + count)
             while len(sequence.pages) < pages_for(start + count, self._page):
                 sequence.pages.append(self.pages.take())
             sequence.prefilled = start + count

@@ -62,4 +62,6 @@ class Sequence:
     pages: list[int] = field(default_factory=list)
     committed: int = 0
     prefilled: int = 0
+    # Leading prompt tokens copied from kept prefixes instead of prefilled.
+    reused: int = 0
     cancelled: bool = False

@@ -254,11 +254,13 @@ def _cut(completion: Completion, stops: list[str]) -> tuple[str, Literal["stop",
     return text, "length" if completion.finish_reason == "length" else "stop"
 
 
-def _usage(completion: Completion) -> dict[str, int]:
+def _usage(completion: Completion) -> dict[str, object]:
     return {
         "prompt_tokens": completion.input_tokens,
         "completion_tokens": completion.output_tokens,
         "total_tokens": completion.input_tokens + completion.output_tokens,
+        # Prompt tokens the engine took from a kept prefix instead of computing them.
+        "prompt_tokens_details": {"cached_tokens": completion.cached_tokens},
     }
 
 

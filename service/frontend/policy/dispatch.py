@@ -69,5 +69,6 @@ class Dispatcher:
         self._metrics.queue_wait.observe(queue_s)
         self._metrics.inference_duration.observe(answer.inference_s)
         self._metrics.prompt_tokens.inc(answer.result.prompt_tokens)
+        self._metrics.cached_prompt_tokens.inc(answer.result.cached_tokens)
         self._metrics.generated_tokens.inc(answer.result.completion_tokens)
         return Scheduled(answer.result, queue_s, answer.inference_s)

@@ -131,6 +131,7 @@ class Completion:
     cache: str  # as a translation's; "bypass" for a stream (never cached)
     queue_s: float
     inference_s: float
+    cached_tokens: int = 0  # of the input tokens, those from a kept prefix
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,6 +67,7 @@ class Streams:
                     cache="bypass",
                     queue_s=item.queue_s,
                     inference_s=item.inference_s,
+                    cached_tokens=result.cached_tokens,
                 )
 
     async def stream_translation(

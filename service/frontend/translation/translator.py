@@ -283,4 +283,5 @@ class Translator:
             cache=origin,
             queue_s=queue_s,
             inference_s=inference_s,
+            cached_tokens=result.cached_tokens,
         )
