@@ -130,3 +130,19 @@ async def test_translate_stream_sends_pieces_then_the_answer(start_app: StartApp
     refused = await client.http.post("/translate/stream", json={**body, "target_lang": "xx"})
     assert refused.status_code == 422  # before the stream starts: a JSON error
     assert refused.json()["error"]["code"] == "unknown_language"
+
+
+async def test_the_template_shared_by_prompts_is_computed_once_and_counted(
+    start_app: StartApp,
+) -> None:
+    # Every German prompt starts with the same template: from the third one on, the engine
+    # copies its blocks instead of computing them, and says so in /metrics.
+    client: ServiceClient = await start_app(max_new_tokens=4)
+    for text in ("the first text", "a second text", "and a third one", "a fourth"):
+        answer = await client.http.post("/translate", json={"text": text, "target_lang": "de"})
+        assert answer.status_code == 200, answer.text
+    metrics = (await client.http.get("/metrics")).text
+    (line,) = [
+        ln for ln in metrics.splitlines() if ln.startswith("hymt_prompt_tokens_cached_total")
+    ]
+    assert float(line.split()[-1]) >= 8
