@@ -66,43 +66,64 @@ def one_row(
     """``x @ W.T`` (``x``: ``[1, K]``) for the bitsandbytes weight ``p``, or ``silu(gate) * up``
     of its two halves when ``gated``, plus ``residual`` when given; ``[1, N]`` in ``x``'s
     dtype."""
-    assert p.scale is not None, "a bitsandbytes weight has its scales"
     chosen = config or DEFAULT
-    four_bit = p.code is not None
     total = p.weight.shape[0]
     outputs = total // 2 if gated else total
     inputs = x.shape[-1]
-    block = inputs // p.scale.shape[1] if four_bit else 1
-    block_k = max(chosen.block_k, block) if four_bit else chosen.block_k
-    nested = p.nested
+    tensors, flags = _format(p, inputs)
     out = torch.empty(1, outputs, dtype=x.dtype, device=x.device)
     _kernel[(-(-outputs // chosen.block_n),)](
         x,
-        p.weight,
-        p.scale,
-        # Unused pointers stand in as the scales (never read: their flags are off).
-        p.scale if p.code is None else p.code,
-        p.scale if nested is None else nested.code,
-        p.scale if nested is None else nested.absmax,
-        p.scale if nested is None else nested.offset,
+        *tensors,
         x if residual is None else residual,
         out,
         outputs,
         inputs,
-        p.weight.stride(0),
-        p.scale.stride(0),
-        four_bit=four_bit,
-        nested=nested is not None,
-        block=block,
-        group=GROUP,
+        *_strides(p),
+        **flags,
         swiglu=gated,
         has_residual=residual is not None,
         block_n=chosen.block_n,
-        block_k=block_k,
+        block_k=_slice(chosen.block_k, flags),
         num_warps=chosen.warps,
         num_stages=chosen.stages,
     )
     return out
+
+
+def _format(p: Linear, inputs: int) -> tuple[tuple[torch.Tensor, ...], dict[str, int | bool]]:
+    """The weight's tensors as both kernels take them (the codes, their maxima, the code table,
+    the nested maxima's table, scales and offsets; an unused one stands in as the maxima, never
+    read: its flag is off), and the format's flags."""
+    scale, nested = p.scale, p.nested
+    assert scale is not None, "a bitsandbytes weight has its scales"
+    four_bit = p.code is not None
+    tensors = (
+        p.weight,
+        scale,
+        scale if p.code is None else p.code,
+        scale if nested is None else nested.code,
+        scale if nested is None else nested.absmax,
+        scale if nested is None else nested.offset,
+    )
+    flags: dict[str, int | bool] = {
+        "four_bit": four_bit,
+        "nested": nested is not None,
+        "block": inputs // scale.shape[1] if four_bit else 1,  # inputs per 4-bit maximum
+        "group": GROUP,
+    }
+    return tensors, flags
+
+
+def _strides(p: Linear) -> tuple[int, int]:
+    """The rows' strides of the codes and of their maxima."""
+    assert p.scale is not None
+    return p.weight.stride(0), p.scale.stride(0)
+
+
+def _slice(block_k: int, flags: dict[str, int | bool]) -> int:
+    """Inputs per slice: at least a 4-bit block, whose maximum a slice reads once."""
+    return max(block_k, int(flags["block"])) if flags["four_bit"] else block_k
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,38 +152,26 @@ def matmul_config(batch: int) -> MatmulConfig:
 def rows(x: torch.Tensor, p: Linear, config: MatmulConfig | None = None) -> torch.Tensor:
     """``x @ W.T`` (``x``: ``[M, K]``, contiguous rows) for the bitsandbytes weight ``p``;
     ``[M, N]`` in ``x``'s dtype."""
-    assert p.scale is not None, "a bitsandbytes weight has its scales"
     batch, inputs = x.shape
     chosen = config or matmul_config(batch)
-    four_bit = p.code is not None
     outputs = p.weight.shape[0]
-    block = inputs // p.scale.shape[1] if four_bit else 1
-    nested = p.nested
+    tensors, flags = _format(p, inputs)
     x = x.contiguous()
     out = torch.empty(batch, outputs, dtype=x.dtype, device=x.device)
     grid = (-(-outputs // chosen.block_n), -(-batch // chosen.block_m))
     _batch_kernel[grid](
         x,
-        p.weight,
-        p.scale,
-        p.scale if p.code is None else p.code,
-        p.scale if nested is None else nested.code,
-        p.scale if nested is None else nested.absmax,
-        p.scale if nested is None else nested.offset,
+        *tensors,
         out,
         batch,
         outputs,
         inputs,
         x.stride(0),
-        p.weight.stride(0),
-        p.scale.stride(0),
-        four_bit=four_bit,
-        nested=nested is not None,
-        block=block,
-        group=GROUP,
+        *_strides(p),
+        **flags,
         block_m=chosen.block_m,
         block_n=chosen.block_n,
-        block_k=max(chosen.block_k, block) if four_bit else chosen.block_k,
+        block_k=_slice(chosen.block_k, flags),
         num_warps=chosen.warps,
         num_stages=chosen.stages,
     )
