@@ -18,7 +18,9 @@ at every step (more bytes than bf16 weights, plus the float32 temporaries of the
 and a 16 GiB card ran out of memory capturing the output layer's step. ``rows`` dequantizes a
 slice of ``block_n`` weight rows at a time in registers, straight into the tensor cores' product
 with ``block_m`` rows of the batch: the weights are read in their packed bytes once per
-``block_m`` rows, and nothing the size of a weight is ever written.
+``block_m`` rows, and nothing the size of a weight is ever written. Its int8 values go into the
+product as they are (exact in 16 bits) and each output is scaled by its row's maximum once,
+which rounds differently from a weight dequantized first, within float16's precision.
 """
 
 from __future__ import annotations

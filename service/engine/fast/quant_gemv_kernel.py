@@ -168,8 +168,10 @@ def quant_matmul(  # type: ignore[no-untyped-def]
     block_k: tl.constexpr,
 ):
     """``x @ W.T`` for ``batch`` rows of ``x``: a program's ``block_n`` weight rows dequantized
-    a slice at a time (``_weights``, rounded as bitsandbytes rounds them) straight into the
-    tensor cores' product with ``block_m`` rows of ``x``, summed in float32."""
+    a slice at a time straight into the tensor cores' product with ``block_m`` rows of ``x``,
+    summed in float32: 4-bit codes as ``_weights`` dequantizes them (rounded as bitsandbytes
+    rounds them), int8 values as they are, each output scaled by its row's maximum at the end
+    (the product rounded once instead of every weight)."""
     dtype = out_ptr.dtype.element_ty
     rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
     row_ok = rows < rows_out
@@ -178,12 +180,12 @@ def quant_matmul(  # type: ignore[no-untyped-def]
     x_lines = x_ptr + lines.to(tl.int64)[:, None] * stride_x
     acc = tl.zeros([block_m, block_n], dtype=tl.float32)
     for start in range(0, inputs, block_k):
-        first, second = _weights(
-            w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr, nested_offset_ptr,
-            rows, row_ok, start, inputs, stride_w, stride_m,
-            dtype, four_bit, nested, block, group, block_k,
-        )  # fmt: skip
         if four_bit:  # the even inputs times the high halves' weights, the odd the low ones'
+            first, second = _weights(
+                w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr,
+                nested_offset_ptr, rows, row_ok, start, inputs, stride_w, stride_m,
+                dtype, four_bit, nested, block, group, block_k,
+            )  # fmt: skip
             pairs = start // 2 + tl.arange(0, block_k // 2)
             mask = line_ok[:, None] & (pairs < inputs // 2)[None, :]
             even = tl.load(x_lines + 2 * pairs[None, :], mask=mask, other=0.0)
@@ -191,9 +193,16 @@ def quant_matmul(  # type: ignore[no-untyped-def]
             acc = tl.dot(even, tl.trans(first.to(dtype)), acc)
             acc = tl.dot(odd, tl.trans(second.to(dtype)), acc)
         else:
+            # int8 values are exact in 16 bits, and a row's scale is one number: the product
+            # over the values, scaled once at the end (no float work per weight).
             cols = start + tl.arange(0, block_k)
+            at_w = w_ptr + rows.to(tl.int64)[:, None] * stride_w + cols[None, :]
+            values = tl.load(at_w, mask=row_ok[:, None] & (cols < inputs)[None, :], other=0)
             mask = line_ok[:, None] & (cols < inputs)[None, :]
             xs = tl.load(x_lines + cols[None, :], mask=mask, other=0.0)
-            acc = tl.dot(xs, tl.trans(first.to(dtype)), acc)
+            acc = tl.dot(xs, tl.trans(values.to(dtype)), acc)
+    if not four_bit:
+        row_max = tl.load(maxima_ptr + rows, mask=row_ok, other=0.0)
+        acc = acc * (row_max * 7.874015718698502e-3)[None, :]
     at = out_ptr + lines.to(tl.int64)[:, None] * rows_out + rows[None, :]
     tl.store(at, acc.to(dtype), mask=line_ok[:, None] & row_ok[None, :])
