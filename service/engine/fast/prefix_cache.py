@@ -12,10 +12,10 @@ rotated by position before they are cached, and a kept block always sits at the 
 
 A block is kept the second time it is seen, from the prefill (or the chunk of a long prompt's
 prefill) that computes it: its keys are copied out after that layer's write. A text sent once
-costs nothing. Kept blocks are evicted
-least recently used first; a prompt's blocks are touched last to first, so that a prefix's first
-block, which every longer match needs, leaves last. A block touched in the current step is never
-evicted in it: a step's copies into and out of the kept pages must not overlap.
+costs nothing. Kept blocks are evicted least recently used first; a prompt's blocks are touched
+last to first, so that a prefix's first block, which every longer match needs, leaves last. A
+block touched in the current step is never evicted in it, and one kept in it is not read in it:
+a step's copies into and out of the kept pages must not overlap.
 """
 
 from __future__ import annotations
