@@ -38,7 +38,7 @@ from torch._C._autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from loadtests.baseline import service_requests
-from loadtests.loadgen import emit
+from loadtests.loadgen import Outcome, emit, steady_state
 from loadtests.timeline import summarize
 from service.config.settings import Settings
 from service.contract.errors import ServiceError
@@ -67,6 +67,10 @@ class ProfileReport:
     throughput_output_tokens: int
     throughput_duration_s: float
     throughput_output_tokens_per_s: float
+    # A closed loop's steady state (``loadgen.steady_state``: from the clients' first turnover to
+    # the last request sent), without the filling and the drain; None where there is none.
+    steady_output_tokens_per_s: float | None = None
+    steady_window_s: float | None = None
     top_kernels_ms: dict[str, float] = field(default_factory=dict)
     kernel_launches_per_token: dict[str, float] = field(default_factory=dict)
     engine_plan: dict[str, object] = field(default_factory=dict)
@@ -93,15 +97,34 @@ def _resolver(
     return resolve
 
 
+@dataclass
+class ClosedLoop:
+    """A closed loop's answers as the load generator records them (``loadgen.Outcome``, seconds
+    from ``started``) and when its last request was sent: what ``loadgen.steady_state`` reads."""
+
+    started: float
+    outcomes: list[Outcome] = field(default_factory=list)
+    last_sent_s: float = 0.0
+
+
 async def _generate(
-    engine: Engine, requests: list[GenerationRequest], prefix: str, concurrency: int = 0
+    engine: Engine,
+    requests: list[GenerationRequest],
+    prefix: str,
+    concurrency: int = 0,
+    closed: ClosedLoop | None = None,
 ) -> int:
     """Submit ``requests`` at once, or with ``concurrency`` keep that many in flight (a closed
-    loop: each answer lets the next request in, a steady state); the output tokens of all."""
+    loop: each answer lets the next request in, a steady state, recorded in ``closed``); the
+    output tokens of all."""
     if concurrency and concurrency < len(requests):
         lanes = [requests[lane::concurrency] for lane in range(concurrency)]
+        record = closed or ClosedLoop(time.perf_counter())
         counts = await asyncio.gather(
-            *(_one_after_another(engine, lane, f"{prefix}-{i}") for i, lane in enumerate(lanes))
+            *(
+                _one_after_another(engine, lane, f"{prefix}-{i}", record)
+                for i, lane in enumerate(lanes)
+            )
         )
         return sum(counts)
     loop = asyncio.get_running_loop()
@@ -118,10 +141,16 @@ async def _generate(
     return tokens
 
 
-async def _one_after_another(engine: Engine, requests: list[GenerationRequest], prefix: str) -> int:
+async def _one_after_another(
+    engine: Engine, requests: list[GenerationRequest], prefix: str, loop: ClosedLoop
+) -> int:
     tokens = 0
     for index, request in enumerate(requests):
-        tokens += await _generate(engine, [request], f"{prefix}-{index}")
+        loop.last_sent_s = time.perf_counter() - loop.started
+        generated = await _generate(engine, [request], f"{prefix}-{index}")
+        finished = time.perf_counter() - loop.started
+        loop.outcomes.append(Outcome(200, 0.0, output_tokens=generated, finished_s=finished))
+        tokens += generated
     return tokens
 
 
@@ -175,8 +204,10 @@ async def run(
         watching: asyncio.Task[dict[str, object]] | None = None
         if window is not None:
             watching = asyncio.create_task(_loaded_window(engine, cuda, *window))
-        batch_tokens = await _generate(engine, batch, "load", concurrency)
+        closed = ClosedLoop(started)
+        batch_tokens = await _generate(engine, batch, "load", concurrency, closed)
         batch_wall = time.perf_counter() - started
+        steady = steady_state(closed.outcomes, concurrency, closed.last_sent_s)
         sampler.cancel()
         loaded_window = await watching if watching is not None else {}
         after = engine.step_times()
@@ -200,6 +231,8 @@ async def run(
         throughput_output_tokens=batch_tokens,
         throughput_duration_s=round(batch_wall, 3),
         throughput_output_tokens_per_s=round(batch_tokens / batch_wall, 1),
+        steady_output_tokens_per_s=None if steady is None else round(steady[0], 1),
+        steady_window_s=None if steady is None else round(steady[1], 3),
         top_kernels_ms=top,
         kernel_launches_per_token=counts,
         engine_plan=asdict(engine.plan),

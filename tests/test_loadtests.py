@@ -70,6 +70,11 @@ async def test_profile_keeps_a_closed_loop_and_says_how_full_the_steps_ran(
         settings, requests=8, lone=0, seed=0, concurrency=2, window=(0.0, 0.5)
     )
     assert report.throughput_concurrency == 2
+    # Two lanes of four: after the first two answers, a window up to the last request sent.
+    assert report.steady_window_s is not None
+    assert report.steady_window_s > 0
+    assert report.steady_output_tokens_per_s is not None
+    assert report.steady_output_tokens_per_s > 0
     loop = report.throughput_step_loop
     # Two in flight: no decode step ran more than two rows, and every prompt was prefilled.
     assert 1 <= loop["mean_decode_rows"] <= 2
