@@ -15,8 +15,11 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
 - ``nf4-gemv`` and ``int8-gemv``: the engine's own one-row kernel for bitsandbytes weights
   (``quant_gemv.py``), which a lone request's decode step takes;
 - ``nf4-rows`` and ``int8-rows``: the engine's own batch kernel for them (``quant_gemv.rows``:
-  slices dequantized straight into the tensor cores' product), which batches and prefills take
-  on a GPU (``nf4`` and ``int8`` above 1 row are the whole-weight dequantization it replaced);
+  slices dequantized straight into the tensor cores' product), which decode batches take on a GPU
+  (``nf4`` and ``int8`` above 1 row are the whole-weight dequantization in torch it replaced);
+- ``nf4-dequantized`` and ``int8-dequantized``: the weight dequantized whole by the engine's own
+  kernel, then cuBLAS, which a prefill's chunk of more than ``quant_gemv.DEQUANTIZE_ABOVE``
+  tokens takes;
 - ``int4-reduction``: the same int4 numbers dequantized inside the engine's compiled one-row
   reduction (the form the engine would take for such a checkpoint at one row).
 
@@ -144,6 +147,8 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
             formats[name] = _Format(lambda x, p: quant_gemv.one_row(x, p), [], [])
         for name in ("nf4-rows", "int8-rows"):
             formats[name] = _Format(lambda x, p: quant_gemv.rows(x, p), [], [])
+        for name in ("nf4-dequantized", "int8-dequantized"):
+            formats[name] = _Format(_dequantized_product, [], [])
     if cuda and not smoke:
         formats["int4-tinygemm"] = _Format(lambda x, call: call(x), [], [])
         formats["nf4-bitsandbytes"] = _Format(lambda x, call: call(x), [], [])
@@ -165,8 +170,8 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
         if "nf4-gemv" in formats:
             parts["nf4-gemv"] = ((Linear(codes, maxima, table),), parts["nf4"][1])
             parts["int8-gemv"] = ((Linear(int8, row_max),), parts["int8"][1])
-            parts["nf4-rows"] = parts["nf4-gemv"]
-            parts["int8-rows"] = parts["int8-gemv"]
+            parts["nf4-rows"] = parts["nf4-dequantized"] = parts["nf4-gemv"]
+            parts["int8-rows"] = parts["int8-dequantized"] = parts["int8-gemv"]
         if "int4-tinygemm" in formats:
             probe = torch.randn(16, inputs, dtype=dtype, device=device)
             for high_first in (True, False):
@@ -257,6 +262,11 @@ def rows_sweep(
                     measured[f"{name}_{kind}_failed"] = str(failure)[:200]
         results[f"rows{rows}"] = measured
     return results
+
+
+def _dequantized_product(x: torch.Tensor, p: Linear) -> torch.Tensor:
+    """The weight dequantized whole by the engine's kernel, then cuBLAS (a prefill's path)."""
+    return torch.nn.functional.linear(x, quant_gemv.dequantized(p, x.dtype))
 
 
 def _rows_layer(

@@ -137,6 +137,8 @@ def test_the_bitsandbytes_kernels_compile(kind: str, caught: Callable[[Any, str]
     nested = kind == "nf4-nested"
     p = _int8(128, 512, 0) if kind == "int8" else _nf4(128, 512, nested, 0)
     one, batch = caught(quant_gemv, "_kernel"), caught(quant_gemv, "_batch_kernel")
+    whole = caught(quant_gemv, "_dequantize_kernel")
+    quant_gemv.dequantized(p, BF16)
     x = torch.randn(1, 512, dtype=BF16)
     quant_gemv.one_row(x, p)
     quant_gemv.one_row(x, p, gated=True, residual=torch.randn(1, 64, dtype=BF16))
@@ -144,6 +146,7 @@ def test_the_bitsandbytes_kernels_compile(kind: str, caught: Callable[[Any, str]
         quant_gemv.rows(torch.randn(rows, 512, dtype=BF16), p)
     _compiles(one)
     _compiles(batch)
+    _compiles(whole)
 
 
 def test_the_one_row_kernel_compiles(caught: Callable[[Any, str], Caught]) -> None:

@@ -130,6 +130,16 @@ def test_the_batch_kernel_computes_the_product_of_the_dequantized_weights(
     torch.testing.assert_close(quant_gemv.rows(x, p, config), x @ _dense(p).T, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind", ["nf4", "nf4-nested", "int8"])
+def test_the_dequantizing_kernel_writes_bitsandbytes_numbers(kind: str) -> None:
+    # Off the blocks' multiples in rows and (for int8) inputs: the masks.
+    nested = kind == "nf4-nested"
+    outputs, inputs = (96, 512) if nested else (50, 640)
+    p = _int8(outputs, 600, 5) if kind == "int8" else _nf4(outputs, inputs, nested, 5)
+    dense = quant_gemv.dequantized(p, torch.float32, block_n=16, block_k=128)
+    torch.testing.assert_close(dense, _dense(p), rtol=0, atol=0)
+
+
 def test_one_row_of_bitsandbytes_weights_takes_the_kernel_where_it_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -166,4 +176,8 @@ def test_one_row_of_bitsandbytes_weights_takes_the_kernel_where_it_runs(
     assert (len(calls), len(batches)) == (2, 2)  # two rows: the batch kernel
     # A norm to apply first keeps the general path (norms never fold into these weights).
     project(x[:1], p, norm_eps=1e-5)
+    assert (len(calls), len(batches)) == (2, 3)
+    # A batch wider than a decode step (a prefill's chunk): the weight dequantized once.
+    monkeypatch.setattr(quant_gemv, "DEQUANTIZE_ABOVE", 1)
+    close(project(x, p, residual=residual), residual + exact)
     assert (len(calls), len(batches)) == (2, 3)

@@ -99,6 +99,8 @@ def product(x: torch.Tensor, p: Linear) -> torch.Tensor:
     """``x @ p.T`` for any number of rows: bitsandbytes weights by ``quant_gemv.rows`` where it
     runs (16-bit rows on CUDA), everything else by ``linear``."""
     if p.bitsandbytes and quant_gemv.available(x):
+        if x.shape[0] > quant_gemv.DEQUANTIZE_ABOVE:
+            return torch.nn.functional.linear(x, quant_gemv.dequantized(p, x.dtype))
         return quant_gemv.rows(x, p)
     return linear(x, p.weight, p.scale, p.code, p.nested)
 

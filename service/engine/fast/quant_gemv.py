@@ -1,6 +1,7 @@
 """Projections of bitsandbytes weights by Triton kernels of the engine's own, which read the
 packed weights and dequantize them where they multiply: ``one_row`` for a lone request's decode
-step, ``rows`` for a batch (a decode step of many rows, a prefill).
+step, ``rows`` for a batch (a decode step of many rows, a short prefill); and ``dequantized``,
+the weight once into 16 bits for cuBLAS, for a prefill's chunk wider than any decode step.
 
 Compiled by inductor, the same product (``linear.row_product`` over ``linear.dequantize``) looks
 each 4-bit code up inside the reduction, and at one row it measured three times slower than bf16
@@ -35,11 +36,20 @@ from service.engine.fast.linear import GROUP, Linear
 
 _kernel: Any
 _batch_kernel: Any
+_dequantize_kernel: Any
 try:
+    from service.engine.fast.quant_gemv_kernel import dequantize as _dequantize_kernel
     from service.engine.fast.quant_gemv_kernel import quant_gemv as _kernel
     from service.engine.fast.quant_gemv_kernel import quant_matmul as _batch_kernel
 except ImportError:  # no Triton (a CPU build of torch)
-    _kernel = _batch_kernel = None
+    _kernel = _batch_kernel = _dequantize_kernel = None
+
+# Batches of more rows than this (a prefill's chunk; never a decode step, whose buckets stop at
+# 1,024 and whose CUDA graphs would hold the dequantized weight) dequantize the whole weight
+# once into the activations' dtype and take cuBLAS: each of ``rows``'s tiles of the batch
+# dequantizes the weight again, which a wide batch repeats more times than one write and one
+# read of the 16-bit weight cost.
+DEQUANTIZE_ABOVE = 1024
 
 
 # Block sizes as ``gemv.py``'s (``block_k``: inputs per slice, raised to the 4-bit block).
@@ -176,5 +186,23 @@ def rows(x: torch.Tensor, p: Linear, config: MatmulConfig | None = None) -> torc
         block_k=_slice(chosen.block_k, flags),
         num_warps=chosen.warps,
         num_stages=chosen.stages,
+    )
+    return out
+
+
+def dequantized(
+    p: Linear, dtype: torch.dtype, block_n: int = 32, block_k: int = 256
+) -> torch.Tensor:
+    """The bitsandbytes weight ``p`` as ``[out, in]`` values of ``dtype``, each rounded as
+    bitsandbytes' dequantization rounds it (``linear.dequantize``'s numbers, written once by a
+    kernel, without its float32 temporaries)."""
+    outputs = p.weight.shape[0]
+    inputs = p.weight.shape[1] * (2 if p.code is not None else 1)
+    tensors, flags = _format(p, inputs)
+    out = torch.empty(outputs, inputs, dtype=dtype, device=p.weight.device)
+    slice_k = _slice(block_k, flags)
+    grid = (-(-outputs // block_n), -(-inputs // slice_k))
+    _dequantize_kernel[grid](
+        *tensors, out, outputs, inputs, *_strides(p), **flags, block_n=block_n, block_k=slice_k
     )
     return out

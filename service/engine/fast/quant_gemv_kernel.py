@@ -206,3 +206,50 @@ def quant_matmul(  # type: ignore[no-untyped-def]
         acc = acc * (row_max * 7.874015718698502e-3)[None, :]
     at = out_ptr + lines.to(tl.int64)[:, None] * rows_out + rows[None, :]
     tl.store(at, acc.to(dtype), mask=line_ok[:, None] & row_ok[None, :])
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def dequantize(  # type: ignore[no-untyped-def]
+    w_ptr,
+    maxima_ptr,
+    code_ptr,
+    nested_code_ptr,
+    nested_absmax_ptr,
+    nested_offset_ptr,
+    out_ptr,
+    rows_out,
+    inputs,
+    stride_w,
+    stride_m,
+    four_bit: tl.constexpr,
+    nested: tl.constexpr,
+    block: tl.constexpr,
+    group: tl.constexpr,
+    block_n: tl.constexpr,
+    block_k: tl.constexpr,
+):
+    """The weight as ``[rows_out, inputs]`` values of the output's dtype, each rounded as
+    bitsandbytes' dequantization rounds it (``_weights``): a program's ``block_n`` rows, one
+    slice of ``block_k`` inputs."""
+    dtype = out_ptr.dtype.element_ty
+    rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
+    row_ok = rows < rows_out
+    start = tl.program_id(1) * block_k
+    first, second = _weights(
+        w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr, nested_offset_ptr,
+        rows, row_ok, start, inputs, stride_w, stride_m,
+        dtype, four_bit, nested, block, group, block_k,
+    )  # fmt: skip
+    out_rows = out_ptr + rows.to(tl.int64)[:, None] * inputs
+    if four_bit:  # the even inputs from the high halves, the odd from the low ones
+        pairs = start // 2 + tl.arange(0, block_k // 2)
+        mask = row_ok[:, None] & (pairs < inputs // 2)[None, :]
+        tl.store(out_rows + 2 * pairs[None, :], first.to(dtype), mask=mask)
+        tl.store(out_rows + 2 * pairs[None, :] + 1, second.to(dtype), mask=mask)
+    else:
+        cols = start + tl.arange(0, block_k)
+        tl.store(
+            out_rows + cols[None, :],
+            first.to(dtype),
+            mask=row_ok[:, None] & (cols < inputs)[None, :],
+        )
