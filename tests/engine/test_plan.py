@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from service.config.engine import EngineSettings
+from service.engine.fast import quant_gemv
 from service.engine.fast.plan import plan_for
+from service.engine.fast.runner import prefill_warmups
 
 CUDA = torch.device("cuda")  # only named here: resolving a plan calls nothing on the device
 
@@ -35,3 +37,13 @@ def test_a_mixture_of_experts_is_captured_in_graphs_in_bf16_only(
     with pytest.raises(RuntimeError, match="cannot capture; use bfloat16"):
         _graphs(torch.float32, moe=True, setting="on")
     assert not _graphs(torch.bfloat16, moe=True, setting="off")
+
+
+def test_the_prefill_compiles_before_ready_for_every_branch_a_chunk_can_take() -> None:
+    # The prompt count turns dynamic at its second size; bitsandbytes weights on a GPU take a
+    # second branch past DEQUANTIZE_ABOVE tokens, compiled too where a chunk can get there.
+    wide = quant_gemv.DEQUANTIZE_ABOVE + 1
+    assert prefill_warmups(False, 8192, 4096, 128) == [1, 16, 17]
+    assert prefill_warmups(True, 8192, 4096, 128) == [1, 16, 17, wide]
+    assert prefill_warmups(True, wide - 1, 4096, 128) == [1, 16, 17]  # chunks never get there
+    assert prefill_warmups(True, 8192, 8, 128) == [1, 16, 17]  # a cache too small to try

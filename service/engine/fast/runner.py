@@ -23,6 +23,7 @@ import torch._inductor.config
 
 from service.config.engine import EngineConfig, EngineSettings
 from service.engine.capability import Capability
+from service.engine.fast import quant_gemv
 from service.engine.fast.attention import (
     DecodeAttention,
     FlexDecode,
@@ -157,7 +158,7 @@ class ModelRunner:
         self._flip = 0
         self._graphs = self._prepare_decode(choices, fast)
         if choices.compiled:
-            self._compile_prefill()
+            self._compile_prefill(prefill, pages)
         self.plan = Plan(
             rows=rows,
             page_size=fast.page_size,
@@ -229,13 +230,19 @@ class ModelRunner:
         )
         return graphs
 
-    def _compile_prefill(self) -> None:
+    def _compile_prefill(self, chunk: int, pages: int) -> None:
         """The prefill's compiled parts, before ready: for one token (sizes 0 and 1 are always
         specialised) and two other counts, the second of which makes the count dynamic, so no
-        prompt length compiles while requests wait."""
-        for tokens in (1, 16, 17):
+        prompt length compiles while requests wait. bitsandbytes weights on a GPU also take a
+        count past ``quant_gemv.DEQUANTIZE_ABOVE`` where a chunk can reach it: wider chunks
+        take another branch (the weight dequantized whole), which compiles apart."""
+        quantized = self.weights.layers[0].qkv.bitsandbytes
+        dequantizes = quantized and quant_gemv.runs(self.weights.embed.dtype, self.device)
+        for tokens in prefill_warmups(dequantizes, chunk, pages, self.page_size):
             scratch = list(range(1, 1 + pages_for(tokens, self.page_size)))
-            self.teacher_forced_logits(tuple(range(tokens)), scratch)
+            piece = Piece(tuple(range(tokens)), scratch, 0, tokens)
+            with torch.inference_mode():  # the last token's logits only, as a prefill's
+                self.model.prefill(pack([piece], self.page_size, self.device))
 
     # --- prefill ---------------------------------------------------------------------------
 
@@ -428,6 +435,18 @@ class ModelRunner:
 
     def _own(self, owners: PageOwners) -> None:
         self.cache.assign(owners.pages, owners.rows, owners.logical)
+
+
+def prefill_warmups(dequantizes: bool, chunk: int, pages: int, page_size: int) -> list[int]:
+    """The token counts the prefill is run with before ready (``_compile_prefill``): one, then
+    two more (the count turns dynamic), and where wide chunks of bitsandbytes weights take the
+    whole-weight dequantization (``dequantizes``), one past its bound if a chunk can reach it
+    and the cache holds it."""
+    counts = [1, 16, 17]
+    wide = quant_gemv.DEQUANTIZE_ABOVE + 1
+    if dequantizes and chunk >= wide and pages_for(wide, page_size) < pages:
+        counts.append(wide)
+    return counts
 
 
 def _size(
