@@ -1,9 +1,10 @@
-"""Runs Triton's compiler front end over kernel launches, for ``test_kernels_compile.py``.
+"""Runs Triton's compiler over kernel launches for sm_90, for ``test_kernels_compile.py``.
 
 A process of its own: the tests run Triton's interpreter (``TRITON_INTERPRET=1``), which changes
 what ``triton.language`` is at import, and the compiler needs it unchanged. Reads a JSON list of
-launches (module, kernel, signature, constexpr values) on stdin and prints, per launch, ``ok`` or
-the compiler's error.
+launches (module, kernel, signature, constexpr values, launch options, and ``full``: the whole
+way to a cubin with Triton's own ptxas rather than the front end only) on stdin and prints, per
+launch, ``ok`` (with the shared memory a full compile's launch needs) or the compiler's error.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import sys
 from typing import Any
 
+import triton
 from triton._C.libtriton import ir
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import CUDABackend
@@ -21,13 +23,24 @@ from triton.compiler import ASTSource
 
 
 def front_end(launch: dict[str, Any]) -> str:
-    """``ok``, or why the launch's kernel does not compile to Triton IR for sm_90."""
+    """``ok`` (``ok shared=N`` after a full compile), or why the launch's kernel does not
+    compile for sm_90."""
     kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
     names = list(inspect.signature(kernel.fn).parameters)
     values = {(names.index(name),): value for name, value in launch["constexprs"].items()}
     target = GPUTarget("cuda", 90, 32)
+    launch_options = {"enable_fp_fusion": True, **launch["options"]}
+    if launch["full"]:
+        try:
+            compiled = triton.compile(
+                ASTSource(kernel, launch["signature"], values), target=target,
+                options=launch_options,
+            )  # fmt: skip
+        except Exception as error:  # the compiler's message is the result
+            return f"{type(error).__name__}: {error}"
+        return f"ok shared={compiled.metadata.shared}"
     backend = CUDABackend(target)
-    options = backend.parse_options({"num_warps": 4, "enable_fp_fusion": True})
+    options = backend.parse_options(launch_options)
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)

@@ -1,4 +1,4 @@
-"""Every Triton kernel of the engine passes Triton's compiler front end for a GPU, without one.
+"""Every Triton kernel of the engine passes Triton's compiler for a GPU, without one.
 
 Triton's interpreter, which the kernels' other tests run, executes only the branches a launch
 takes and checks no types; the compiler builds every statement. Two kernels that passed their
@@ -6,7 +6,8 @@ interpreter tests did not compile on the H100 (a local named like a ``constexpr`
 helper whose untaken branch returned another shape: docs/benchmarks.md, runs 63 and 68). Here each
 wrapper is called as the engine calls it, in 16-bit, with the launch caught instead of run, and
 the launch's arguments become a signature that the compiler turns into Triton IR for a compute
-capability 9.0 target.
+capability 9.0 target; the kernels that use the tensor cores are compiled the whole way to a
+cubin (Triton ships ptxas), which also says the shared memory their tiles take.
 """
 
 from __future__ import annotations
@@ -71,9 +72,10 @@ class Caught:
 
         return launch
 
-    def described(self) -> list[dict[str, Any]]:
-        """Each launch as the front end takes it: the kernel's module and name, a type per
-        argument, the ``constexpr`` values (launch options such as ``num_warps`` left out)."""
+    def described(self, full: bool) -> list[dict[str, Any]]:
+        """Each launch as the compiler takes it: the kernel's module and name, a type per
+        argument, the ``constexpr`` values, its warps and stages; ``full``: compiled to a cubin,
+        else to Triton IR only."""
         parameters = inspect.signature(self.function).parameters
         names = list(parameters)
         constexprs = {n for n, p in parameters.items() if "constexpr" in str(p.annotation)}
@@ -89,6 +91,8 @@ class Caught:
                         n: "constexpr" if n in constexprs else _type(bound[n]) for n in names
                     },
                     "constexprs": {n: bound[n] for n in constexprs},
+                    "options": {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs},
+                    "full": full,
                 }
             )
         return described
@@ -116,12 +120,17 @@ def caught(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any, str], Caught]:
     return catch
 
 
-def _compiles(stand_in: Caught) -> None:
+# The shared memory one block may take on an H100 or H200 (227 KiB).
+SHARED_MOST = 227 * 1024
+
+
+def _compiles(stand_in: Caught, full: bool = False) -> None:
+    """Every launch compiles (``full``: to a cubin, within the shared memory a block has)."""
     assert stand_in.launches, "the wrapper launched nothing"
     environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     finished = subprocess.run(
         [sys.executable, "-m", "tests.engine.kernel_front_end"],
-        input=json.dumps(stand_in.described()),
+        input=json.dumps(stand_in.described(full)),
         capture_output=True,
         text=True,
         env=environment,
@@ -129,7 +138,9 @@ def _compiles(stand_in: Caught) -> None:
         check=True,
     )
     results = json.loads(finished.stdout.splitlines()[-1])
-    assert results == ["ok"] * len(stand_in.launches), results
+    assert all(r.split()[0] == "ok" for r in results), results
+    shared = [int(r.split("=")[1]) for r in results if "shared=" in r]
+    assert all(bytes_ <= SHARED_MOST for bytes_ in shared), shared
 
 
 @pytest.mark.parametrize("kind", ["nf4", "nf4-nested", "int8"])
@@ -145,7 +156,7 @@ def test_the_bitsandbytes_kernels_compile(kind: str, caught: Callable[[Any, str]
     for rows in (2, 40, 300):  # each tile configuration
         quant_gemv.rows(torch.randn(rows, 512, dtype=BF16), p)
     _compiles(one)
-    _compiles(batch)
+    _compiles(batch, full=True)  # the tiles' shared memory, the tensor cores' layouts
     _compiles(whole)
 
 
@@ -189,4 +200,4 @@ def test_the_decode_attention_compiles(caught: Callable[[Any, str], Caught]) -> 
     for wide in (1, batch):  # whole pages, and tiles up to each row's length
         query = torch.randn(wide, GEOMETRY.heads, GEOMETRY.head_dim, dtype=BF16)
         decode(query, cache.keys[0], cache.values[0], None, GEOMETRY.head_dim**-0.5)
-    _compiles(stand_in)
+    _compiles(stand_in, full=True)
