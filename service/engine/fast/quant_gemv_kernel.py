@@ -196,10 +196,10 @@ def quant_matmul(  # type: ignore[no-untyped-def]
             # int8 values are exact in 16 bits, and a row's scale is one number: the product
             # over the values, scaled once at the end (no float work per weight).
             cols = start + tl.arange(0, block_k)
+            col_ok = (cols < inputs)[None, :]
             at_w = w_ptr + rows.to(tl.int64)[:, None] * stride_w + cols[None, :]
-            values = tl.load(at_w, mask=row_ok[:, None] & (cols < inputs)[None, :], other=0)
-            mask = line_ok[:, None] & (cols < inputs)[None, :]
-            xs = tl.load(x_lines + cols[None, :], mask=mask, other=0.0)
+            values = tl.load(at_w, mask=row_ok[:, None] & col_ok, other=0)
+            xs = tl.load(x_lines + cols[None, :], mask=line_ok[:, None] & col_ok, other=0.0)
             acc = tl.dot(xs, tl.trans(values.to(dtype)), acc)
     if not four_bit:
         row_max = tl.load(maxima_ptr + rows, mask=row_ok, other=0.0)
