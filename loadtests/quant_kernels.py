@@ -233,13 +233,14 @@ def products(
     return results
 
 
-# The batch kernel's tiles tried by ``--rows-sweep`` (block_m, block_n, block_k, warps, stages).
+# The batch kernel's tiles tried by ``--rows-sweep`` (block_m, block_n, block_k, warps, stages):
+# one stage keeps the 4-bit codes' table lookups out of the pipeliner's asynchronous copies.
 SWEEP = [
     quant_gemv.MatmulConfig(*tiles)
     for tiles in (
-        (16, 64, 128, 4, 3), (16, 128, 128, 4, 3), (16, 64, 256, 4, 3), (32, 64, 128, 4, 3),
-        (64, 64, 128, 4, 3), (64, 128, 64, 4, 3), (64, 128, 128, 8, 3), (128, 64, 64, 4, 3),
-        (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
+        (16, 64, 128, 4, 1), (16, 64, 128, 4, 3), (16, 128, 128, 4, 2), (16, 64, 256, 4, 1),
+        (16, 128, 256, 8, 2), (32, 64, 128, 4, 2), (64, 64, 128, 4, 1), (64, 128, 128, 8, 2),
+        (128, 128, 64, 8, 3), (128, 128, 128, 8, 1), (128, 128, 128, 8, 2), (128, 256, 64, 8, 3),
     )
 ]  # fmt: skip
 
@@ -250,9 +251,11 @@ def rows_sweep(
     device: torch.device,
     dtype: torch.dtype,
     repeat: int,
+    kinds: list[str],
 ) -> dict[str, Any]:
     """Per batch size, per tile configuration of ``quant_gemv.rows``: microseconds for one
-    layer's four products in nf4 and in int8 (a configuration that fails is reported so)."""
+    layer's four products for each of ``kinds`` (``nf4-rows``, ``int8-rows``; a configuration
+    that fails is reported so)."""
     results: dict[str, Any] = {}
     for rows in rows_list:
         xs = [torch.randn(rows, inputs, dtype=dtype, device=device) for _, inputs, _ in SHAPES]
@@ -260,7 +263,7 @@ def rows_sweep(
         for config in SWEEP:
             name = "-".join(map(str, (config.block_m, config.block_n, config.block_k)))
             name += f"-w{config.warps}-s{config.stages}"
-            for kind in ("nf4-rows", "int8-rows"):
+            for kind in kinds:
                 held = formats[kind].weights
                 layer = partial(_rows_layer, xs, held, config)
                 try:
@@ -315,6 +318,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--rows-sweep", action="store_true", help="also every tile of the batch kernel (GPU)"
     )
+    parser.add_argument(
+        "--sweep-formats", default="nf4-rows,int8-rows", help="the formats --rows-sweep times"
+    )
     parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.smoke else "cuda")
@@ -329,7 +335,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         if args.rows_sweep and not args.smoke:
             wide = [r for r in rows if r > 1]
-            report["rows_sweep_us"] = rows_sweep(formats, wide, device, dtype, 10)
+            report["rows_sweep_us"] = rows_sweep(
+                formats, wide, device, dtype, 10, args.sweep_formats.split(",")
+            )
     write(report, args.report)
     return report
 

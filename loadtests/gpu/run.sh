@@ -16,7 +16,7 @@
 # fast-profile / fast-profile-fp8 (loadtests.profile on the fast engine; WINDOW_AFTER=S profiles
 # the loaded steps' kernels for 2 s from S s into its throughput phase), fidelity-float32 /
 # fidelity-bfloat16 (loadtests.fidelity: TEXTS texts alone and in a CROWD, against generate()),
-# smoke (the demo model in bf16, nf4, int8 and fp8 through the fast engine's GPU code without
+# smoke (the demo model in bf16, nf4, int8 and fp8 (SMOKE_QUANTS, default "none nf4 int8 fp8") through the fast engine's GPU code without
 # inductor, 8 texts alone and among 48 against generate(): a crash shows in seconds, first),
 # kernels (loadtests.kernels: decode attention and one-row projections alone, in CUDA graphs;
 # KERNEL_ARGS=--gemv-sweep adds every block size of the one-row kernel); quant-kernels
@@ -46,7 +46,7 @@ for variant in "$@"; do
     cp "$work/$variant.json" "$out/" 2>/dev/null; continue
   fi
   if [ "$variant" = smoke ]; then  # every weight format's code on the GPU in seconds: the demo model
-    for quant in none nf4 int8 fp8; do  # (the real architecture, tiny), nothing compiled by inductor
+    for quant in ${SMOKE_QUANTS:-none nf4 int8 fp8}; do  # (the real architecture, tiny), nothing compiled by inductor
       HYMT_QUANTIZATION=$quant HYMT_FAST_COMPILE=off HYMT_FAST_MAX_ROWS=64 HYMT_DATA_DIR="$work/data" \
         timeout "${VARIANT_TIMEOUT:-120}" python3 -m loadtests.fidelity --texts 8 --crowd 48 \
         --max-new-tokens 24 --report "$work/smoke-$quant.json" > "$work/smoke-$quant.out" 2>&1

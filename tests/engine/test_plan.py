@@ -47,3 +47,22 @@ def test_the_prefill_compiles_before_ready_for_every_branch_a_chunk_can_take() -
     assert prefill_warmups(True, 8192, 4096, 128) == [1, 16, 17, wide]
     assert prefill_warmups(True, wide - 1, 4096, 128) == [1, 16, 17]  # chunks never get there
     assert prefill_warmups(True, 8192, 8, 128) == [1, 16, 17]  # a cache too small to try
+
+
+def test_uncompiled_flex_attention_never_goes_into_a_decode_graph(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Uncompiled, FlexAttention makes tensors from host values at every call, and a graph's
+    # capture refused it on an H100 (run 69's smoke): such an engine decodes without graphs,
+    # or with the Triton kernel for every batch (the runner's ``flex_in_graphs``).
+    def plan(attention: str, graphs: str) -> tuple[bool, str]:
+        config = EngineSettings(cuda_graph=graphs, attention=attention, compile="off")
+        _rows, _prefill, graphed, _compiled, chosen = plan_for(config, CUDA, torch.bfloat16, False)
+        return graphed, chosen
+
+    with caplog.at_level(logging.WARNING, logger="service.engine.fast.plan"):
+        assert plan("flex", "auto") == (False, "flex")
+    assert "decode graphs off: uncompiled FlexAttention cannot be captured" in caplog.messages
+    with pytest.raises(RuntimeError, match="needs fast_compile"):
+        plan("flex", "on")
+    assert plan("triton", "auto") == (True, "triton")

@@ -79,7 +79,22 @@ def plan_for(
         attention = ("triton" if small else "flex") if cuda else "gather"
     if graphs and attention == "gather":
         raise RuntimeError("the fast engine captures graphs with the flex or triton attention only")
+    if attention == "flex" and not flex_in_graphs(graphs, compiled):
+        if config.cuda_graph == "on":
+            raise RuntimeError(
+                "fast_cuda_graph=on with FlexAttention needs fast_compile: uncompiled it copies "
+                "host values into every call, which a CUDA graph cannot capture"
+            )
+        graphs = False
+        log.warning("decode graphs off: uncompiled FlexAttention cannot be captured")
     return rows, prefill, graphs, compiled, attention
+
+
+def flex_in_graphs(graphs: bool, compiled: bool) -> bool:
+    """Whether FlexAttention may take decode steps: compiled, or outside CUDA graphs. Uncompiled
+    it is torch's reference loop, which makes tensors from host values at every call, and a
+    graph's capture refuses such a copy (the Triton kernel then takes every batch)."""
+    return compiled or not graphs
 
 
 def fused_rope_for(setting: str, dtype: torch.dtype, device: torch.device) -> bool:

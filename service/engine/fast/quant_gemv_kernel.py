@@ -32,29 +32,35 @@ def _weights(  # type: ignore[no-untyped-def]
     group: tl.constexpr,
     block_k: tl.constexpr,
 ):
-    """A slice of ``block_k`` inputs of ``rows``, dequantized as bitsandbytes does (float32,
-    rounded once to the activations' dtype): the even and the odd inputs' weights for 4-bit
-    codes (a byte holds two, the first in its high half); for int8 all of them (twice: a
-    function returns the same kinds of values on both of its paths)."""
+    """A slice of ``block_k`` inputs of ``rows`` as ``[rows, block_k]`` weights of ``dtype``,
+    dequantized as bitsandbytes does (float32, rounded once to ``dtype``)."""
     if four_bit:
+        # A byte holds two inputs' codes, the first in its high half: both looked up, then
+        # interleaved back into the inputs' order, so that the activations and the output are
+        # read and written contiguously (vector accesses) rather than at every other element.
         pairs = start // 2 + tl.arange(0, block_k // 2)
         mask = row_ok[:, None] & (pairs < inputs // 2)[None, :]
         at_w = w_ptr + rows.to(tl.int64)[:, None] * stride_w + pairs[None, :]
         packed = tl.load(at_w, mask=mask, other=0)
-        blocks = (2 * pairs) // block
+        high = tl.load(code_ptr + (packed >> 4).to(tl.int32))
+        low = tl.load(code_ptr + (packed & 15).to(tl.int32))
+        codes = tl.reshape(tl.join(high, low), (rows.shape[0], block_k))
+        # One maximum per block of inputs, loaded once and spread over its block (a load per
+        # weight, several with the nested maxima, made the 4-bit kernels ten times slower than
+        # int8 ones on an H100).
+        blocks = start // block + tl.arange(0, block_k // block)
+        block_ok = row_ok[:, None] & (blocks < inputs // block)[None, :]
         at = rows.to(tl.int64)[:, None] * stride_m + blocks[None, :]
         if nested:
-            quantized = tl.load(maxima_ptr + at, mask=mask, other=0).to(tl.int32)
+            quantized = tl.load(maxima_ptr + at, mask=block_ok, other=0).to(tl.int32)
             grouped = at // group
             maxima = tl.load(nested_code_ptr + quantized) * tl.load(
-                nested_absmax_ptr + grouped, mask=mask, other=0.0
-            ) + tl.load(nested_offset_ptr + grouped, mask=mask, other=0.0)
+                nested_absmax_ptr + grouped, mask=block_ok, other=0.0
+            ) + tl.load(nested_offset_ptr + grouped, mask=block_ok, other=0.0)
         else:
-            maxima = tl.load(maxima_ptr + at, mask=mask, other=0.0)
-        high = tl.load(code_ptr + (packed >> 4).to(tl.int32)) * maxima
-        low = tl.load(code_ptr + (packed & 15).to(tl.int32)) * maxima
-        first = high.to(dtype).to(tl.float32)
-        second = low.to(dtype).to(tl.float32)
+            maxima = tl.load(maxima_ptr + at, mask=block_ok, other=0.0)
+        spread = tl.broadcast_to(maxima[:, :, None], (rows.shape[0], block_k // block, block))
+        weights = (codes * tl.reshape(spread, (rows.shape[0], block_k))).to(dtype)
     else:
         cols = start + tl.arange(0, block_k)
         mask = row_ok[:, None] & (cols < inputs)[None, :]
@@ -62,12 +68,8 @@ def _weights(  # type: ignore[no-untyped-def]
         values = tl.load(at_w, mask=mask)
         row_max = tl.load(maxima_ptr + rows, mask=row_ok, other=0.0)
         # bitsandbytes' int8 step, 1 / 127, as the float32 it multiplies by.
-        dequantized = values.to(tl.float32) * row_max[:, None] * 7.874015718698502e-3
-        first = dequantized.to(dtype).to(tl.float32)
-        second = first
-    # One return: Triton compiles every return of a function, the branch not taken included,
-    # and their shapes differ (a 4-bit slice is half as wide).
-    return first, second
+        weights = (values.to(tl.float32) * row_max[:, None] * 7.874015718698502e-3).to(dtype)
+    return weights
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -98,39 +100,24 @@ def quant_gemv(  # type: ignore[no-untyped-def]
     rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
     row_ok = rows < rows_out
     # Sums kept per column slot and reduced once at the end.
-    if four_bit:  # a column slot per byte: two weights each
-        acc = tl.zeros([block_n, block_k // 2], dtype=tl.float32)
-        acc_up = tl.zeros([block_n, block_k // 2], dtype=tl.float32)
-    else:
-        acc = tl.zeros([block_n, block_k], dtype=tl.float32)
-        acc_up = tl.zeros([block_n, block_k], dtype=tl.float32)
+    acc = tl.zeros([block_n, block_k], dtype=tl.float32)
+    acc_up = tl.zeros([block_n, block_k], dtype=tl.float32)
     for start in range(0, inputs, block_k):
-        first, second = _weights(
+        weights = _weights(
             w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr, nested_offset_ptr,
             rows, row_ok, start, inputs, stride_w, stride_m,
             dtype, four_bit, nested, block, group, block_k,
         )  # fmt: skip
-        if four_bit:
-            pairs = start // 2 + tl.arange(0, block_k // 2)
-            pair_ok = pairs < inputs // 2
-            even = tl.load(x_ptr + 2 * pairs, mask=pair_ok, other=0.0).to(tl.float32)
-            odd = tl.load(x_ptr + 2 * pairs + 1, mask=pair_ok, other=0.0).to(tl.float32)
-            acc += first * even[None, :] + second * odd[None, :]
-        else:
-            cols = start + tl.arange(0, block_k)
-            xs = tl.load(x_ptr + cols, mask=cols < inputs, other=0.0).to(tl.float32)
-            acc += first * xs[None, :]
+        cols = start + tl.arange(0, block_k)
+        xs = tl.load(x_ptr + cols, mask=cols < inputs, other=0.0).to(tl.float32)
+        acc += weights.to(tl.float32) * xs[None, :]
         if swiglu:
-            up_rows = rows + rows_out
-            up_first, up_second = _weights(
+            up = _weights(
                 w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr,
-                nested_offset_ptr, up_rows, row_ok, start, inputs, stride_w, stride_m,
+                nested_offset_ptr, rows + rows_out, row_ok, start, inputs, stride_w, stride_m,
                 dtype, four_bit, nested, block, group, block_k,
             )  # fmt: skip
-            if four_bit:
-                acc_up += up_first * even[None, :] + up_second * odd[None, :]
-            else:
-                acc_up += up_first * xs[None, :]
+            acc_up += up.to(tl.float32) * xs[None, :]
     out = tl.sum(acc, axis=1)
     if swiglu:
         # Each of the three values rounded to the model's dtype, as transformers' MLP does.
@@ -180,18 +167,17 @@ def quant_matmul(  # type: ignore[no-untyped-def]
     x_lines = x_ptr + lines.to(tl.int64)[:, None] * stride_x
     acc = tl.zeros([block_m, block_n], dtype=tl.float32)
     for start in range(0, inputs, block_k):
-        if four_bit:  # the even inputs times the high halves' weights, the odd the low ones'
-            first, second = _weights(
+        if four_bit:
+            weights = _weights(
                 w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr,
                 nested_offset_ptr, rows, row_ok, start, inputs, stride_w, stride_m,
                 dtype, four_bit, nested, block, group, block_k,
             )  # fmt: skip
-            pairs = start // 2 + tl.arange(0, block_k // 2)
-            mask = line_ok[:, None] & (pairs < inputs // 2)[None, :]
-            even = tl.load(x_lines + 2 * pairs[None, :], mask=mask, other=0.0)
-            odd = tl.load(x_lines + 2 * pairs[None, :] + 1, mask=mask, other=0.0)
-            acc = tl.dot(even, tl.trans(first.to(dtype)), acc)
-            acc = tl.dot(odd, tl.trans(second.to(dtype)), acc)
+            cols = start + tl.arange(0, block_k)
+            xs = tl.load(
+                x_lines + cols[None, :], mask=line_ok[:, None] & (cols < inputs)[None, :], other=0.0
+            )
+            acc = tl.dot(xs, tl.trans(weights), acc)
         else:
             # int8 values are exact in 16 bits, and a row's scale is one number: the product
             # over the values, scaled once at the end (no float work per weight).
@@ -235,21 +221,11 @@ def dequantize(  # type: ignore[no-untyped-def]
     rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
     row_ok = rows < rows_out
     start = tl.program_id(1) * block_k
-    first, second = _weights(
+    weights = _weights(
         w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr, nested_offset_ptr,
         rows, row_ok, start, inputs, stride_w, stride_m,
         dtype, four_bit, nested, block, group, block_k,
     )  # fmt: skip
-    out_rows = out_ptr + rows.to(tl.int64)[:, None] * inputs
-    if four_bit:  # the even inputs from the high halves, the odd from the low ones
-        pairs = start // 2 + tl.arange(0, block_k // 2)
-        mask = row_ok[:, None] & (pairs < inputs // 2)[None, :]
-        tl.store(out_rows + 2 * pairs[None, :], first.to(dtype), mask=mask)
-        tl.store(out_rows + 2 * pairs[None, :] + 1, second.to(dtype), mask=mask)
-    else:
-        cols = start + tl.arange(0, block_k)
-        tl.store(
-            out_rows + cols[None, :],
-            first.to(dtype),
-            mask=row_ok[:, None] & (cols < inputs)[None, :],
-        )
+    cols = start + tl.arange(0, block_k)
+    at = out_ptr + rows.to(tl.int64)[:, None] * inputs + cols[None, :]
+    tl.store(at, weights, mask=row_ok[:, None] & (cols < inputs)[None, :])

@@ -46,6 +46,7 @@ from service.engine.fast.graphs import DecodeGraphs, buckets_up_to
 from service.engine.fast.pages import pages_for
 from service.engine.fast.plan import (
     Plan,
+    flex_in_graphs,
     fold_norms_for,
     fused_rope_for,
     one_row_pdl_for,
@@ -185,7 +186,9 @@ class ModelRunner:
         if choices.attention == "flex":
             return flex
         small = fast.triton_attention_rows
-        if small is None:
+        if not flex_in_graphs(choices.graphs, choices.compiled):
+            small = self.rows.rows
+        elif small is None:
             small = min(MEASURED_ABOVE, self.rows.rows)
             if self.device.type == "cuda":  # the kernels' speeds are a GPU's to measure
                 widest = TritonDecode(self.cache, self.rows, geometry, self.rows.rows)
