@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service.contract.errors import DeadlineExceeded, EngineUnavailable, Overloaded, ServiceError
 from service.frontend.metrics import Metrics
@@ -195,5 +197,62 @@ def test_the_measured_rate_takes_over_once_the_engine_was_busy_for_a_generation(
     rate = gate.drain_rate()
     assert rate is not None
     assert 3.5 < rate < 4.5  # measured, not the prior's 4 / 2.56 s
+    for reservation in held:
+        reservation.release()
+
+
+# Run 70's 4-bit engine in 16 GiB (H100): 256 rows, decode step ms by batch size at start.
+SLOW_STEPS_MS = {1: 11.161, 2: 109.846, 4: 107.948, 8: 109.277, 16: 113.152, 24: 133.465,
+                 32: 139.973, 48: 287.016, 64: 303.986, 96: 433.876, 128: 447.646,
+                 192: 569.657, 256: 574.29}  # fmt: skip
+
+
+def test_a_slow_engine_s_free_rows_are_filled_only_as_far_as_a_generation_fits() -> None:
+    # Run 70: 1,024 at once into that engine behind 8 API processes, 100 s deadline: every
+    # text with a free row was admitted, and 104 of the 256 ended as 504s (a full batch
+    # generates for 2 x 0.574 s x 128 tokens); each process now stops at 4 (32 rows: 36 s).
+    clock = Clock()
+    gate = Admission(4096, Metrics(), lambda: None, clock=clock, processes=8)
+    gate.set_engine(256, {b: ms / 1000 for b, ms in SLOW_STEPS_MS.items()})
+    admitted, refused = [], []
+    for _ in range(128):
+        try:
+            admitted.append(gate.reserve(1, clock.now + 100.0))
+        except Overloaded as error:
+            refused.append(error)
+    assert (len(admitted), len(refused)) == (4, 124)
+    for reservation in admitted:
+        reservation.release()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(st.floats(0.001, 2.0), min_size=1, max_size=8).map(sorted),
+    capacity_log=st.integers(0, 10),
+    processes=st.sampled_from([1, 2, 8]),
+    deadline_s=st.floats(1.0, 300.0),
+)
+def test_free_rows_are_refused_only_where_a_generation_would_outlast_the_deadline(
+    steps: list[float], capacity_log: int, processes: int, deadline_s: float
+) -> None:
+    # The decode step measured at start, by batch size (slower as the batch grows).
+    capacity = 2**capacity_log
+    buckets = sorted({max(1, capacity * (i + 1) // len(steps)) for i in range(len(steps))})
+    profile = dict(zip(buckets, steps[-len(buckets) :], strict=True))
+    clock = Clock()
+    gate = Admission(1 << 20, Metrics(), lambda: None, clock=clock, processes=processes)
+    gate.set_engine(capacity, profile)
+    share = capacity // processes or 1
+    held = []
+    for position in range(1, share + 1):
+        batch = min(position * processes, capacity)
+        step = next(t for b, t in sorted(profile.items()) if b >= batch)
+        fits = 2.0 * step * 128 <= 0.6 * deadline_s
+        try:
+            held.append(gate.reserve(1, clock.now + deadline_s))
+        except Overloaded:
+            assert not fits, "refused a free row on an engine that finishes it in time"
+            break
+        assert fits, "admitted a text that a full enough batch cannot finish in time"
     for reservation in held:
         reservation.release()

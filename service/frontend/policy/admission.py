@@ -5,9 +5,11 @@ is exact, it needs no message from the engine. A request for ``n`` texts is refu
 (``Overloaded``, 429) when
 
 - ``in_flight + n`` would pass ``max_in_flight`` (the configured bound), or
-- it would likely not finish inside its own deadline. This is never the reason while the
-  engine has a free decode row for every text in flight (``capacity``, from the engine's
-  ``Ready``): such a text starts at once. Past that, by Little's law a text admitted now is
+- it would likely not finish inside its own deadline. While the engine has a free decode row
+  for every text in flight (``capacity``, from the engine's ``Ready``) such a text starts at
+  once, and the estimate is one generation at that batch size (from the engine's own step
+  times): it refuses nothing on an engine that finishes a full batch in time, and stops a
+  slow engine's batch where it would not. Past that, by Little's law a text admitted now is
   answered after about ``(in_flight + n) / rate``, where ``rate`` is the texts the engine answers
   per second *of busy time* (time with anything in flight): idle time is left out, so a lightly
   loaded engine is not mistaken for a slow one, and under saturation it is the engine's
@@ -255,16 +257,15 @@ class Admission:
             return None
         return self._engine_capacity / generation / self._processes
 
-    def _generation_s(self, at_least_prior: bool = False) -> float | None:
-        """Seconds one text's generation takes at a full batch (with ``_PRIOR_MARGIN``), for
-        the answers' mean tokens per text (``at_least_prior``: no fewer than the prior's)."""
+    def _generation_s(self, batch: int | None = None, at_least_prior: bool = False) -> float | None:
+        """Seconds one text's generation takes at a batch of ``batch`` texts (a full one where
+        None), with ``_PRIOR_MARGIN``, for the answers' mean tokens per text (``at_least_prior``:
+        no fewer than the prior's)."""
         if not self._step_seconds:
             return None
-        # The step of the smallest measured batch that holds a full engine, or the largest.
-        step = next(
-            (t for b, t in self._step_seconds if b >= self._engine_capacity),
-            self._step_seconds[-1][1],
-        )
+        wanted = self._engine_capacity if batch is None else batch
+        # The step of the smallest measured batch that holds it, or the largest.
+        step = next((t for b, t in self._step_seconds if b >= wanted), self._step_seconds[-1][1])
         tokens = self._tokens / self._tokened if self._tokened >= _MIN_ANSWERS else _PRIOR_TOKENS
         if at_least_prior:
             tokens = max(tokens, _PRIOR_TOKENS)
@@ -279,7 +280,12 @@ class Admission:
 
     def _expected_finish_s(self, position: int, now: float) -> float | None:
         if position <= self._capacity:
-            return None  # a free decode row for every text: it starts now
+            # A free decode row for every text: it starts now, and is answered after one
+            # generation at the batch it joins (this process's share, times the processes).
+            # On a fast engine that is far inside any deadline; on a slow one (float32, or a
+            # 4-bit engine of 256 rows at 0.57 s a step) a full batch outlasts it, and the
+            # texts admitted past what finishes in time would end as 504s.
+            return self._generation_s(min(position * self._processes, self._engine_capacity))
         self._advance(now)
         rate = self._measured_rate()
         if rate is None:
