@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -97,6 +98,14 @@ def stop_service(process: subprocess.Popen[bytes]) -> None:
 
 def metric(url: str, name: str) -> float | None:
     return value_of(httpx.get(f"{url}/metrics", timeout=10, trust_env=False).text, name)
+
+
+def memory_by_kind(url: str) -> dict[str, float]:
+    """The service's ``hymt_gpu_memory_bytes`` by kind (allocated, reserved, their peaks, the
+    KV cache): where an operator's memory budget went."""
+    text = httpx.get(f"{url}/metrics", timeout=10, trust_env=False).text
+    found = re.findall(r'^hymt_gpu_memory_bytes\{kind="(\w+)"\} (\S+)$', text, re.MULTILINE)
+    return {kind: float(value) for kind, value in found}
 
 
 def value_of(text: str, name: str) -> float | None:
@@ -231,6 +240,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         )  # fmt: skip
         result["lone"] = asdict(lone)
         result["gpu_memory_allocated_bytes"] = metric(url, "hymt_gpu_memory_bytes")
+        result["gpu_memory_bytes"] = memory_by_kind(url)
         save()
         if args.flood_requests:
             before = stalls(url)

@@ -286,11 +286,17 @@ def engine_info(loaded: LoadedModel) -> EngineInfo:
 
 
 def memory_by_kind(device: torch.device) -> dict[str, int]:
-    """Accelerator memory by kind (allocated, reserved), for the GPU memory gauge."""
-    return {
+    """Accelerator memory by kind (allocated, reserved, and the most of each since start), for
+    the GPU memory gauge: the peaks say how much of an operator's budget the widest step really
+    took beside the weights and the cache."""
+    memory = {
         key.removeprefix("cuda_").removesuffix("_bytes"): value
         for key, value in cuda_memory(device).items()
     }
+    if memory:
+        memory["peak_allocated"] = torch.cuda.max_memory_allocated(device)
+        memory["peak_reserved"] = torch.cuda.max_memory_reserved(device)
+    return memory
 
 
 def cuda_memory(device: torch.device) -> dict[str, int]:

@@ -239,7 +239,9 @@ class Metrics:
         )
         self.gpu_memory = Gauge(
             f"{PREFIX}_gpu_memory_bytes",
-            "Accelerator memory held by the model process, by kind (allocated, reserved).",
+            "Accelerator memory held by the model process, by kind (allocated, reserved, their "
+            "peaks since start: peak_allocated, peak_reserved; the fast engine's kv_cache and "
+            "kv_cache_committed).",
             ["kind"],
             multiprocess_mode="livemax",
             registry=r,

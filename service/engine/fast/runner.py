@@ -477,6 +477,17 @@ def _size(
                 "(HYMT_QUANTIZATION=nf4, int8 or fp8) or raise the budget"
             )
         left = budget - used
+        log.info(
+            "memory budget",
+            extra={
+                "budget_gib": round(budget / 2**30, 3),
+                # Held after loading beside the weights: what the budget loses before the cache
+                # (a quantization's leftovers, the allocator's partly used segments).
+                "held_gib": round(used / 2**30, 3),
+                "weights_gib": round(weights.nbytes() / 2**30, 3),
+                "left_gib": round(left / 2**30, 3),
+            },
+        )
     fitted = fit_rows_and_pages(
         geometry,
         layers,
