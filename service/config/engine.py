@@ -82,6 +82,17 @@ class EngineSettings(Section):
         "chunks between decode steps (unset: 8,192 on CUDA, halved down to 2,048 before the "
         "rows are where the KV cache would not hold a page per row; 512 elsewhere).",
     )
+    prefill_graph_tokens: int | None = Field(
+        None,
+        ge=0,
+        le=8192,
+        alias="fast_prefill_graph_tokens",
+        description="Prefill steps of up to this many tokens run as CUDA graphs, one per "
+        "power of two from 16: one launch instead of every layer's operations from the host, "
+        "which set a small batch's pace (unset: 512 where the decode steps are graphs and the "
+        "prefill takes the flash kernel; 0: never). Set on a CPU, the same shapes run "
+        "uncaptured.",
+    )
     cuda_graph: Toggle = Field(
         "auto",
         alias="fast_cuda_graph",

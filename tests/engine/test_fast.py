@@ -675,3 +675,31 @@ def test_a_memory_budget_sizes_the_cache_inside_it_and_refuses_what_cannot_fit(
     tiny = _config(data_dir, num_pages=None, memory_gib=1 / 1024)  # 1 MiB: the weights take 3
     with pytest.raises(RuntimeError, match="HYMT_GPU_MEMORY_GIB"):
         FastEngine(load_model(tiny), tiny)
+
+
+async def test_prefill_steps_in_fixed_shapes_equal_generate(
+    data_dir: Path,
+    reference: LoadedModel,
+    prompts: list[tuple[int, ...]],
+    expected: list[list[int]],
+) -> None:
+    # The shapes a GPU captures its small prefill steps in (prefill_graphs.py), run uncaptured:
+    # padded with a sequence of their own and empty ones, keys always read back, copies of the
+    # scratch slot onto itself. Chunks of the long prompt, kept prefixes copied in, and crowds
+    # of prompts in one step all go through them.
+    config = _config(data_dir, prefill_tokens=32, prefill_graph_tokens=32)
+    engine = RecordingEngine(load_model(config), config)
+    try:
+        graphs = engine.runner._prefill_graphs
+        assert graphs is not None
+        assert graphs.largest == 32
+        assert engine.plan.prefill_graph_tokens == 32
+        wanted = _wanted(reference, expected)
+        requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
+        assert await _alone(engine, requests) == wanted
+        assert await _generated(engine, requests * 4, "crowd") == wanted * 4
+        assert engine.scheduler.prefixes is not None
+        assert engine.scheduler.prefixes.reused_tokens > 0
+        assert graphs.steps > 0
+    finally:
+        engine.close()

@@ -9,7 +9,7 @@ import torch
 
 from service.config.engine import EngineSettings
 from service.engine.fast import quant_gemv
-from service.engine.fast.plan import plan_for
+from service.engine.fast.plan import plan_for, prefill_graph_tokens_for
 from service.engine.fast.runner import prefill_warmups
 
 CUDA = torch.device("cuda")  # only named here: resolving a plan calls nothing on the device
@@ -66,3 +66,13 @@ def test_uncompiled_flex_attention_never_goes_into_a_decode_graph(
     with pytest.raises(RuntimeError, match="needs fast_compile"):
         plan("flex", "on")
     assert plan("triton", "auto") == (True, "triton")
+
+
+def test_small_prefill_steps_are_captured_where_the_decode_is_and_the_flash_kernel_runs() -> None:
+    # Attention split on the host (no flash kernel: a CPU, float32, a T4) cannot be captured.
+    assert prefill_graph_tokens_for(None, graphs=True, flash=True, chunk=8192) == 512
+    assert prefill_graph_tokens_for(None, graphs=True, flash=True, chunk=256) == 256
+    assert prefill_graph_tokens_for(None, graphs=True, flash=False, chunk=8192) == 0
+    assert prefill_graph_tokens_for(None, graphs=False, flash=True, chunk=8192) == 0
+    assert prefill_graph_tokens_for(0, graphs=True, flash=True, chunk=8192) == 0
+    assert prefill_graph_tokens_for(64, graphs=False, flash=False, chunk=8192) == 64

@@ -47,9 +47,12 @@ FULL_SORT_BYTES_PER_LOGIT = 96
 PREFILL_BYTES_PER_HIDDEN = 32
 
 
-def workspace_bytes(geometry: Geometry, rows: int, prefill_tokens: int) -> int:
+def workspace_bytes(
+    geometry: Geometry, rows: int, prefill_tokens: int, graph_tokens: int = 0
+) -> int:
     """What a step needs beside the weights and the cache: the sampling buffers of the widest
-    decode batch and the activations of the largest prefill chunk. Reserved before the cache
+    decode batch, the activations of the largest prefill chunk and of the largest captured
+    prefill step (``graph_tokens``). Reserved before the cache
     takes its share, so that a device with little free memory (a second copy of the weights, a
     neighbour on the GPU) still captures its largest graph instead of running out of memory."""
     sampling = rows * geometry.vocab * SAMPLING_BYTES_PER_LOGIT
@@ -57,7 +60,10 @@ def workspace_bytes(geometry: Geometry, rows: int, prefill_tokens: int) -> int:
     sampling += sorted_rows * geometry.vocab * FULL_SORT_BYTES_PER_LOGIT
     width = max(geometry.hidden, geometry.intermediate)
     prefill = prefill_tokens * width * PREFILL_BYTES_PER_HIDDEN
-    return sampling + prefill
+    # The captured prefill steps' pool (``prefill_graphs.py``) holds the activations of the
+    # largest of them for good, beside the eager prefill's.
+    graphs = graph_tokens * width * PREFILL_BYTES_PER_HIDDEN
+    return sampling + prefill + graphs
 
 
 # The KV cache's page count is rounded down to a multiple of this (``budget_pages``).
@@ -137,6 +143,7 @@ def fit_rows_and_pages(
     rows_given: bool,
     left: int | None = None,
     prefill_given: bool = False,
+    graph_tokens: int = 0,
 ) -> Fitted:
     """Decode rows, KV-cache pages and the prefill chunk for this device: ``budget_pages`` with
     the workspace of ``rows`` rows and a ``prefill_tokens`` chunk reserved. Where that leaves
@@ -146,7 +153,7 @@ def fit_rows_and_pages(
     ``prefill_given``: their own figures are kept, and the error says what to change)."""
     fitted, chunk = rows, prefill_tokens
     while True:
-        reserved = workspace_bytes(geometry, fitted, chunk)
+        reserved = workspace_bytes(geometry, fitted, chunk, min(graph_tokens, chunk))
         # Never more than every row could fill at the model's longest sequence (on a CPU
         # the free memory is the host's, far more than a small model's rows ever need).
         most = fitted * pages_for(geometry.max_positions, page_size) + 1

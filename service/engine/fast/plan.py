@@ -43,6 +43,8 @@ class Plan:
     # The largest decode batch the Triton attention serves (set, or measured at start:
     # attention_choice.py); 0 where it serves none.
     triton_rows: int = 0
+    # The largest prefill step run as a CUDA graph (prefill_graphs.py); 0 where none is.
+    prefill_graph_tokens: int = 0
 
 
 def plan_for(
@@ -88,6 +90,20 @@ def plan_for(
         graphs = False
         log.warning("decode graphs off: uncompiled FlexAttention cannot be captured")
     return rows, prefill, graphs, compiled, attention
+
+
+# Prefill steps of up to this many tokens run as graphs where nothing else is set: past it a step's
+# kernels outlast its launches from the host.
+PREFILL_GRAPH_TOKENS = 512
+
+
+def prefill_graph_tokens_for(setting: int | None, graphs: bool, flash: bool, chunk: int) -> int:
+    """The largest prefill step run as a CUDA graph: as set, else ``PREFILL_GRAPH_TOKENS`` where
+    the decode steps are graphs and the prefill takes the flash kernel (attention split on the
+    host, elsewhere, cannot be captured); never more than the prefill chunk."""
+    if setting is None:
+        setting = PREFILL_GRAPH_TOKENS if graphs and flash else 0
+    return min(setting, chunk)
 
 
 def flex_in_graphs(graphs: bool, compiled: bool) -> bool:

@@ -59,7 +59,153 @@ class PackedPrefill:
     host_starts: tuple[tuple[int, ...], tuple[int, ...]]
 
 
-def pack(pieces: Sequence[Piece], page_size: int, device: torch.device) -> PackedPrefill:
+@dataclass(frozen=True, slots=True)
+class HostPrefill:
+    """A prefill step laid out on the host (``layout``): what ``PackedPrefill`` holds, before
+    it goes to the device whole (``packed``) or padded into a captured step's buffers
+    (``padded``)."""
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    slots: np.ndarray
+    cu_q: np.ndarray
+    cu_k: np.ndarray
+    key_slots: np.ndarray  # every sequence's key slots (read only where ``prefixed``)
+    prefixed: bool  # whether a piece starts after keys already cached
+    last: np.ndarray
+    copy_from: np.ndarray
+    copy_to: np.ndarray
+
+    @property
+    def max_q(self) -> int:
+        return int(np.diff(self.cu_q).max())
+
+    @property
+    def max_k(self) -> int:
+        return int(np.diff(self.cu_k).max())
+
+    def packed(self, device: torch.device) -> PackedPrefill:
+        def on_device(values: np.ndarray, dtype: torch.dtype = torch.long) -> torch.Tensor:
+            return to_device(values, dtype, device)
+
+        copies = len(self.copy_from) > 0
+        return PackedPrefill(
+            tokens=on_device(self.tokens),
+            positions=on_device(self.positions),
+            slots=on_device(self.slots),
+            cu_q=on_device(self.cu_q, torch.int32),
+            cu_k=on_device(self.cu_k, torch.int32),
+            max_q=self.max_q,
+            max_k=self.max_k,
+            key_slots=on_device(self.key_slots) if self.prefixed else None,
+            last=on_device(self.last),
+            copy_from=on_device(self.copy_from) if copies else None,
+            copy_to=on_device(self.copy_to) if copies else None,
+            host_starts=(tuple(self.cu_q.tolist()), tuple(self.cu_k.tolist())),
+        )
+
+    def padded(self, bucket: Bucket) -> np.ndarray:
+        """The step in ``bucket``'s fixed shapes, as one int64 array (``Bucket.fields``'s
+        order): the tokens past this step's form one more sequence of their own, at position 0
+        with their keys and values in the scratch slot 0 (page 0 is never given out), so every
+        row the kernels compute stays finite; sequences past it are empty; the logits' rows
+        past this step's read token 0, the copies past its own copy slot 0 onto itself. The
+        keys are always read back from the cache (``key_slots``), which is exact: a piece
+        without a prefix reads the keys it has just written."""
+        real, keys = len(self.tokens), len(self.key_slots)
+        padding = bucket.tokens - real
+        flat = np.zeros(bucket.size, dtype=np.int64)
+        views = dict(
+            zip(bucket.fields, np.split(flat, np.cumsum(bucket.lengths)[:-1]), strict=True)
+        )
+        views["tokens"][:real] = self.tokens
+        views["positions"][:real] = self.positions
+        views["slots"][:real] = self.slots
+        count = len(self.cu_q)
+        views["cu_q"][:count] = self.cu_q
+        views["cu_q"][count:] = bucket.tokens
+        views["cu_k"][:count] = self.cu_k
+        views["cu_k"][count:] = keys + padding
+        views["key_slots"][:keys] = self.key_slots
+        views["last"][: len(self.last)] = self.last
+        views["copy_from"][: len(self.copy_from)] = self.copy_from
+        views["copy_to"][: len(self.copy_to)] = self.copy_to
+        return flat
+
+    def fits(self, bucket: Bucket) -> bool:
+        """Whether this step goes into ``bucket``'s shapes (its padding sequence included)."""
+        padding = bucket.tokens - len(self.tokens)
+        return (
+            padding >= 0
+            and len(self.cu_q) + (padding > 0) <= bucket.sequences + 2
+            and len(self.key_slots) + padding <= bucket.keys
+            and len(self.last) <= bucket.last
+            and len(self.copy_from) <= bucket.copies
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """The fixed shapes of a captured prefill step: ``tokens`` packed tokens in at most
+    ``sequences`` sequences (one more: the padding's), ``keys`` key slots read back, ``last``
+    logits' rows and ``copies`` cache-slot copies."""
+
+    tokens: int
+    sequences: int
+    keys: int
+    last: int
+    copies: int
+
+    fields = (
+        "tokens", "positions", "slots", "cu_q", "cu_k", "key_slots", "last", "copy_from", "copy_to",
+    )  # fmt: skip
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        t, cu = self.tokens, self.sequences + 2
+        return (t, t, t, cu, cu, self.keys, self.last, self.copies, self.copies)
+
+    @property
+    def size(self) -> int:
+        return sum(self.lengths)
+
+    def packed(
+        self, flat: torch.Tensor, host_starts: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+    ) -> PackedPrefill:
+        """A step of these shapes reading its values from ``flat`` (``HostPrefill.padded``'s
+        layout, on the device): views, so that a captured step reads whatever is copied in
+        (``host_starts``: the sequences' bounds for attention that splits them on the host,
+        never a captured step's)."""
+        views = dict(zip(self.fields, torch.split(flat, list(self.lengths)), strict=True))
+        return PackedPrefill(
+            tokens=views["tokens"],
+            positions=views["positions"],
+            slots=views["slots"],
+            cu_q=views["cu_q"],
+            cu_k=views["cu_k"],
+            max_q=self.tokens,
+            max_k=self.keys,
+            key_slots=views["key_slots"],
+            last=views["last"],
+            copy_from=views["copy_from"],
+            copy_to=views["copy_to"],
+            host_starts=host_starts,
+        )
+
+
+def prefill_buckets(largest: int) -> list[Bucket]:
+    """The captured shapes for prefill steps of up to ``largest`` tokens: powers of two from
+    16, room for a prompt of 8 tokens on average, keys and copies four times the tokens."""
+    buckets, tokens = [], 16
+    while tokens <= largest:
+        last = max(16, tokens // 8)
+        buckets.append(Bucket(tokens, last, 4 * tokens, last, 4 * tokens))
+        tokens *= 2
+    return buckets
+
+
+def layout(pieces: Sequence[Piece], page_size: int) -> HostPrefill:
+    """The pieces laid end to end on the host."""
     tokens: list[int] = []
     positions, slots, key_slots = [], [], []
     cu_q, cu_k, last = [0], [0], []
@@ -80,26 +226,23 @@ def pack(pieces: Sequence[Piece], page_size: int, device: torch.device) -> Packe
             copy_from += [reuse.into, slots_of(piece.pages, reuse.out_positions, page_size)]
             copy_to += [slots_of(piece.pages, np.arange(reuse.tokens), page_size), reuse.out_slots]
 
-    copies = sum(len(part) for part in copy_from) > 0
+    def joined(parts: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
-    def on_device(values: list[int] | np.ndarray, dtype: torch.dtype = torch.long) -> torch.Tensor:
-        return to_device(values, dtype, device)
-
-    return PackedPrefill(
-        tokens=on_device(tokens),
-        positions=on_device(np.concatenate(positions)),
-        slots=on_device(np.concatenate(slots)),
-        cu_q=on_device(cu_q, torch.int32),
-        cu_k=on_device(cu_k, torch.int32),
-        max_q=max(piece.count for piece in pieces),
-        max_k=max(piece.end for piece in pieces),
-        key_slots=(
-            on_device(np.concatenate(key_slots))
-            if any(piece.start > 0 for piece in pieces)
-            else None
-        ),
-        last=on_device(last),
-        copy_from=on_device(np.concatenate(copy_from)) if copies else None,
-        copy_to=on_device(np.concatenate(copy_to)) if copies else None,
-        host_starts=(tuple(cu_q), tuple(cu_k)),
+    return HostPrefill(
+        tokens=np.asarray(tokens, dtype=np.int64),
+        positions=joined(positions),
+        slots=joined(slots),
+        cu_q=np.asarray(cu_q, dtype=np.int64),
+        cu_k=np.asarray(cu_k, dtype=np.int64),
+        key_slots=joined(key_slots),
+        prefixed=any(piece.start > 0 for piece in pieces),
+        last=np.asarray(last, dtype=np.int64),
+        copy_from=joined(copy_from),
+        copy_to=joined(copy_to),
     )
+
+
+def pack(pieces: Sequence[Piece], page_size: int, device: torch.device) -> PackedPrefill:
+    """The pieces laid end to end, on ``device``."""
+    return layout(pieces, page_size).packed(device)

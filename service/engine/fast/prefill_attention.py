@@ -84,6 +84,8 @@ def _reference_varlen(
         ki = k[starts_k[i] : starts_k[i + 1]].transpose(0, 1)
         vi = v[starts_k[i] : starts_k[i + 1]].transpose(0, 1)
         new, total = qi.shape[1], ki.shape[1]
+        if new == 0:
+            continue  # an empty sequence (a captured step's shapes pad with them)
         # The queries are the last ``new`` positions of the sequence: causal from there.
         mask = torch.ones(new, total, dtype=torch.bool, device=q.device).tril(total - new)
         out = torch.nn.functional.scaled_dot_product_attention(

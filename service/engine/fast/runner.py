@@ -52,8 +52,10 @@ from service.engine.fast.plan import (
     one_row_pdl_for,
     pdl_ready,
     plan_for,
+    prefill_graph_tokens_for,
 )
-from service.engine.fast.prefill import Piece, pack
+from service.engine.fast.prefill import Piece, layout, pack
+from service.engine.fast.prefill_graphs import capture
 from service.engine.fast.sampler import RowSampling, race_noise, sample_rows
 from service.engine.fast.scheduler import Chunk, DecodePlan, Joined, PageOwners, Retired
 from service.engine.fast.sequence import Sequence
@@ -160,6 +162,13 @@ class ModelRunner:
         self._graphs = self._prepare_decode(choices, fast)
         if choices.compiled:
             self._compile_prefill(prefill, pages)
+        flash = choices.capability.flash_prefill(loaded.dtype)
+        graph_tokens = prefill_graph_tokens_for(
+            fast.prefill_graph_tokens, choices.graphs, flash, prefill
+        )
+        self._prefill_graphs = capture(
+            self.model.prefill, graph_tokens, self.device, fast.prefill_graph_tokens is not None
+        )
         self.plan = Plan(
             rows=rows,
             page_size=fast.page_size,
@@ -173,6 +182,7 @@ class ModelRunner:
             fused_rope=choices.fused_rope,
             one_row_pdl=pdl,
             triton_rows=attention.small_rows if isinstance(attention, SmallBatchDecode) else 0,
+            prefill_graph_tokens=self._prefill_graphs.largest if self._prefill_graphs else 0,
         )
         self.attention = attention.name
         self.fp8 = choices.fp8 is not None
@@ -256,7 +266,13 @@ class ModelRunner:
             Piece(c.sequence.prompt, c.sequence.pages, c.start, c.count, c.reuse) for c in chunks
         ]
         started = self.clock.start()
-        logits = self.model.prefill(pack(pieces, self.page_size, self.device))
+        step = layout(pieces, self.page_size)
+        graphs = self._prefill_graphs
+        bucket = graphs.bucket_for(step) if graphs is not None else None
+        if graphs is not None and bucket is not None:
+            logits = graphs.run(step, bucket)
+        else:
+            logits = self.model.prefill(step.packed(self.device))
         completing = [c.sequence for c in chunks if c.completes]
         if not completing:
             self.clock.stop(started)
@@ -500,6 +516,12 @@ def _size(
         rows_given=fast.max_rows is not None,
         left=left,
         prefill_given=fast.prefill_tokens is not None,
+        graph_tokens=prefill_graph_tokens_for(
+            fast.prefill_graph_tokens,
+            choices.graphs,
+            choices.capability.flash_prefill(loaded.dtype),
+            choices.prefill,
+        ),
     )
     return fitted.rows, fitted.pages, fitted.prefill_tokens
 

@@ -37,3 +37,11 @@ def to_device(
     if device.type == "cuda":
         host = host.pin_memory()
     return host.to(device, non_blocking=True)
+
+
+def copy_into(target: torch.Tensor, values: np.ndarray) -> None:
+    """``values`` (as many as ``target`` holds, of its dtype) into ``target``, without a wait."""
+    host = torch.from_numpy(values)
+    if target.device.type == "cuda":
+        host = host.pin_memory()
+    target.copy_(host, non_blocking=True)
