@@ -25,7 +25,9 @@
 # stream (loadtests.streaming: time to first token and to the full text of a 2,000-word document
 # through POST /translate/stream), replicas (loadtests.replicas: REPLICAS services, one per GPU, behind
 # the shipped nginx and Redis, REQUESTS concurrent clients, a flood of FLOOD at a queue bound of QUEUE,
-# then one replica alone; needs loadtests/gpu/add-stack.sh). For the bench variants CONCURRENCY
+# then one replica alone; needs loadtests/gpu/add-stack.sh); cpu-7b (issue 37's CPU fallback: the dummy 7B in
+# bf16 on the machine's CPU cores, 4 requests at once and LONE alone, 16 tokens each; it leaves the GPU
+# alone, so it may run beside a GPU variant: start it in the background with its own OUT and WORK). For the bench variants CONCURRENCY
 # (default REQUESTS) keeps that many requests in flight: a steady state when REQUESTS is larger. Each writes VARIANT.json and VARIANT.log. SERVICE_ENV="NAME=VALUE ..." adds settings to every
 # service the bench variants start.
 set -uo pipefail
@@ -132,11 +134,15 @@ for variant in "$@"; do
     int8-16g)   args=(--env HYMT_QUANTIZATION=int8 --env HYMT_DTYPE=float16 --env HYMT_GPU_MEMORY_GIB=16
                       --baseline-requests 0) ;;
     bf16-24g)   args=(--env HYMT_GPU_MEMORY_GIB=24 --baseline-requests 0) ;;
+    cpu-7b)     args=(--env HYMT_DEVICE=cpu --env CUDA_VISIBLE_DEVICES= --env HYMT_DTYPE=bfloat16
+                      --env HYMT_FAST_MAX_ROWS=4 --env HYMT_FAST_NUM_PAGES=256 --env HYMT_MAX_NEW_TOKENS=16
+                      --env HYMT_REQUEST_TIMEOUT_S=1200 --baseline-requests 0) ;;
     nf4)        args=(--env HYMT_QUANTIZATION=nf4 --baseline-requests 0) ;;
     int8)       args=(--env HYMT_QUANTIZATION=int8 --baseline-requests 0) ;;
     *) echo "unknown variant $variant"; continue ;;
   esac
   n=$requests; [ "$variant" = overload ] && n=256  # its throughput step is only a check
+  [ "$variant" = cpu-7b ] && n=4  # the machine's CPU cores: a second a token or so
   timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.bench --label "$variant" --requests "$n" \
     --concurrency "${CONCURRENCY:-$n}" --lone-requests "${LONE:-6}" "${common[@]}" "${args[@]}" > "$work/$variant.out" 2>&1
   echo "exit $?"
