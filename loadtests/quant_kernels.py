@@ -44,6 +44,7 @@ import torch._dynamo.config
 
 from loadtests.kernels import SHAPES, header, timing_context, write
 from service.engine.fast import quant_gemv
+from service.engine.fast.gemv import GemvConfig
 from service.engine.fast.kernel_timing import graph_us
 from service.engine.fast.linear import Linear, dequantize, linear
 
@@ -274,6 +275,39 @@ def rows_sweep(
     return results
 
 
+# The one-row kernel's block sizes tried by ``--gemv-sweep`` (block_n, block_k, warps, stages).
+GEMV_SWEEP = [
+    GemvConfig(*sizes)
+    for sizes in (
+        (2, 1024, 4, 2), (4, 1024, 4, 2), (8, 1024, 4, 2), (8, 512, 4, 2), (16, 512, 4, 2),
+        (16, 1024, 8, 2), (4, 2048, 8, 2), (32, 256, 4, 2),
+    )
+]  # fmt: skip
+
+
+def gemv_sweep(
+    formats: dict[str, _Format], device: torch.device, dtype: torch.dtype, repeat: int
+) -> dict[str, Any]:
+    """Per format (``nf4-gemv``, ``int8-gemv``), per projection of the layer (the gate/up one
+    with its SwiGLU, as a lone request's step runs it), per block sizes of the one-row kernel:
+    microseconds in a CUDA graph (a size that fails is reported so)."""
+    results: dict[str, Any] = {}
+    for kind in ("nf4-gemv", "int8-gemv"):
+        measured: dict[str, Any] = {}
+        for (name, inputs, _), held in zip(SHAPES, formats[kind].weights, strict=True):
+            x = torch.randn(1, inputs, dtype=dtype, device=device)
+            for config in GEMV_SWEEP:
+                label = f"{name}-{config.block_n}-{config.block_k}-w{config.warps}"
+                gated = name == "gate_up"
+                call = partial(quant_gemv.one_row, x, held[0], gated=gated, config=config)
+                try:
+                    measured[label] = graph_us(call, repeat, device)
+                except Exception as failure:  # one size failing leaves the others measured
+                    measured[f"{label}_failed"] = str(failure)[:200]
+        results[kind] = measured
+    return results
+
+
 def _dequantized_product(x: torch.Tensor, p: Linear) -> torch.Tensor:
     """The weight dequantized whole by the engine's kernel, then cuBLAS (a prefill's path)."""
     return torch.nn.functional.linear(x, quant_gemv.dequantized(p, x.dtype))
@@ -321,6 +355,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--sweep-formats", default="nf4-rows,int8-rows", help="the formats --rows-sweep times"
     )
+    parser.add_argument(
+        "--gemv-sweep", action="store_true", help="also the one-row kernel's block sizes (GPU)"
+    )
     parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.smoke else "cuda")
@@ -338,6 +375,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             report["rows_sweep_us"] = rows_sweep(
                 formats, wide, device, dtype, 10, args.sweep_formats.split(",")
             )
+        if args.gemv_sweep and not args.smoke:
+            report["gemv_sweep_us"] = gemv_sweep(formats, device, dtype, args.repeat)
     write(report, args.report)
     return report
 

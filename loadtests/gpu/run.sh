@@ -21,7 +21,7 @@
 # kernels (loadtests.kernels: decode attention and one-row projections alone, in CUDA graphs;
 # KERNEL_ARGS=--gemv-sweep adds every block size of the one-row kernel); quant-kernels
 # (loadtests.quant_kernels: one layer's products in bf16, nf4, int8, int4 by tinygemm and by
-# bitsandbytes' own kernels, at 1 to 1,024 rows; QUANT_ARGS="--rows-sweep" adds every tile of the batch kernel).
+# bitsandbytes' own kernels, at 1 to 1,024 rows; QUANT_ARGS="--rows-sweep" adds every tile of the batch kernel, "--gemv-sweep" every block size of the one-row kernel).
 # stream (loadtests.streaming: time to first token and to the full text of a 2,000-word document
 # through POST /translate/stream), replicas (loadtests.replicas: REPLICAS services, one per GPU, behind
 # the shipped nginx and Redis, REQUESTS concurrent clients, a flood of FLOOD at a queue bound of QUEUE,
