@@ -92,17 +92,19 @@ def plan_for(
     return rows, prefill, graphs, compiled, attention
 
 
-# Prefill steps of up to this many tokens run as graphs where nothing else is set: past it a step's
-# kernels outlast its launches from the host.
-PREFILL_GRAPH_TOKENS = 512
+# Where nothing else is set, prefill steps of up to a quarter of the chunk (a 16 or 24 GiB
+# card's 2,048: 512), and never more than this, run as graphs: past it a step's kernels outlast
+# its launches from the host, and a bucket's activations stay held in the graphs' pool.
+PREFILL_GRAPH_TOKENS = 2048
 
 
 def prefill_graph_tokens_for(setting: int | None, graphs: bool, flash: bool, chunk: int) -> int:
-    """The largest prefill step run as a CUDA graph: as set, else ``PREFILL_GRAPH_TOKENS`` where
-    the decode steps are graphs and the prefill takes the flash kernel (attention split on the
-    host, elsewhere, cannot be captured); never more than the prefill chunk."""
+    """The largest prefill step run as a CUDA graph: as set, else a quarter of the prefill chunk
+    (at most ``PREFILL_GRAPH_TOKENS``) where the decode steps are graphs and the prefill takes
+    the flash kernel (attention split on the host, elsewhere, cannot be captured); never more
+    than the chunk."""
     if setting is None:
-        setting = PREFILL_GRAPH_TOKENS if graphs and flash else 0
+        setting = min(PREFILL_GRAPH_TOKENS, chunk // 4) if graphs and flash else 0
     return min(setting, chunk)
 
 

@@ -195,10 +195,11 @@ class Bucket:
 
 def prefill_buckets(largest: int) -> list[Bucket]:
     """The captured shapes for prefill steps of up to ``largest`` tokens: powers of two from
-    16, room for a prompt of 8 tokens on average, keys and copies four times the tokens."""
+    16, room for a prompt of 8 tokens on average up to 128 prompts (every one of them costs a
+    row of the output layer at every replay), keys and copies four times the tokens."""
     buckets, tokens = [], 16
     while tokens <= largest:
-        last = max(16, tokens // 8)
+        last = min(128, max(16, tokens // 8))
         buckets.append(Bucket(tokens, last, 4 * tokens, last, 4 * tokens))
         tokens *= 2
     return buckets
