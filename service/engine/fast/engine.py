@@ -93,6 +93,13 @@ class FastEngine(LoadedEngine):
                 "prefix_cache_tokens": 0 if prefixes is None else prefixes.capacity * PREFIX_BLOCK,
                 "memory_budget_gib": config.fast.memory_gib,
                 "step_ms": {b: round(1000 * t, 3) for b, t in self._step_seconds.items()},
+                # The most the allocator held so far (graphs captured, every step shape run
+                # once): what a budget's workspace estimate is checked against.
+                "peak_gib": {
+                    kind.removeprefix("peak_"): round(value / 2**30, 3)
+                    for kind, value in self.memory_bytes().items()
+                    if kind.startswith("peak_")
+                },
             },
         )
         self._thread = threading.Thread(target=self._loop, name="fast-engine", daemon=True)
