@@ -170,3 +170,15 @@ def test_rows_the_operator_set_are_kept_or_refused(monkeypatch: pytest.MonkeyPat
     # Not even the fewest rows fit: a start error that says what to change.
     with pytest.raises(RuntimeError, match="HYMT_FAST_NUM_PAGES"):
         _fit(monkeypatch, 3 * GIB, 1024)
+
+
+def test_a_small_engine_sets_aside_a_small_full_sort() -> None:
+    # The full sort's buffers are for a mode few requests ask for: an engine of 128 rows (a 16
+    # GiB card's) sorts 16 at a time and sets aside an eighth of what sorting 128 would hold
+    # (1.39 GiB of the 16 at a 120k vocabulary before).
+    def sorted_part(rows: int) -> int:
+        logits = rows * GEOMETRY.vocab * SAMPLING_BYTES_PER_LOGIT
+        return workspace_bytes(GEOMETRY, rows, 0) - logits
+
+    assert sorted_part(128) == 16 * GEOMETRY.vocab * FULL_SORT_BYTES_PER_LOGIT
+    assert sorted_part(1024) == 128 * GEOMETRY.vocab * FULL_SORT_BYTES_PER_LOGIT

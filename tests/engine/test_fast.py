@@ -47,6 +47,7 @@ from service.engine.fast.sampler import (
     FULL_SORT_ROWS,
     RowSampling,
     first_argmax,
+    full_sort_rows,
     race_noise,
     sample,
     sample_rows,
@@ -466,12 +467,16 @@ def test_sampling_semantics() -> None:
     rows=st.integers(1, 3 * FULL_SORT_ROWS + 7),
     seed=st.integers(0, 2**31 - 1),
     full=st.booleans(),
+    engine_rows=st.sampled_from([1, 128, 256, 1024, 4096]),
 )
 def test_sampling_a_slice_of_rows_at_a_time_draws_what_one_pass_draws(
-    rows: int, seed: int, full: bool
+    rows: int, seed: int, full: bool, engine_rows: int
 ) -> None:
-    # The full sort runs FULL_SORT_ROWS rows at a time to bound its buffers: with the same
-    # draws, each row's token is the one a single pass over every row picks.
+    # The full sort runs a slice of rows at a time to bound its buffers (an eighth of the
+    # engine's rows, 16 to FULL_SORT_ROWS): with the same draws, each row's token is the one a
+    # single pass over every row picks.
+    at_once = full_sort_rows(engine_rows)
+    assert 16 <= at_once <= FULL_SORT_ROWS
     generator = torch.Generator().manual_seed(seed)
     vocab = 50
     logits = torch.randn(rows, vocab, generator=generator) * 3
@@ -485,7 +490,7 @@ def test_sampling_a_slice_of_rows_at_a_time_draws_what_one_pass_draws(
     )
     torch.manual_seed(seed)
     noise = race_noise(rows, vocab, full, logits.device)
-    sliced = sample_rows(logits, params, full, noise)
+    sliced = sample_rows(logits, params, full, noise, at_once)
     assert torch.equal(sliced, sample(logits, params, full, noise))
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from service.engine.fast.pages import pages_for
-from service.engine.fast.sampler import FULL_SORT_ROWS
+from service.engine.fast.sampler import full_sort_rows
 from service.engine.fast.transfer import to_device
 from service.engine.fast.weights import Geometry
 
@@ -38,7 +38,7 @@ def page_bytes(geometry: Geometry, layers: int, page_size: int, dtype: torch.dty
 # reuse.
 SAMPLING_BYTES_PER_LOGIT = 40
 # Bytes per logit of the full sort (a request with no top-k), for the rows it sorts at once
-# (``sampler.FULL_SORT_ROWS``): the penalized and scaled copies, the sorted values and their
+# (``sampler.full_sort_rows``): the penalized and scaled copies, the sorted values and their
 # int64 order, the masked probabilities, their cumulative sum, the race's noise and draws (48
 # bytes), and as much again for the same reason.
 FULL_SORT_BYTES_PER_LOGIT = 96
@@ -56,7 +56,7 @@ def workspace_bytes(
     takes its share, so that a device with little free memory (a second copy of the weights, a
     neighbour on the GPU) still captures its largest graph instead of running out of memory."""
     sampling = rows * geometry.vocab * SAMPLING_BYTES_PER_LOGIT
-    sorted_rows = min(rows, FULL_SORT_ROWS)
+    sorted_rows = min(rows, full_sort_rows(rows))
     sampling += sorted_rows * geometry.vocab * FULL_SORT_BYTES_PER_LOGIT
     width = max(geometry.hidden, geometry.intermediate)
     prefill = prefill_tokens * width * PREFILL_BYTES_PER_HIDDEN

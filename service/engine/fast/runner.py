@@ -56,7 +56,7 @@ from service.engine.fast.plan import (
 )
 from service.engine.fast.prefill import Piece, layout, pack
 from service.engine.fast.prefill_graphs import capture
-from service.engine.fast.sampler import RowSampling, race_noise, sample_rows
+from service.engine.fast.sampler import RowSampling, full_sort_rows, race_noise, sample_rows
 from service.engine.fast.scheduler import Chunk, DecodePlan, Joined, PageOwners, Retired
 from service.engine.fast.sequence import Sequence
 from service.engine.fast.transfer import to_device
@@ -320,7 +320,7 @@ class ModelRunner:
             seen=seen,
         )
         full = any(p.full_sort for p in params)
-        return sample_rows(logits, rows, full)
+        return sample_rows(logits, rows, full, at_once=full_sort_rows(self.rows.rows))
 
     def join(self, joined: Joined) -> None:
         """Write the rows of the requests that joined, and forget the pages of those that
@@ -440,7 +440,8 @@ class ModelRunner:
         """Logits, the sampler and the chosen tokens written back into the rows: compiled with
         the engine, some sixty small eager kernels become a few fused ones."""
         rows = self.rows
-        tokens = sample_rows(self.model.logits(hidden), rows.rows_of(batch), full, noise)
+        at_once = full_sort_rows(rows.rows)
+        tokens = sample_rows(self.model.logits(hidden), rows.rows_of(batch), full, noise, at_once)
         rows.sampled[:batch] = tokens
         rows.tokens[:batch] = tokens
         rows.sampling.seen[:batch].scatter_(1, tokens[:, None], True)

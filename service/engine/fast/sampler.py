@@ -11,7 +11,7 @@ The draw is the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``), which 
 with probability ``p_i`` without a host-side multinomial. Sorting the whole vocabulary for every
 row costs more than the rest of a small step, so where every sampled row's top-k is at most
 ``TOP_K_CAP`` only the top ``TOP_K_CAP`` logits are sorted (``torch.topk``); rows without a
-top-k (or a larger one) use the full sort, ``FULL_SORT_ROWS`` rows at a time (``sample_rows``):
+top-k (or a larger one) use the full sort, ``full_sort_rows`` rows at a time (``sample_rows``):
 its buffers (values, order, probabilities and their sums over the whole vocabulary) are a few
 times the logits', and a wide batch sorted at once would need gigabytes set aside for a mode few
 requests ask for.
@@ -25,8 +25,16 @@ import torch
 
 from service.engine.fast.sequence import TOP_K_CAP
 
-# Rows sorted at once by the full sort.
+# Rows sorted at once by the full sort: an eighth of the decode rows, at least 16, at most this
+# (``full_sort_rows``). Its buffers are set aside out of the KV cache's memory for a mode few
+# requests ask for: at 128 rows over a 128,256-token vocabulary, sorting all of them at once
+# would hold 1.58 GB of a 16 GiB card.
 FULL_SORT_ROWS = 128
+
+
+def full_sort_rows(rows: int) -> int:
+    """Rows the full sort takes at once in an engine of ``rows`` decode rows."""
+    return min(FULL_SORT_ROWS, max(16, rows // 8))
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,16 +76,20 @@ def race_noise(rows: int, vocab: int, full_sort: bool, device: torch.device) -> 
 
 
 def sample_rows(
-    logits: torch.Tensor, rows: RowSampling, full_sort: bool, noise: torch.Tensor | None = None
+    logits: torch.Tensor,
+    rows: RowSampling,
+    full_sort: bool,
+    noise: torch.Tensor | None = None,
+    at_once: int = FULL_SORT_ROWS,
 ) -> torch.Tensor:
-    """``sample`` of every row; with ``full_sort``, ``FULL_SORT_ROWS`` rows at a time (each
-    slice draws its own noise where none is given)."""
+    """``sample`` of every row; with ``full_sort``, ``at_once`` rows at a time (each slice
+    draws its own noise where none is given)."""
     count = logits.shape[0]
-    if not full_sort or count <= FULL_SORT_ROWS:
+    if not full_sort or count <= at_once:
         return sample(logits, rows, full_sort, noise)
     parts = []
-    for start in range(0, count, FULL_SORT_ROWS):
-        end = min(start + FULL_SORT_ROWS, count)
+    for start in range(0, count, at_once):
+        end = min(start + at_once, count)
         part_noise = None if noise is None else noise[start:end]
         parts.append(sample(logits[start:end], rows.slice(start, end), True, part_noise))
     return torch.cat(parts)
