@@ -76,4 +76,6 @@ def test_small_prefill_steps_are_captured_where_the_decode_is_and_the_flash_kern
     assert prefill_graph_tokens_for(None, graphs=True, flash=False, chunk=8192) == 0
     assert prefill_graph_tokens_for(None, graphs=False, flash=True, chunk=8192) == 0
     assert prefill_graph_tokens_for(0, graphs=True, flash=True, chunk=8192) == 0
-    assert prefill_graph_tokens_for(64, graphs=False, flash=False, chunk=8192) == 64
+    assert prefill_graph_tokens_for(64, graphs=False, flash=False, chunk=8192, cuda=False) == 64
+    with pytest.raises(RuntimeError, match="needs the flash prefill kernel"):
+        prefill_graph_tokens_for(64, graphs=True, flash=False, chunk=8192, cuda=True)

@@ -164,7 +164,7 @@ class ModelRunner:
             self._compile_prefill(prefill, pages)
         flash = choices.capability.flash_prefill(loaded.dtype)
         graph_tokens = prefill_graph_tokens_for(
-            fast.prefill_graph_tokens, choices.graphs, flash, prefill
+            fast.prefill_graph_tokens, choices.graphs, flash, prefill, self.device.type == "cuda"
         )
         self._prefill_graphs = capture(
             self.model.prefill, graph_tokens, self.device, fast.prefill_graph_tokens is not None
@@ -522,6 +522,7 @@ def _size(
             choices.graphs,
             choices.capability.flash_prefill(loaded.dtype),
             choices.prefill,
+            loaded.device.type == "cuda",
         ),
     )
     return fitted.rows, fitted.pages, fitted.prefill_tokens
