@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from service.config.engine import EngineSettings
-from service.engine.fast import quant_gemv
+from service.engine.fast import prefill_graphs, quant_gemv
 from service.engine.fast.plan import plan_for, prefill_graph_tokens_for
 from service.engine.fast.runner import prefill_warmups
 
@@ -79,3 +79,18 @@ def test_small_prefill_steps_are_captured_where_the_decode_is_and_the_flash_kern
     assert prefill_graph_tokens_for(64, graphs=False, flash=False, chunk=8192, cuda=False) == 64
     with pytest.raises(RuntimeError, match="needs the flash prefill kernel"):
         prefill_graph_tokens_for(64, graphs=True, flash=False, chunk=8192, cuda=True)
+
+
+def test_a_failed_prefill_capture_costs_speed_never_the_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refused(*args: object) -> None:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(prefill_graphs, "PrefillGraphs", refused)
+    with caplog.at_level(logging.WARNING, logger="service.engine.fast.prefill_graphs"):
+        assert prefill_graphs.capture(lambda packed: packed.tokens, 64, CUDA, False) is None
+    assert "prefill graphs off: the capture failed" in caplog.messages
+    with pytest.raises(RuntimeError, match="capturing"):  # the operator asked for them
+        prefill_graphs.capture(lambda packed: packed.tokens, 64, CUDA, True)
+    assert prefill_graphs.capture(lambda packed: packed.tokens, 8, CUDA, True) is None  # no bucket
