@@ -71,7 +71,7 @@ class EngineSettings(Section):
         le=4096,
         alias="fast_max_rows",
         description="Most requests decoding at once (unset: 1,024 on CUDA, halved until the KV "
-        "cache holds a page per row, after the prefill chunk; 64 elsewhere); more wait inside "
+        "cache holds 128 tokens a row, after the prefill chunk; 64 elsewhere); more wait inside "
         "the engine.",
     )
     prefill_tokens: int | None = Field(
@@ -80,7 +80,7 @@ class EngineSettings(Section):
         alias="fast_prefill_tokens",
         description="Most prompt tokens per prefill step; a longer prompt is prefilled in "
         "chunks between decode steps (unset: 8,192 on CUDA, halved down to 2,048 before the "
-        "rows are where the KV cache would not hold a page per row; 512 elsewhere).",
+        "rows are where the KV cache would not hold 128 tokens a row; 512 elsewhere).",
     )
     prefill_graph_tokens: int | None = Field(
         None,

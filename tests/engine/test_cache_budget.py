@@ -12,6 +12,7 @@ from service.engine.fast.cache import (
     FULL_SORT_BYTES_PER_LOGIT,
     MIN_FITTED_PREFILL,
     PAGE_QUANTUM,
+    ROW_TOKENS,
     SAMPLING_BYTES_PER_LOGIT,
     Fitted,
     budget_pages,
@@ -121,12 +122,14 @@ def _fitted(
     given: bool = False,
     prefill: int = 8192,
     prefill_given: bool = True,
+    page_size: int = 128,
 ) -> Fitted:
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * GIB))
     cuda = torch.device("cuda")
     return fit_rows_and_pages(
-        GEOMETRY, 32, 128, torch.bfloat16, cuda, 0.85, rows, prefill, given, None, prefill_given
-    )
+        GEOMETRY, 32, page_size, torch.bfloat16, cuda, 0.85, rows, prefill, given, None,
+        prefill_given,
+    )  # fmt: skip
 
 
 def _fit(
@@ -182,3 +185,16 @@ def test_a_small_engine_sets_aside_a_small_full_sort() -> None:
 
     assert sorted_part(128) == 16 * GEOMETRY.vocab * FULL_SORT_BYTES_PER_LOGIT
     assert sorted_part(1024) == 128 * GEOMETRY.vocab * FULL_SORT_BYTES_PER_LOGIT
+
+
+@pytest.mark.parametrize("page_size", [16, 32, 64, 128])
+def test_smaller_pages_buy_no_rows_the_cache_cannot_fill(
+    monkeypatch: pytest.MonkeyPatch, page_size: int
+) -> None:
+    # Rows are fitted to cache tokens, not pages: with pages of 16 a page per row passed for
+    # 1,024 rows of 16 tokens each, whose sampling workspace then took the cache's memory
+    # (at a 16 GiB card's 6.45 GiB left, pages of 16 held 79 translations against 123).
+    fitted = _fitted(monkeypatch, 9 * GIB, 1024, prefill_given=False, page_size=page_size)
+    assert fitted.pages * page_size >= fitted.rows * ROW_TOKENS
+    widest = _fitted(monkeypatch, 9 * GIB, 1024, prefill_given=False)
+    assert fitted.rows <= widest.rows

@@ -115,6 +115,10 @@ def budget_pages(
     return max(2, pages)
 
 
+# Cache tokens a decode row must have for the rows to fill: a short translation's prompt and
+# output (the load generator's mix averages about 190). Counted in tokens, not pages, so that
+# smaller pages do not buy rows whose workspace the cache then pays for.
+ROW_TOKENS = 128
 # The fewest decode rows the engine shrinks to before it gives up on a device.
 MIN_FITTED_ROWS = 16
 # The smallest prefill chunk the engine shrinks to, before it takes rows away: a step's prompt
@@ -147,10 +151,11 @@ def fit_rows_and_pages(
 ) -> Fitted:
     """Decode rows, KV-cache pages and the prefill chunk for this device: ``budget_pages`` with
     the workspace of ``rows`` rows and a ``prefill_tokens`` chunk reserved. Where that leaves
-    fewer pages than rows (a batch that could never fill: a 16 or 24 GB card, or weights that
-    nearly fill the GPU, as Hy-MT2-30B-A3B's 60 GB do an 80 GB one), the prefill chunk is halved
-    down to ``MIN_FITTED_PREFILL``, then the rows, unless the operator set them (``rows_given``,
-    ``prefill_given``: their own figures are kept, and the error says what to change)."""
+    fewer than ``ROW_TOKENS`` cache tokens a row (a batch that could never fill: a 16 or 24 GB
+    card, or weights that nearly fill the GPU, as Hy-MT2-30B-A3B's 60 GB do an 80 GB one), the
+    prefill chunk is halved down to ``MIN_FITTED_PREFILL``, then the rows, unless the operator
+    set them (``rows_given``, ``prefill_given``: their own figures are kept, and the error says
+    what to change)."""
     fitted, chunk = rows, prefill_tokens
     while True:
         reserved = workspace_bytes(geometry, fitted, chunk, min(graph_tokens, chunk))
@@ -160,7 +165,7 @@ def fit_rows_and_pages(
         pages = budget_pages(
             geometry, layers, page_size, dtype, device, memory_fraction, reserved, most, left
         )
-        if pages >= fitted:
+        if pages * page_size >= fitted * ROW_TOKENS:
             if (fitted, chunk) != (rows, prefill_tokens):
                 log.warning(
                     "decode rows or prefill chunk lowered to fit the KV cache",
