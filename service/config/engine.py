@@ -89,7 +89,7 @@ class EngineSettings(Section):
         alias="fast_prefill_graph_tokens",
         description="Prefill steps of up to this many tokens run as CUDA graphs, one per "
         "power of two from 16: one launch instead of every layer's operations from the host, "
-        "which set a small batch's pace (unset: a quarter of the prefill chunk, at most 2,048, "
+        "which set a small batch's pace (unset: a quarter of the prefill chunk, at most 512, "
         "where the decode steps are graphs and the prefill takes the flash kernel; 0: never). "
         "Set on a CPU, the same shapes run uncaptured.",
     )

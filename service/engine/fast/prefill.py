@@ -195,12 +195,14 @@ class Bucket:
 
 def prefill_buckets(largest: int) -> list[Bucket]:
     """The captured shapes for prefill steps of up to ``largest`` tokens: powers of two from
-    16, room for a prompt of 8 tokens on average up to 128 prompts (every one of them costs a
-    row of the output layer at every replay), keys and copies four times the tokens."""
+    16; 16 sequences, 32 from 512 tokens (the flash kernel's grid is a block per 128 queries
+    of the longest sequence, the padding's, for every sequence and head: empty ones cost a
+    block's start each, and every prompt costs a row of the output layer at every replay);
+    keys and copies four times the tokens."""
     buckets, tokens = [], 16
     while tokens <= largest:
-        last = min(128, max(16, tokens // 8))
-        buckets.append(Bucket(tokens, last, 4 * tokens, last, 4 * tokens))
+        sequences = min(32, max(16, tokens // 16))
+        buckets.append(Bucket(tokens, sequences, 4 * tokens, sequences, 4 * tokens))
         tokens *= 2
     return buckets
 
