@@ -193,18 +193,23 @@ class Bucket:
         )
 
 
+# The captured prefill steps' token counts: a step is padded to the next one, so past 64 they
+# are 64 apart (a step of 385 tokens computes 63 more, not 127).
+_TOKEN_BUCKETS = (16, 32, 64, 128, 192, 256, 320, 384, 448, 512)
+
+
 def prefill_buckets(largest: int) -> list[Bucket]:
-    """The captured shapes for prefill steps of up to ``largest`` tokens: powers of two from
-    16; 16 sequences, 32 from 512 tokens (the flash kernel's grid is a block per 128 queries
-    of the longest sequence, the padding's, for every sequence and head: empty ones cost a
-    block's start each, and every prompt costs a row of the output layer at every replay);
-    keys and copies four times the tokens."""
-    buckets, tokens = [], 16
-    while tokens <= largest:
-        sequences = min(32, max(16, tokens // 16))
-        buckets.append(Bucket(tokens, sequences, 4 * tokens, sequences, 4 * tokens))
-        tokens *= 2
-    return buckets
+    """The captured shapes for prefill steps of up to ``largest`` tokens: 16 sequences, 32 from
+    512 tokens (the flash kernel's grid is a block per 128 queries of the longest sequence, the
+    padding's, for every sequence and head: empty ones cost a block's start each, and every
+    prompt costs a row of the output layer at every replay); keys and copies four times the
+    tokens."""
+    return [
+        Bucket(tokens, sequences, 4 * tokens, sequences, 4 * tokens)
+        for tokens in _TOKEN_BUCKETS
+        if tokens <= largest
+        for sequences in (min(32, max(16, tokens // 16)),)
+    ]
 
 
 def layout(pieces: Sequence[Piece], page_size: int) -> HostPrefill:

@@ -45,6 +45,7 @@ from service.engine.fast.forward import Transformer, passes_norm_sums
 from service.engine.fast.graphs import DecodeGraphs, buckets_up_to
 from service.engine.fast.pages import pages_for
 from service.engine.fast.plan import (
+    PREFILL_GRAPHS_BELOW_ROWS,
     Plan,
     flex_in_graphs,
     fold_norms_for,
@@ -166,6 +167,7 @@ class ModelRunner:
         graph_tokens = prefill_graph_tokens_for(
             fast.prefill_graph_tokens, choices.graphs, flash, prefill, self.device.type == "cuda"
         )
+        self._decoding = 0  # rows of the decode step launched last
         self._prefill_graphs = capture(
             self.model.prefill, graph_tokens, self.device, fast.prefill_graph_tokens is not None
         )
@@ -268,6 +270,8 @@ class ModelRunner:
         started = self.clock.start()
         step = layout(pieces, self.page_size)
         graphs = self._prefill_graphs
+        if self._decoding >= PREFILL_GRAPHS_BELOW_ROWS:
+            graphs = None
         bucket = graphs.bucket_for(step) if graphs is not None else None
         if graphs is not None and bucket is not None:
             logits = graphs.run(step, bucket)
@@ -364,6 +368,7 @@ class ModelRunner:
             self.rows.set_pages(grown.rows, grown.logical, grown.pages)
             self._own(grown)
         started = self.clock.start()
+        self._decoding = n
         self._step(n, plan.full_sort, plan.longest)
         self.clock.stop(started, self._bucket(n))
         buffer = self._host_tokens[self._flip]
