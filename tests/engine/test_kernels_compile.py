@@ -153,7 +153,7 @@ def test_the_bitsandbytes_kernels_compile(kind: str, caught: Callable[[Any, str]
     x = torch.randn(1, 512, dtype=BF16)
     quant_gemv.one_row(x, p)
     quant_gemv.one_row(x, p, gated=True, residual=torch.randn(1, 64, dtype=BF16))
-    for rows in (2, 40, 300):  # each tile configuration
+    for rows in (2, 20, 40, 300):  # each tile configuration
         quant_gemv.rows(torch.randn(rows, 512, dtype=BF16), p)
     _compiles(one)
     _compiles(batch, full=True)  # the tiles' shared memory, the tensor cores' layouts
