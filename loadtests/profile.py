@@ -281,6 +281,8 @@ def _step_loop(before: StepTimes, after: StepTimes, wall_s: float) -> dict[str, 
         "loop_share_of_wall": round(total / wall_s, 3) if wall_s else 0.0,
         "mean_decode_rows": round(delta("decode_rows") / decodes, 1) if decodes else 0.0,
         "prefill_steps": prefills,
+        # Of those, replayed as a captured graph (the engine's small prefill steps).
+        "graph_prefill_steps": int(delta("graph_prefills")),
         "prefill_tokens_per_prefill": (
             round(delta("prefill_tokens") / prefills, 1) if prefills else 0.0
         ),

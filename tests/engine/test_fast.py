@@ -706,5 +706,6 @@ async def test_prefill_steps_in_fixed_shapes_equal_generate(
         assert engine.scheduler.prefixes is not None
         assert engine.scheduler.prefixes.reused_tokens > 0
         assert graphs.steps > 0
+        assert engine.step_times().graph_prefills == graphs.steps
     finally:
         engine.close()

@@ -160,6 +160,7 @@ class FastEngine(LoadedEngine):
             device_prefill_s=device.prefill_s,
             device_decode_s=device.decode_s,
             device_decode_by_bucket=dict(device.decode_by_bucket),
+            graph_prefills=self.runner.graph_prefills,
         )
 
     def steps(self) -> int | None:

@@ -293,6 +293,11 @@ class ModelRunner:
         self.clock.stop(started)
         return Firsts(host, ready)
 
+    @property
+    def graph_prefills(self) -> int:
+        """Prefill steps replayed as a captured graph so far."""
+        return 0 if self._prefill_graphs is None else self._prefill_graphs.steps
+
     def firsts(self, pending: Firsts) -> list[int]:
         """The first tokens a prefill chose, in order (waits for that prefill)."""
         if pending.tokens is None:

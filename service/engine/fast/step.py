@@ -99,6 +99,8 @@ class StepTimes:
     prefill_tokens: int = 0
     # Prompt tokens whose keys and values came from kept prefixes instead (not in the above).
     reused_tokens: int = 0
+    # Prefill steps replayed as a captured graph (``prefill_graphs.py``), of ``prefills``.
+    graph_prefills: int = 0
     decode_rows: int = 0
     device_prefill_s: float = 0.0
     device_decode_s: float = 0.0
