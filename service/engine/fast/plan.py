@@ -100,8 +100,8 @@ PREFILL_GRAPH_TOKENS = 512
 
 
 # A prefill step replays its graph only while the decode batch is smaller than this: a wider
-# decode step (13 ms at 512 rows of the 7B on an H100) outlasts the host's launching of the
-# next prefill, which then costs the device nothing, while a bucket's padding would.
+# decode step outlasts the host's launching of the next prefill, which then costs the device
+# nothing, while a bucket's padding would (docs/benchmarks.md, runs 69-73).
 PREFILL_GRAPHS_BELOW_ROWS = 512
 
 

@@ -45,9 +45,8 @@ def _weights(  # type: ignore[no-untyped-def]
         high = tl.load(code_ptr + (packed >> 4).to(tl.int32))
         low = tl.load(code_ptr + (packed & 15).to(tl.int32))
         codes = tl.reshape(tl.join(high, low), (rows.shape[0], block_k))
-        # One maximum per block of inputs, loaded once and spread over its block (a load per
-        # weight, several with the nested maxima, made the 4-bit kernels ten times slower than
-        # int8 ones on an H100).
+        # One maximum per block of inputs, loaded once and spread over its block: a load per
+        # weight (several with the nested maxima) costs more than the weight's own bytes.
         blocks = start // block + tl.arange(0, block_k // block)
         block_ok = row_ok[:, None] & (blocks < inputs // block)[None, :]
         at = rows.to(tl.int64)[:, None] * stride_m + blocks[None, :]

@@ -282,9 +282,9 @@ class Admission:
         if position <= self._capacity:
             # A free decode row for every text: it starts now, and is answered after one
             # generation at the batch it joins (this process's share, times the processes).
-            # On a fast engine that is far inside any deadline; on a slow one (float32, or a
-            # 4-bit engine of 256 rows at 0.57 s a step) a full batch outlasts it, and the
-            # texts admitted past what finishes in time would end as 504s.
+            # On a fast engine that is far inside any deadline; on a slow one (float32, or
+            # slow kernels) a full batch outlasts it, and the texts admitted past what
+            # finishes in time would end as 504s.
             return self._generation_s(min(position * self._processes, self._engine_capacity))
         self._advance(now)
         rate = self._measured_rate()
