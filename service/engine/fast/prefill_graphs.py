@@ -2,10 +2,10 @@
 
 A prefill launches every layer's operations from the host one at a time. Where the decode step
 is short (a small card's batch) the host's launching, not the device, sets the pace of the whole
-step loop; a captured step is one launch. A step of up to the
-largest bucket's tokens is laid out in the smallest bucket it fits (``HostPrefill.padded``),
-copied in with one host-to-device copy and replayed; a step that fits none (more tokens,
-sequences, keys, logits' rows or copies) takes the uncaptured prefill.
+step loop; a captured step is one launch. A step of up to the largest bucket's tokens is laid
+out in the smallest bucket it fits (``HostPrefill.padded``), copied in with one host-to-device
+copy and replayed; a step that fits none (more tokens, sequences, keys, logits' rows or copies)
+takes the uncaptured prefill.
 
 The graphs share a memory pool of their own, apart from the decode graphs': a prefill's logits
 are read by the first tokens' sampling, launched right after the replay, and no decode replay
