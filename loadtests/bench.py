@@ -100,7 +100,7 @@ def metric(url: str, name: str) -> float | None:
     return value_of(httpx.get(f"{url}/metrics", timeout=10, trust_env=False).text, name)
 
 
-def memory_by_kind(url: str) -> dict[str, float]:
+def gpu_memory(url: str) -> dict[str, float]:
     """The service's ``hymt_gpu_memory_bytes`` by kind (allocated, reserved, their peaks, the
     KV cache): where an operator's memory budget went."""
     text = httpx.get(f"{url}/metrics", timeout=10, trust_env=False).text
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         )  # fmt: skip
         result["lone"] = asdict(lone)
         result["gpu_memory_allocated_bytes"] = metric(url, "hymt_gpu_memory_bytes")
-        result["gpu_memory_bytes"] = memory_by_kind(url)
+        result["gpu_memory_bytes"] = gpu_memory(url)
         save()
         if args.flood_requests:
             before = stalls(url)

@@ -49,7 +49,7 @@ def test_a_step_padded_into_its_bucket_is_the_step_then_padding(pieces: list[Pie
     assert not any(step.fits(b) for b in buckets if b.tokens < bucket.tokens)
     flat = step.padded(bucket)
     assert flat.shape == (bucket.size,)
-    parts = dict(zip(bucket.fields, np.split(flat, np.cumsum(bucket.lengths)[:-1]), strict=True))
+    parts = {name: flat[span] for name, span in bucket.spans.items()}
     padding = bucket.tokens - tokens
     # The real step, unchanged, first.
     for name in ("tokens", "positions", "slots"):

@@ -115,9 +115,7 @@ class HostPrefill:
         real, keys = len(self.tokens), len(self.key_slots)
         padding = bucket.tokens - real
         flat = np.zeros(bucket.size, dtype=np.int64)
-        views = dict(
-            zip(bucket.fields, np.split(flat, np.cumsum(bucket.lengths)[:-1]), strict=True)
-        )
+        views = {name: flat[span] for name, span in bucket.spans.items()}
         views["tokens"][:real] = self.tokens
         views["positions"][:real] = self.positions
         views["slots"][:real] = self.slots
@@ -161,13 +159,20 @@ class Bucket:
     )  # fmt: skip
 
     @property
-    def lengths(self) -> tuple[int, ...]:
+    def spans(self) -> dict[str, slice]:
+        """Where each of ``fields`` lies in the one array of a step of these shapes."""
         t, cu = self.tokens, self.sequences + 2
-        return (t, t, t, cu, cu, self.keys, self.last, self.copies, self.copies)
+        lengths = (t, t, t, cu, cu, self.keys, self.last, self.copies, self.copies)
+        ends = np.cumsum(lengths).tolist()
+        return {
+            name: slice(end - length, end)
+            for name, length, end in zip(self.fields, lengths, ends, strict=True)
+        }
 
     @property
     def size(self) -> int:
-        return sum(self.lengths)
+        stop: int = self.spans[self.fields[-1]].stop
+        return stop
 
     def packed(
         self, flat: torch.Tensor, host_starts: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
@@ -176,7 +181,7 @@ class Bucket:
         layout, on the device): views, so that a captured step reads whatever is copied in
         (``host_starts``: the sequences' bounds for attention that splits them on the host,
         never a captured step's)."""
-        views = dict(zip(self.fields, torch.split(flat, list(self.lengths)), strict=True))
+        views = {name: flat[span] for name, span in self.spans.items()}
         return PackedPrefill(
             tokens=views["tokens"],
             positions=views["positions"],

@@ -100,8 +100,8 @@ class PrefillGraphs:
             self._graphs[bucket].replay()
             return self._outputs[bucket][: len(step.last)]
         # Uncaptured (a CPU): the attention there splits the sequences on the host.
-        cu_q, cu_k = np.split(padded[sum(bucket.lengths[:3]) :][: 2 * (bucket.sequences + 2)], 2)
-        starts = (tuple(cu_q.tolist()), tuple(cu_k.tolist()))
+        spans = bucket.spans
+        starts = (tuple(padded[spans["cu_q"]].tolist()), tuple(padded[spans["cu_k"]].tolist()))
         with torch.inference_mode():
             logits = self._prefill(bucket.packed(flat, starts))
         return logits[: len(step.last)]

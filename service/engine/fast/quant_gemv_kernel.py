@@ -166,26 +166,21 @@ def quant_matmul(  # type: ignore[no-untyped-def]
     x_lines = x_ptr + lines.to(tl.int64)[:, None] * stride_x
     acc = tl.zeros([block_m, block_n], dtype=tl.float32)
     for start in range(0, inputs, block_k):
+        cols = start + tl.arange(0, block_k)
+        col_ok = (cols < inputs)[None, :]
+        xs = tl.load(x_lines + cols[None, :], mask=line_ok[:, None] & col_ok, other=0.0)
         if four_bit:
             weights = _weights(
                 w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr,
                 nested_offset_ptr, rows, row_ok, start, inputs, stride_w, stride_m,
                 dtype, four_bit, nested, block, group, block_k,
             )  # fmt: skip
-            cols = start + tl.arange(0, block_k)
-            xs = tl.load(
-                x_lines + cols[None, :], mask=line_ok[:, None] & (cols < inputs)[None, :], other=0.0
-            )
-            acc = tl.dot(xs, tl.trans(weights), acc)
         else:
             # int8 values are exact in 16 bits, and a row's scale is one number: the product
             # over the values, scaled once at the end (no float work per weight).
-            cols = start + tl.arange(0, block_k)
-            col_ok = (cols < inputs)[None, :]
             at_w = w_ptr + rows.to(tl.int64)[:, None] * stride_w + cols[None, :]
-            values = tl.load(at_w, mask=row_ok[:, None] & col_ok, other=0)
-            xs = tl.load(x_lines + cols[None, :], mask=line_ok[:, None] & col_ok, other=0.0)
-            acc = tl.dot(xs, tl.trans(values.to(dtype)), acc)
+            weights = tl.load(at_w, mask=row_ok[:, None] & col_ok, other=0).to(dtype)
+        acc = tl.dot(xs, tl.trans(weights), acc)
     if not four_bit:
         row_max = tl.load(maxima_ptr + rows, mask=row_ok, other=0.0)
         acc = acc * (row_max * 7.874015718698502e-3)[None, :]

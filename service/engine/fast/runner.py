@@ -104,6 +104,10 @@ class _Choices:
     pdl_ready: bool
     fp8: Fp8Checkpoint | None
     capability: Capability
+    # The largest prefill step run as a CUDA graph (``plan.prefill_graph_tokens_for``) before
+    # the chunk is fitted to the device: the fit sets its pool aside, the capture takes no more
+    # than the fitted chunk.
+    prefill_graph_tokens: int
 
 
 class ModelRunner:
@@ -163,13 +167,12 @@ class ModelRunner:
         self._graphs = self._prepare_decode(choices, fast)
         if choices.compiled:
             self._compile_prefill(prefill, pages)
-        flash = choices.capability.flash_prefill(loaded.dtype)
-        graph_tokens = prefill_graph_tokens_for(
-            fast.prefill_graph_tokens, choices.graphs, flash, prefill, self.device.type == "cuda"
-        )
         self._decoding = 0  # rows of the decode step launched last
         self._prefill_graphs = capture(
-            self.model.prefill, graph_tokens, self.device, fast.prefill_graph_tokens is not None
+            self.model.prefill,
+            min(choices.prefill_graph_tokens, prefill),
+            self.device,
+            fast.prefill_graph_tokens is not None,
         )
         self.plan = Plan(
             rows=rows,
@@ -527,13 +530,7 @@ def _size(
         rows_given=fast.max_rows is not None,
         left=left,
         prefill_given=fast.prefill_tokens is not None,
-        graph_tokens=prefill_graph_tokens_for(
-            fast.prefill_graph_tokens,
-            choices.graphs,
-            choices.capability.flash_prefill(loaded.dtype),
-            choices.prefill,
-            loaded.device.type == "cuda",
-        ),
+        graph_tokens=choices.prefill_graph_tokens,
     )
     return fitted.rows, fitted.pages, fitted.prefill_tokens
 
@@ -554,4 +551,9 @@ def _choose(loaded: LoadedModel, config: EngineConfig) -> _Choices:
     capability = Capability.of(device, fast.capability)
     fused_rope = fused_rope_for(fast.fused_rope, loaded.dtype, device)
     ready = pdl_ready(fast.pdl, graphs, capability, fused_rope, attention)
-    return _Choices(rows, prefill, graphs, compiled, attention, fused_rope, ready, fp8, capability)
+    flash = capability.flash_prefill(loaded.dtype)
+    cuda = device.type == "cuda"
+    graph_tokens = prefill_graph_tokens_for(fast.prefill_graph_tokens, graphs, flash, prefill, cuda)
+    return _Choices(
+        rows, prefill, graphs, compiled, attention, fused_rope, ready, fp8, capability, graph_tokens
+    )

@@ -33,15 +33,15 @@ def to_device(
 ) -> torch.Tensor:
     """``values`` as a ``dtype`` tensor on ``device``, copied without a wait."""
     array: np.ndarray = np.asarray(values, dtype=_NUMPY[dtype])
-    host = torch.from_numpy(array)
-    if device.type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
+    return _staged(array, device).to(device, non_blocking=True)
 
 
 def copy_into(target: torch.Tensor, values: np.ndarray) -> None:
     """``values`` (as many as ``target`` holds, of its dtype) into ``target``, without a wait."""
-    host = torch.from_numpy(values)
-    if target.device.type == "cuda":
-        host = host.pin_memory()
-    target.copy_(host, non_blocking=True)
+    target.copy_(_staged(values, target.device), non_blocking=True)
+
+
+def _staged(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """``array`` as a host tensor to copy to ``device`` from: page-locked for a GPU."""
+    host = torch.from_numpy(array)
+    return host.pin_memory() if device.type == "cuda" else host
