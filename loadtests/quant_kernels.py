@@ -18,7 +18,7 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
   slices dequantized straight into the tensor cores' product), which decode batches take on a GPU
   (``nf4`` and ``int8`` above 1 row are the whole-weight dequantization in torch it replaced);
 - ``nf4-dequantized`` and ``int8-dequantized``: the weight dequantized whole by the engine's own
-  kernel, then cuBLAS, which a prefill's chunk of more than ``quant_gemv.DEQUANTIZE_ABOVE``
+  kernel, then cuBLAS, which every batch of 4-bit codes and int8 past ``quant_gemv.INT8_ROWS``
   tokens takes;
 - ``int4-reduction``: the same int4 numbers dequantized inside the engine's compiled one-row
   reduction (the form the engine would take for such a checkpoint at one row).

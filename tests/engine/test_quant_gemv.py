@@ -1,7 +1,8 @@
 """The kernels for bitsandbytes weights (``quant_gemv.py``) in Triton's interpreter: NF4 codes
 with float32 block maxima and with bitsandbytes' 8-bit double quantization of them, and int8
 rows, each equal to the product over ``linear.dequantize``'s weights: one row with the SwiGLU and
-residual epilogues, and batches; and the projections taking them where they run."""
+residual epilogues, and batches; the weight dequantized a slice at a time; and the projections
+taking each kernel (or bitsandbytes' own one-row 4-bit product) where it runs."""
 
 from __future__ import annotations
 
@@ -140,44 +141,98 @@ def test_the_dequantizing_kernel_writes_bitsandbytes_numbers(kind: str) -> None:
     torch.testing.assert_close(dense, _dense(p), rtol=0, atol=0)
 
 
-def test_one_row_of_bitsandbytes_weights_takes_the_kernel_where_it_runs(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # As on a GPU with 16-bit rows: one row takes the one-row kernel (here in the
-    # interpreter), two rows the batch kernel; all compute the same.
-    calls: list[bool] = []
-    batches: list[bool] = []
-    kernel, batch_kernel = quant_gemv.one_row, quant_gemv.rows
+def _bitsandbytes_gemv(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    shape: list[int],
+    maxima: torch.Tensor,
+    table: torch.Tensor,
+    block: int,
+) -> torch.Tensor:
+    """bitsandbytes' GEMV as its own operators define it, on a CPU: its 4-bit dequantization of
+    the same arguments (exact in float32 here), then the product."""
+    assert torch.equal(table, torch.tensor(NF4))
+    weight: torch.Tensor = torch.ops.bitsandbytes.dequantize_4bit.default(
+        codes, maxima, block, "nf4", shape, torch.float32
+    )
+    return x @ weight.T
 
-    def counted(*args: object, **kwargs: object) -> torch.Tensor:
-        calls.append(True)
-        return kernel(*args, **kwargs)  # type: ignore[arg-type]
 
-    def counted_rows(*args: object, **kwargs: object) -> torch.Tensor:
-        batches.append(True)
-        return batch_kernel(*args, **kwargs)  # type: ignore[arg-type]
+def test_each_shape_takes_its_kernel_where_they_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As on a GPU with 16-bit rows: one row of int8 takes the one-row kernel (here in the
+    # interpreter), one row of 4-bit codes bitsandbytes' GEMV with their bytes, maxima and block
+    # as it reads them, a batch of int8 the batch kernel up to INT8_ROWS, every other batch the
+    # weight dequantized; all compute the same.
+    pytest.importorskip("bitsandbytes")
+    taken: list[str] = []
+
+    def counted(name: str) -> None:
+        original = getattr(quant_gemv, name)
+
+        def call(*args: object, **kwargs: object) -> torch.Tensor:
+            taken.append(name)
+            out: torch.Tensor = original(*args, **kwargs)
+            return out
+
+        monkeypatch.setattr(quant_gemv, name, call)
 
     monkeypatch.setattr(quant_gemv, "available", lambda x: True)
-    monkeypatch.setattr(quant_gemv, "one_row", counted)
-    monkeypatch.setattr(quant_gemv, "rows", counted_rows)
-    p = _nf4(64, 256, nested=True, seed=3)
-    x = torch.randn(2, 256, generator=torch.Generator().manual_seed(3))
-    residual = torch.randn(2, 64)
-    exact = x @ _dense(p).T
+    monkeypatch.setattr(quant_gemv, "_gemv_4bit", _bitsandbytes_gemv)
+    for name in ("one_row", "rows", "dequantized", "_gemv_4bit"):
+        counted(name)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(3))
+    residual = torch.randn(3, 64)
 
-    def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
-        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    def check(p: Linear, rows: int, expected: list[str]) -> None:
+        exact = x[:rows] @ _dense(p).T
+        taken.clear()
+        torch.testing.assert_close(
+            project(x[:rows], p, residual=residual[:rows]),
+            residual[:rows] + exact,
+            rtol=1e-4,
+            atol=1e-4,
+        )
+        torch.testing.assert_close(gated_product(x[:rows], p), _swiglu(exact), rtol=1e-4, atol=1e-4)
+        assert taken == expected * 2
 
-    close(project(x[:1], p, residual=residual[:1]), residual[:1] + exact[:1])
-    close(gated_product(x[:1], p), _swiglu(exact[:1]))
-    assert len(calls) == 2
-    close(project(x, p, residual=residual), residual + exact)
-    close(gated_product(x, p), _swiglu(exact))
-    assert (len(calls), len(batches)) == (2, 2)  # two rows: the batch kernel
+    for nested in (False, True):
+        nf4 = _nf4(64, 256, nested=nested, seed=3)
+        check(nf4, 1, ["_gemv_4bit"])
+        check(nf4, 2, ["dequantized"])
+    int8 = _int8(64, 256, seed=3)
+    check(int8, 1, ["one_row"])
+    check(int8, 3, ["rows"])
+    monkeypatch.setattr(quant_gemv, "INT8_ROWS", 2)  # a batch wider than the kernel's best
+    check(int8, 3, ["dequantized"])
     # A norm to apply first keeps the general path (norms never fold into these weights).
-    project(x[:1], p, norm_eps=1e-5)
-    assert (len(calls), len(batches)) == (2, 3)
-    # A batch wider than a decode step (a prefill's chunk): the weight dequantized once.
-    monkeypatch.setattr(quant_gemv, "DEQUANTIZE_ABOVE", 1)
-    close(project(x, p, residual=residual), residual + exact)
-    assert (len(calls), len(batches)) == (2, 3)
+    taken.clear()
+    project(x[:1], int8, norm_eps=1e-5)
+    assert taken == ["rows"]
+
+
+@pytest.mark.parametrize("kind", ["nf4", "nf4-nested", "int8"])
+@settings(max_examples=5, deadline=None)
+@given(slice_rows=st.sampled_from([256, 512]), outputs=st.sampled_from([640, 768, 1152]))
+def test_a_weight_wider_than_a_slice_is_dequantized_a_slice_at_a_time(
+    kind: str, slice_rows: int, outputs: int
+) -> None:
+    # The output layer's rows a slice at a time: every slice's codes, maxima and nested groups
+    # are the weight's own (a slice that took the wrong group would scale its rows wrongly).
+    inputs = 128
+    p = _int8(outputs, inputs, 7) if kind == "int8" else _nf4(outputs, inputs, kind != "nf4", 7)
+    x = torch.randn(3, inputs, generator=torch.Generator().manual_seed(7))
+    written: list[int] = []
+    original = quant_gemv.dequantized
+
+    def counted(q: Linear, dtype: torch.dtype) -> torch.Tensor:
+        written.append(q.weight.shape[0])
+        return original(q, dtype)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quant_gemv, "SLICE_BYTES", slice_rows * inputs * 4)
+        patch.setattr(quant_gemv, "dequantized", counted)
+        product = quant_gemv.dequantized_product(x, p)
+        assert quant_gemv.dequantized_bytes([p], torch.float32) == slice_rows * inputs * 4
+    torch.testing.assert_close(product, x @ _dense(p).T, rtol=1e-4, atol=1e-4)
+    assert max(written) <= slice_rows
+    assert sum(written) == outputs

@@ -2,11 +2,11 @@
 
 A single row on the GPU (a lone request's decode step) takes one of the engine's own one-row
 kernels with the SwiGLU after gate/up and the residual add after a projection fused in: 16-bit
-and FP8 weights ``gemv.py``'s, bitsandbytes' NF4, FP4 and int8 weights ``quant_gemv.py``'s. Every
-other shape (prefill, batches, a CPU, float32) takes ``product`` (bitsandbytes' formats on CUDA by
-``quant_gemv.rows``, which dequantizes into the product; else ``linear``: cuBLAS, ``_scaled_mm``
-for FP8, bitsandbytes' formats dequantized first) with the same operations written out around
-it, as transformers runs them.
+and FP8 weights ``gemv.py``'s, bitsandbytes' int8 weights ``quant_gemv.py``'s. Every other shape
+(prefill, batches, 4-bit codes, a CPU, float32) takes ``product`` (bitsandbytes' formats on CUDA
+by ``quant_gemv.product``, which picks the kernel for the shape; else ``linear``: cuBLAS,
+``_scaled_mm`` for FP8, bitsandbytes' formats dequantized first) with the same operations
+written out around it, as transformers runs them.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ def _one_row(x: torch.Tensor, p: Linear) -> bool:
 
 
 def _one_quantized_row(x: torch.Tensor, p: Linear, norm_eps: float | None) -> bool:
-    """Whether ``quant_gemv.py``'s kernel computes it: one row of bitsandbytes weights (whose
-    norms never fold into them)."""
-    one = x.shape[0] == 1 and p.bitsandbytes and quant_gemv.available(x)
+    """Whether ``quant_gemv.py``'s one-row kernel computes it: one row of bitsandbytes' int8
+    weights (whose norms never fold into them; 4-bit codes take bitsandbytes' own kernel,
+    through ``product``)."""
+    one = x.shape[0] == 1 and p.bitsandbytes and p.code is None and quant_gemv.available(x)
     return one and norm_eps is None
 
 
@@ -96,12 +97,10 @@ def gated_product(
 
 
 def product(x: torch.Tensor, p: Linear) -> torch.Tensor:
-    """``x @ p.T`` for any number of rows: bitsandbytes weights by ``quant_gemv.rows`` where it
-    runs (16-bit rows on CUDA), everything else by ``linear``."""
+    """``x @ p.T`` for any number of rows: bitsandbytes weights by ``quant_gemv.product`` where
+    its kernels run (16-bit rows on CUDA), everything else by ``linear``."""
     if p.bitsandbytes and quant_gemv.available(x):
-        if x.shape[0] > quant_gemv.DEQUANTIZE_ABOVE:
-            return torch.nn.functional.linear(x, quant_gemv.dequantized(p, x.dtype))
-        return quant_gemv.rows(x, p)
+        return quant_gemv.product(x, p)
     return linear(x, p.weight, p.scale, p.code, p.nested)
 
 

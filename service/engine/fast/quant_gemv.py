@@ -1,11 +1,12 @@
-"""Projections of bitsandbytes weights by Triton kernels of the engine's own, which read the
-packed weights and dequantize them where they multiply: ``one_row`` for a lone request's decode
-step, ``rows`` for a batch (a decode step of many rows, a short prefill); and ``dequantized``,
-the weight once into 16 bits for cuBLAS, for a prefill's chunk wider than any decode step.
+"""Projections of bitsandbytes weights on a GPU (``product``): which kernel multiplies each
+shape, and the engine's own Triton kernels among them, which read the packed weights and
+dequantize them where they multiply: ``one_row`` for a lone request's int8 decode step, ``rows``
+for an int8 batch (a decode step of many rows, a short prefill); and ``dequantized``, the weight
+once into 16 bits for cuBLAS.
 
 Compiled by inductor, the same product (``linear.row_product`` over ``linear.dequantize``) looks
 each 4-bit code up inside the reduction, and at one row it measured three times slower than bf16
-on an H100 (docs/benchmarks.md, run 62). This kernel reads a program's ``block_n`` output rows in
+on an H100 (docs/benchmarks.md). These kernels read a program's ``block_n`` output rows in
 slices of ``block_k`` inputs: for NF4 (or FP4) the packed codes (two to a byte, the first in the
 high half), looked up in the format's 16 values and multiplied by their block's maximum (float32,
 or bitsandbytes' 8-bit double quantization: ``nested``); for int8 each row's values times its
@@ -14,14 +15,17 @@ dequantization rounds it, so the product is the one ``dequantize`` then a 16-bit
 summed in float32. ``gated`` (SwiGLU over the fused gate/up halves) and ``residual`` are fused as
 in ``gemv.py``; norms never fold into bitsandbytes weights, so there is no norm option.
 
-Dequantized whole before a cuBLAS product, a batch wrote and read every layer's weights in 16 bits
-at every step (more bytes than bf16 weights, plus the float32 temporaries of the dequantization)
-and a 16 GiB card ran out of memory capturing the output layer's step. ``rows`` dequantizes a
-slice of ``block_n`` weight rows at a time in registers, straight into the tensor cores' product
-with ``block_m`` rows of the batch: the weights are read in their packed bytes once per
-``block_m`` rows, and nothing the size of a weight is ever written. Its int8 values go into the
-product as they are (exact in 16 bits) and each output is scaled by its row's maximum once,
-which rounds differently from a weight dequantized first, within float16's precision.
+Which one runs (``product``), from what the kernels measured side by side (docs/benchmarks.md,
+``loadtests/quant_kernels.py``): 4-bit codes cost a table lookup per weight, which held the
+engine's kernels far under the memory's pace, so one row of them takes bitsandbytes' own GEMV
+(the kernel its ``matmul_4bit`` takes for one row, on the same bytes) and every batch dequantizes
+the weight into 16 bits once and takes cuBLAS, as bitsandbytes does; int8 values go into the
+tensor cores' product as they are, so ``rows`` keeps int8 batches of up to ``INT8_ROWS`` in its
+packed bytes (each output scaled by its row's maximum once, which rounds differently from a
+weight dequantized first, within float16's precision), and wider ones dequantize too. A weight
+is dequantized at most ``SLICE_BYTES`` at a time (the output layer a slice of its rows at a
+time), so that what a captured step keeps in its memory pool stays the size of a layer's
+largest projection (``dequantized_bytes``, which the engine's memory fit sets aside).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any
 import torch
 
 from service.engine.fast.gemv import GemvConfig
-from service.engine.fast.linear import GROUP, Linear
+from service.engine.fast.linear import GROUP, Linear, NestedMaxima
 
 _kernel: Any
 _batch_kernel: Any
@@ -44,12 +48,13 @@ try:
 except ImportError:  # no Triton (a CPU build of torch)
     _kernel = _batch_kernel = _dequantize_kernel = None
 
-# Batches of more rows than this (a prefill's chunk; never a decode step, whose buckets stop at
-# 1,024 and whose CUDA graphs would hold the dequantized weight) dequantize the whole weight
-# once into the activations' dtype and take cuBLAS: each of ``rows``'s tiles of the batch
-# dequantizes the weight again, which a wide batch repeats more times than one write and one
-# read of the 16-bit weight cost.
-DEQUANTIZE_ABOVE = 1024
+# int8 batches of more rows than this dequantize the weight once into the activations' dtype and
+# take cuBLAS: each of ``rows``'s tiles of the batch reads the weight again, which a wide batch
+# repeats more times than one write and one read of the 16-bit weight cost.
+INT8_ROWS = 256
+# The most of a weight dequantized at once, in bytes of 16 bits: a wider one (the output layer's
+# 128,256 rows) is multiplied a slice of its rows at a time.
+SLICE_BYTES = 256 * 2**20
 
 
 # Block sizes as ``gemv.py``'s (``block_k``: inputs per slice, raised to the 4-bit block).
@@ -206,3 +211,103 @@ def dequantized(
         *tensors, out, outputs, inputs, *_strides(p), **flags, block_n=block_n, block_k=slice_k
     )
     return out
+
+
+def product(x: torch.Tensor, p: Linear) -> torch.Tensor:
+    """``x @ W.T`` (``x``: ``[M, K]``) for the bitsandbytes weight ``p`` on a GPU, by the kernel
+    that multiplies this shape fastest (the module's docstring says which)."""
+    batch = x.shape[0]
+    if p.code is not None and batch == 1:
+        return _bitsandbytes_row(x, p)
+    if batch > dequantizes_above(p):
+        return dequantized_product(x, p)
+    return rows(x, p)
+
+
+def dequantizes_above(p: Linear) -> int:
+    """Rows past which ``product`` dequantizes ``p`` into cuBLAS: every batch of 4-bit codes,
+    int8 past ``INT8_ROWS``."""
+    return 1 if p.code is not None else INT8_ROWS
+
+
+def _bitsandbytes_row(x: torch.Tensor, p: Linear) -> torch.Tensor:
+    """One row times the 4-bit weight ``p`` by bitsandbytes' own GEMV: the codes' bytes as it
+    stores them, each block's float32 maximum (the nested ones dequantized first, as its
+    ``gemv_4bit`` does at every call) and the format's 16 values."""
+    assert p.scale is not None, "a 4-bit weight has its maxima"
+    assert p.code is not None, "a 4-bit weight has its table"
+    outputs, inputs = p.weight.shape[0], x.shape[-1]
+    block = inputs // p.scale.shape[1]
+    return _gemv_4bit(x, p.weight, [outputs, inputs], _maxima(p), p.code, block)
+
+
+def _gemv_4bit(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    shape: list[int],
+    maxima: torch.Tensor,
+    table: torch.Tensor,
+    block: int,
+) -> torch.Tensor:
+    """bitsandbytes' registered operator (there once bitsandbytes is imported, as it is wherever
+    its weights were loaded)."""
+    out: torch.Tensor = torch.ops.bitsandbytes.gemv_4bit.default(
+        x, codes, shape, maxima, table, block
+    )
+    return out
+
+
+def _maxima(p: Linear) -> torch.Tensor:
+    """The 4-bit weight's block maxima as float32 in row-major order."""
+    assert p.scale is not None
+    nested = p.nested
+    if nested is None:
+        return p.scale.reshape(-1)
+    quantized = p.scale.reshape(-1, GROUP).long()
+    return (nested.code[quantized] * nested.absmax[:, None] + nested.offset[:, None]).reshape(-1)
+
+
+def dequantized_product(x: torch.Tensor, p: Linear) -> torch.Tensor:
+    """``x @ W.T`` with the weight dequantized into ``x``'s dtype for cuBLAS, ``SLICE_BYTES`` of
+    it at a time."""
+    outputs, inputs = p.weight.shape[0], x.shape[-1]
+    step = _slice_rows(inputs, x.element_size())
+    if outputs <= step:
+        return torch.nn.functional.linear(x, dequantized(p, x.dtype))
+    parts = [
+        torch.nn.functional.linear(x, dequantized(_rows_of(p, first, step), x.dtype))
+        for first in range(0, outputs, step)
+    ]
+    return torch.cat(parts, dim=-1)
+
+
+def _slice_rows(inputs: int, element_size: int) -> int:
+    """Weight rows per slice: ``SLICE_BYTES`` of them, in whole groups of nested maxima (so
+    that a slice's groups are a slice of the weight's)."""
+    return max(GROUP, SLICE_BYTES // (inputs * element_size) // GROUP * GROUP)
+
+
+def _rows_of(p: Linear, first: int, count: int) -> Linear:
+    """Rows ``first`` to ``first + count`` of ``p`` (views; ``first`` a multiple of ``GROUP``
+    rows, whose maxima fill whole groups)."""
+    assert p.scale is not None
+    end = first + count
+    nested = p.nested
+    if nested is not None:
+        blocks = p.scale.shape[1]
+        groups = slice(first * blocks // GROUP, -(-end * blocks // GROUP))
+        nested = NestedMaxima(nested.code, nested.absmax[groups], nested.offset[groups])
+    return Linear(p.weight[first:end], p.scale[first:end], p.code, nested)
+
+
+def dequantized_bytes(projections: list[Linear], dtype: torch.dtype) -> int:
+    """The most ``product`` writes at once dequantizing any of ``projections`` (bitsandbytes
+    weights only) into ``dtype``: what a step's memory pool keeps for it."""
+    size = torch.empty((), dtype=dtype).element_size()
+    largest = 0
+    for p in projections:
+        if p.bitsandbytes:
+            inputs = p.weight.shape[1] * (2 if p.code is not None else 1)
+            rows_at_once = min(p.weight.shape[0], _slice_rows(inputs, size))
+            largest = max(largest, rows_at_once * inputs * size)
+    return largest

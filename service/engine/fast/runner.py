@@ -252,11 +252,13 @@ class ModelRunner:
         """The prefill's compiled parts, before ready: for one token (sizes 0 and 1 are always
         specialised) and two other counts, the second of which makes the count dynamic, so no
         prompt length compiles while requests wait. bitsandbytes weights on a GPU also take a
-        count past ``quant_gemv.DEQUANTIZE_ABOVE`` where a chunk can reach it: wider chunks
-        take another branch (the weight dequantized whole), which compiles apart."""
-        quantized = self.weights.layers[0].qkv.bitsandbytes
-        dequantizes = quantized and quant_gemv.runs(self.weights.embed.dtype, self.device)
-        for tokens in prefill_warmups(dequantizes, chunk, pages, self.page_size):
+        count past ``quant_gemv.dequantizes_above`` where a chunk can reach it: wider chunks
+        take another branch (the weight dequantized), which compiles apart."""
+        qkv = self.weights.layers[0].qkv
+        bound = None
+        if qkv.bitsandbytes and quant_gemv.runs(self.weights.embed.dtype, self.device):
+            bound = quant_gemv.dequantizes_above(qkv)
+        for tokens in prefill_warmups(bound, chunk, pages, self.page_size):
             scratch = list(range(1, 1 + pages_for(tokens, self.page_size)))
             piece = Piece(tuple(range(tokens)), scratch, 0, tokens)
             with torch.inference_mode():  # the last token's logits only, as a prefill's
@@ -470,14 +472,16 @@ class ModelRunner:
         self.cache.assign(owners.pages, owners.rows, owners.logical)
 
 
-def prefill_warmups(dequantizes: bool, chunk: int, pages: int, page_size: int) -> list[int]:
+def prefill_warmups(bound: int | None, chunk: int, pages: int, page_size: int) -> list[int]:
     """The token counts the prefill is run with before ready (``_compile_prefill``): one, then
-    two more (the count turns dynamic), and where wide chunks of bitsandbytes weights take the
-    whole-weight dequantization (``dequantizes``), one past its bound if a chunk can reach it
+    two more (the count turns dynamic), and where chunks of bitsandbytes weights past ``bound``
+    rows take the dequantized weight, one past it if the two did not and a chunk can reach it
     and the cache holds it."""
     counts = [1, 16, 17]
-    wide = quant_gemv.DEQUANTIZE_ABOVE + 1
-    if dequantizes and chunk >= wide and pages_for(wide, page_size) < pages:
+    if bound is None or bound + 1 <= counts[-1]:
+        return counts
+    wide = bound + 1
+    if chunk >= wide and pages_for(wide, page_size) < pages:
         counts.append(wide)
     return counts
 
@@ -531,8 +535,18 @@ def _size(
         left=left,
         prefill_given=fast.prefill_tokens is not None,
         graph_tokens=choices.prefill_graph_tokens,
+        dequantized=_dequantized_bytes(weights, loaded),
     )
     return fitted.rows, fitted.pages, fitted.prefill_tokens
+
+
+def _dequantized_bytes(weights: ModelWeights, loaded: LoadedModel) -> int:
+    """The largest bitsandbytes weight the products dequantize at once on this device."""
+    if not quant_gemv.runs(loaded.dtype, loaded.device):
+        return 0
+    layer = weights.layers[0]
+    projections = (layer.qkv, layer.o, layer.gate_up, layer.down, weights.lm_head)
+    return quant_gemv.dequantized_bytes([p for p in projections if p is not None], loaded.dtype)
 
 
 def _choose(loaded: LoadedModel, config: EngineConfig) -> _Choices:
