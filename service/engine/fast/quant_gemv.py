@@ -49,9 +49,10 @@ except ImportError:  # no Triton (a CPU build of torch)
     _kernel = _batch_kernel = _dequantize_kernel = None
 
 # int8 batches of more rows than this dequantize the weight once into the activations' dtype and
-# take cuBLAS: each of ``rows``'s tiles of the batch reads the weight again, which a wide batch
-# repeats more times than one write and one read of the 16-bit weight cost.
-INT8_ROWS = 256
+# take cuBLAS: past it ``rows``'s tiles of 128 batch rows leave too few programs to keep the
+# GPU's memory busy (an int8 engine's step at 96 and 128 rows measured more than the dequantized
+# products would take), and a wider batch reads the weight again per tile.
+INT8_ROWS = 64
 # The most of a weight dequantized at once, in bytes of 16 bits: a wider one (the output layer's
 # 128,256 rows) is multiplied a slice of its rows at a time.
 SLICE_BYTES = 256 * 2**20
