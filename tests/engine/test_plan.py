@@ -47,7 +47,7 @@ def test_the_prefill_compiles_before_ready_for_every_branch_a_chunk_can_take() -
     assert prefill_warmups(None, 8192, 4096, 128) == [1, 16, 17]
     assert prefill_warmups(bound, 8192, 4096, 128) == [1, 16, 17, bound + 1]
     assert prefill_warmups(bound, bound, 4096, 128) == [1, 16, 17]  # chunks never get there
-    assert prefill_warmups(bound, 8192, 2, 128) == [1, 16, 17]  # a cache too small to try
+    assert prefill_warmups(bound, 8192, 1, 128) == [1, 16, 17]  # a cache too small to try
     assert prefill_warmups(1, 8192, 4096, 128) == [1, 16, 17]
 
 
