@@ -239,7 +239,8 @@ def _bitsandbytes_row(x: torch.Tensor, p: Linear) -> torch.Tensor:
     assert p.code is not None, "a 4-bit weight has its table"
     outputs, inputs = p.weight.shape[0], x.shape[-1]
     block = inputs // p.scale.shape[1]
-    return _gemv_4bit(x, p.weight, [outputs, inputs], _maxima(p), p.code, block)
+    # The kernel reads the row from its pointer on: it must be dense.
+    return _gemv_4bit(x.contiguous(), p.weight, [outputs, inputs], _maxima(p), p.code, block)
 
 
 def _gemv_4bit(
