@@ -53,6 +53,10 @@ def test_workspace_grows_with_rows_and_prefill_chunk() -> None:
     wide, wider = workspace_bytes(GEOMETRY, 1024, 0), workspace_bytes(GEOMETRY, 2048, 0)
     assert wider - wide == 1024 * GEOMETRY.vocab * SAMPLING_BYTES_PER_LOGIT
     assert SAMPLING_BYTES_PER_LOGIT < FULL_SORT_BYTES_PER_LOGIT / 2
+    # A weight dequantized for a product (bitsandbytes' on a GPU) is held by the decode graphs'
+    # pool, the prefill graphs' and the eager prefill's alike.
+    slice_bytes = 256 * 2**20
+    assert workspace_bytes(GEOMETRY, 1024, 0, 0, slice_bytes) == wide + 3 * slice_bytes
 
 
 def test_reserve_comes_off_before_the_fraction(monkeypatch: pytest.MonkeyPatch) -> None:
