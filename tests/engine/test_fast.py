@@ -52,7 +52,7 @@ from service.engine.fast.sampler import (
     sample,
     sample_rows,
 )
-from service.engine.fast.weights import is_dense
+from service.engine.fast.weights import is_dense, take_weights
 from service.engine.generation import eos_ids
 from service.engine.loading import LoadedModel, load_model
 from tests.conftest import ServiceClient, StartApp
@@ -411,6 +411,22 @@ async def test_cancelled_requests_leave_and_free_their_pages(
         assert set(called) <= {f"c{i}" for i in range(6)}
     finally:
         engine.close()
+
+
+def test_the_rope_tables_keep_a_row_once_and_give_transformers_rows(data_dir: Path) -> None:
+    # RoPE turns each pair of dimensions (i, i + half) by one angle: the tables keep a row's
+    # first half only, and the rows the engine reads are transformers' own, to the bit.
+    loaded = load_model(_config(data_dir))
+    inner = loaded.model.model
+    head_dim = loaded.model.config.hidden_size // loaded.model.config.num_attention_heads
+    positions = torch.tensor([0, 1, 7, 300, loaded.model.config.max_position_embeddings - 1])
+    probe = torch.zeros(1, 1, head_dim, dtype=loaded.dtype)
+    cos, sin = inner.rotary_emb(probe, position_ids=positions[None])
+    weights = take_weights(loaded.model, "none")
+    assert weights.cos.shape == (weights.geometry.max_positions, head_dim // 2)
+    got_cos, got_sin = weights.rope(positions)
+    torch.testing.assert_close(got_cos, cos[0], rtol=0, atol=0)
+    torch.testing.assert_close(got_sin, sin[0], rtol=0, atol=0)
 
 
 def test_sampling_semantics() -> None:

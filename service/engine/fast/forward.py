@@ -212,7 +212,7 @@ class Transformer:
         """Float32 logits ``[len(packed.last), vocab]`` at the token indices ``packed.last``."""
         w, g, p = self.weights, self.weights.geometry, packed
         x = torch.nn.functional.embedding(p.tokens, w.embed)
-        cos, sin = w.cos[p.positions], w.sin[p.positions]
+        cos, sin = w.rope(p.positions)
         for index, layer in enumerate(w.layers):
             q, k, v = self._prefill_in(x, layer, cos, sin, g)
             write_kv(self.cache.keys[index], self.cache.values[index], p.slots, k, v)
@@ -259,7 +259,7 @@ class Transformer:
             # layer's output adds its squares to a spare sum nothing reads, cleared here.
             self._sums[0][0:1].copy_(x.float().pow(2).sum(-1))
             self._sums[-1].zero_()
-        return x, w.cos[positions], w.sin[positions], slots
+        return x, *w.rope(positions), slots
 
     def _decode_stack(
         self,

@@ -103,9 +103,17 @@ class ModelWeights:
     norm: torch.Tensor
     # The output layer, rows possibly padded past the vocabulary (see output_layer.py).
     lm_head: Linear
-    # RoPE tables for every position, in the model's dtype: [max_positions, head_dim].
+    # RoPE tables for every position, in the model's dtype: [max_positions, head_dim], or
+    # [max_positions, head_dim / 2] where a row's two halves are the same values (``rope``).
     cos: torch.Tensor
     sin: torch.Tensor
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[len(positions), head_dim]`` of ``positions``."""
+        cos, sin = self.cos[positions], self.sin[positions]
+        if cos.shape[-1] != self.geometry.head_dim:  # kept once for both halves
+            cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+        return cos, sin
 
     @property
     def fp8(self) -> bool:
@@ -345,4 +353,10 @@ def _rope_tables(
     positions = torch.arange(geometry.max_positions, device=like.device)[None]
     probe = like.new_zeros(1, 1, geometry.head_dim)
     cos, sin = inner.rotary_emb(probe, position_ids=positions)  # type: ignore[operator]
-    return cos[0].contiguous(), sin[0].contiguous()
+    cos, sin = cos[0], sin[0]
+    half = geometry.head_dim // 2
+    if torch.equal(cos[:, :half], cos[:, half:]) and torch.equal(sin[:, :half], sin[:, half:]):
+        # RoPE turns each pair of dimensions (i, i + half) by one angle, so both halves of a
+        # row hold the same values: kept once, half the tables' memory (``ModelWeights.rope``).
+        cos, sin = cos[:, :half], sin[:, :half]
+    return cos.contiguous(), sin.contiguous()
