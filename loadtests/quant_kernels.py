@@ -21,7 +21,10 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
   kernel, then cuBLAS, which every batch of 4-bit codes and int8 past ``quant_gemv.INT8_ROWS``
   tokens takes;
 - ``int4-reduction``: the same int4 numbers dequantized inside the engine's compiled one-row
-  reduction (the form the engine would take for such a checkpoint at one row).
+  reduction (the form the engine would take for such a checkpoint at one row);
+- ``nf4-engine`` and ``int8-engine``: what the engine runs for each shape
+  (``quant_gemv.product``: at one row of NF4 bitsandbytes' GEMV, in a CUDA graph as the engine
+  replays it), NF4's maxima in bitsandbytes' double quantization as the engine loads them.
 
 Weights are random (speed does not depend on the values); each variant's result is compared with
 the product over its own dequantized weight. On a CPU (``--smoke``) the engine's variants run once
@@ -46,7 +49,8 @@ from loadtests.kernels import SHAPES, header, timing_context, write
 from service.engine.fast import quant_gemv
 from service.engine.fast.gemv import GemvConfig
 from service.engine.fast.kernel_timing import graph_us
-from service.engine.fast.linear import Linear, dequantize, linear
+from service.engine.fast.linear import GROUP as NESTED_GROUP
+from service.engine.fast.linear import Linear, NestedMaxima, dequantize, linear
 
 # NF4's 16 values (bitsandbytes' table).
 NF4 = (
@@ -151,6 +155,10 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
         for name in ("nf4-dequantized", "int8-dequantized"):
             formats[name] = _Format(_dequantized_product, [], [])
     if cuda and not smoke:
+        import bitsandbytes  # noqa: F401  (its operators, which the engine's NF4 row calls)
+
+        for name in ("nf4-engine", "int8-engine"):
+            formats[name] = _Format(quant_gemv.product, [], [])
         formats["int4-tinygemm"] = _Format(lambda x, call: call(x), [], [])
         formats["nf4-bitsandbytes"] = _Format(lambda x, call: call(x), [], [])
     for _name, inputs, outputs in SHAPES:
@@ -173,6 +181,9 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
             parts["int8-gemv"] = ((Linear(int8, row_max),), parts["int8"][1])
             parts["nf4-rows"] = parts["nf4-dequantized"] = parts["nf4-gemv"]
             parts["int8-rows"] = parts["int8-dequantized"] = parts["int8-gemv"]
+        if "nf4-engine" in formats:
+            parts["nf4-engine"] = _double_quantized(codes, maxima, table)
+            parts["int8-engine"] = parts["int8-gemv"]
         if "int4-tinygemm" in formats:
             probe = torch.randn(16, inputs, dtype=dtype, device=device)
             for high_first in (True, False):
@@ -306,6 +317,21 @@ def gemv_sweep(
                     measured[f"{label}_failed"] = str(failure)[:200]
         results[kind] = measured
     return results
+
+
+def _double_quantized(
+    codes: torch.Tensor, maxima: torch.Tensor, table: torch.Tensor
+) -> tuple[tuple[Linear], torch.Tensor]:
+    """The NF4 weight with its block maxima in bitsandbytes' double quantization (an 8-bit
+    code each, a scale and an offset per group), and the weight it stands for."""
+    flat = maxima.reshape(-1, NESTED_GROUP)
+    offset = flat.mean(dim=1)
+    absmax = (flat - offset[:, None]).abs().amax(dim=1).clamp_min(1e-12)
+    steps = ((flat - offset[:, None]) / absmax[:, None] + 1) * 127.5
+    quantized = steps.round().clamp(0, 255).to(torch.uint8).view(maxima.shape)
+    nested = NestedMaxima(torch.linspace(-1, 1, 256, device=maxima.device), absmax, offset)
+    exact = dequantize(codes, quantized, table, torch.float32, nested)
+    return (Linear(codes, quantized, table, nested),), exact
 
 
 def _dequantized_product(x: torch.Tensor, p: Linear) -> torch.Tensor:
