@@ -5,8 +5,8 @@ for an int8 batch (a decode step of many rows, a short prefill); and ``dequantiz
 once into 16 bits for cuBLAS.
 
 Compiled by inductor, the same product (``linear.row_product`` over ``linear.dequantize``) looks
-each 4-bit code up inside the reduction, and at one row it measured three times slower than bf16
-on an H100 (docs/benchmarks.md). These kernels read a program's ``block_n`` output rows in
+each 4-bit code up inside the reduction, far slower than bf16 at one row (docs/benchmarks.md).
+These kernels read a program's ``block_n`` output rows in
 slices of ``block_k`` inputs: for NF4 (or FP4) the packed codes (two to a byte, the first in the
 high half), looked up in the format's 16 values and multiplied by their block's maximum (float32,
 or bitsandbytes' 8-bit double quantization: ``nested``); for int8 each row's values times its
