@@ -326,8 +326,9 @@ def _double_quantized(
     code each, a scale and an offset per group), and the weight it stands for."""
     flat = maxima.reshape(-1, NESTED_GROUP)
     offset = flat.mean(dim=1)
-    absmax = (flat - offset[:, None]).abs().amax(dim=1).clamp_min(1e-12)
-    steps = ((flat - offset[:, None]) / absmax[:, None] + 1) * 127.5
+    centred = flat - offset[:, None]
+    absmax = centred.abs().amax(dim=1).clamp_min(1e-12)
+    steps = (centred / absmax[:, None] + 1) * 127.5
     quantized = steps.round().clamp(0, 255).to(torch.uint8).view(maxima.shape)
     nested = NestedMaxima(torch.linspace(-1, 1, 256, device=maxima.device), absmax, offset)
     exact = dequantize(codes, quantized, table, torch.float32, nested)

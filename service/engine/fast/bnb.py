@@ -66,10 +66,8 @@ def _scale(part: Linear) -> torch.Tensor:
 
 def _float_maxima(part: Linear) -> torch.Tensor:
     """A 4-bit part's nested block maxima as float32 (what bitsandbytes computes each call)."""
-    nested, codes = part.nested, _scale(part)
-    assert nested is not None
-    groups = nested.code[codes.long()].view(-1, GROUP)
-    return (groups * nested.absmax[:, None] + nested.offset[:, None]).view(codes.shape)
+    assert part.nested is not None
+    return part.nested.maxima(_scale(part))
 
 
 def _linear(module: Any) -> Linear:

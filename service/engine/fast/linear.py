@@ -32,6 +32,12 @@ class NestedMaxima:
     def nbytes(self) -> int:
         return sum(t.nelement() * t.element_size() for t in (self.code, self.absmax, self.offset))
 
+    def maxima(self, quantized: torch.Tensor) -> torch.Tensor:
+        """The float32 maxima the 8-bit codes ``quantized`` stand for, in their shape (what
+        bitsandbytes computes at every call)."""
+        groups = self.code[quantized.long()].view(-1, GROUP)
+        return (groups * self.absmax[:, None] + self.offset[:, None]).view(quantized.shape)
+
 
 # Consecutive block maxima that share one scale and offset (bitsandbytes' nested block size).
 GROUP = 256
@@ -110,8 +116,7 @@ def dequantize(
     if code is None:
         return (weight.float() * scale * _INT8_STEP).to(dtype)
     if nested is not None:
-        groups = nested.code[scale.long()].view(-1, GROUP)
-        scale = (groups * nested.absmax[:, None] + nested.offset[:, None]).view(scale.shape)
+        scale = nested.maxima(scale)
     rows, half = weight.shape
     pairs = torch.stack((weight >> 4, weight & 15), dim=-1).view(rows, 2 * half)
     values = code[pairs.long()].view(rows, scale.shape[1], -1) * scale[:, :, None]

@@ -262,11 +262,8 @@ def _gemv_4bit(
 def _maxima(p: Linear) -> torch.Tensor:
     """The 4-bit weight's block maxima as float32 in row-major order."""
     assert p.scale is not None
-    nested = p.nested
-    if nested is None:
-        return p.scale.reshape(-1)
-    quantized = p.scale.reshape(-1, GROUP).long()
-    return (nested.code[quantized] * nested.absmax[:, None] + nested.offset[:, None]).reshape(-1)
+    maxima = p.scale if p.nested is None else p.nested.maxima(p.scale)
+    return maxima.reshape(-1)
 
 
 def dequantized_product(x: torch.Tensor, p: Linear) -> torch.Tensor:
@@ -305,7 +302,7 @@ def _rows_of(p: Linear, first: int, count: int) -> Linear:
 def dequantized_bytes(projections: list[Linear], dtype: torch.dtype) -> int:
     """The most ``product`` writes at once dequantizing any of ``projections`` (bitsandbytes
     weights only) into ``dtype``: what a step's memory pool keeps for it."""
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     largest = 0
     for p in projections:
         if p.bitsandbytes:
