@@ -12,7 +12,7 @@ from uvicorn.server import ServerState
 
 from service.frontend.api.middleware import Door, OpenGate, RequestContextMiddleware
 from service.frontend.metrics import Metrics
-from service.frontend.server import HeadLimits, ServiceConfig, ServiceHttpProtocol
+from service.frontend.protocol import HeadLimits, ServiceConfig, ServiceHttpProtocol
 
 
 class Transport:

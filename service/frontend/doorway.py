@@ -1,0 +1,98 @@
+"""A connection's first protocol: refusals answered before uvicorn's protocol exists.
+
+Under a flood most connections bring one request to refuse and nothing else. uvicorn's
+httptools protocol costs a connection tens of microseconds before its first byte is read (a
+parser, loggers looked up, the socket's addresses asked of the kernel), and an event loop that
+takes thousands of connections at once spends most of its time there; a raw responder on the
+same loop takes a few. So every connection starts here: while the app's ``Door`` is closed, the
+whole requests it refuses are answered from their bytes (``refusals``), and the connection is
+kept alive as HTTP says; the first byte of anything else (a request the door lets in, a probe, a
+head split over reads, anything unusual) hands the connection, with those bytes, to the
+service's own HTTP protocol (``protocol.ServiceHttpProtocol``), which serves it from then on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.server import ServerState
+
+from service.frontend.protocol import ServiceConfig, ServiceHttpProtocol
+from service.frontend.refusals import refuse_whole_requests
+
+
+class Doorway(asyncio.Protocol):
+    """One connection until its first byte the door does not refuse (see the module)."""
+
+    __slots__ = ("_app_state", "_config", "_loop", "_state", "_timer", "_transport")
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        """The arguments uvicorn gives its protocol class, passed on at the hand-over."""
+        self._config = config
+        self._state = server_state
+        self._app_state = app_state
+        self._loop = _loop or asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        # Counted with uvicorn's connections, so that a shutdown closes this one too.
+        self._state.connections.add(self)  # type: ignore[arg-type]
+        # A connection that sends nothing is closed after the time a head may take.
+        self._wait(self._config.head_limits.head_timeout_s)
+
+    def data_received(self, data: bytes) -> None:
+        config = self._config
+        door = config.door
+        if door is not None and door.closed():
+            answers, data = refuse_whole_requests(
+                door, config.refusal_heads, self._state.default_headers, config.root_path, data
+            )
+            if answers:
+                assert self._transport is not None
+                self._state.total_requests += len(answers)
+                self._transport.write(b"".join(answers))
+                if not data:  # idle again: closed after keep-alive's time unless more comes
+                    self._wait(self._config.timeout_keep_alive)
+                    return
+        self._hand_over(data)
+
+    def eof_received(self) -> bool | None:
+        return None  # the client is done sending, and every request it sent is answered: close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._wait(None)
+        self._state.connections.discard(self)
+
+    def shutdown(self) -> None:
+        """uvicorn's shutdown: nothing is in flight here, so the connection closes now."""
+        if self._transport is not None:
+            self._transport.close()
+
+    def _wait(self, seconds: float | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = None if seconds is None else self._loop.call_later(seconds, self.shutdown)
+
+    def _hand_over(self, data: bytes) -> None:
+        transport = self._transport
+        assert transport is not None
+        self._wait(None)
+        self._state.connections.discard(self)
+        protocol = ServiceHttpProtocol(
+            config=self._config,
+            server_state=self._state,
+            app_state=self._app_state,
+            _loop=self._loop,
+        )
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        protocol.data_received(data)

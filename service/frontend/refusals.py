@@ -1,0 +1,118 @@
+"""Refusals answered from a request's raw bytes, before any HTTP parser or ASGI request exists.
+
+While admission is full most of what arrives is a request to refuse, whole in one read. Parsing
+it through httptools and uvicorn's per-request state (scope, cycle, events, keep-alive timer),
+let alone building uvicorn's per-connection protocol for it, was most of what a refusal cost.
+Here a plain ``POST`` with a ``Content-Length`` body is read just far enough to ask the app's
+``Door`` about its path, and answered with the door's refusal; anything unusual (a body not yet
+all here, chunked, ``Expect``, ``Connection``, ``Upgrade``, an escaped or queried path, a
+request the door lets in) is left to the parser, from that request on.
+"""
+
+from __future__ import annotations
+
+import time
+from http import HTTPStatus
+from typing import Any, cast
+
+from starlette.types import Scope
+
+from service.frontend.api.middleware import Door
+
+# Requests whose head is larger than this are left to the parser (and its limits).
+_MAX_FAST_HEAD = 8192
+_ADMITTING_METHOD = b"POST"
+# Headers that change how a request is framed or how its connection goes on.
+_LEFT_TO_THE_PARSER = frozenset((b"transfer-encoding", b"expect", b"connection", b"upgrade", b"te"))
+
+
+def whole_request(data: bytes) -> tuple[str, bytes | None, int] | None:
+    """(path, X-Request-ID, total length) of the POST request at the start of ``data`` when it
+    is all there and plain HTTP/1.1 with a ``Content-Length`` body; else None."""
+    end = data.find(b"\r\n\r\n", 0, _MAX_FAST_HEAD)
+    if end < 0:
+        return None
+    lines = data[:end].split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or parts[0] != _ADMITTING_METHOD or parts[2] != b"HTTP/1.1":
+        return None
+    target = parts[1]
+    if not target.startswith(b"/") or b"?" in target or b"%" in target:
+        return None
+    length: int | None = None
+    request_id: bytes | None = None
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or not name or name[-1:] in (b" ", b"\t"):
+            return None  # malformed: the parser answers it
+        name = name.lower()
+        if name == b"content-length":
+            value = value.strip()
+            if length is not None or not value.isdigit():
+                return None
+            length = int(value)
+        elif name == b"x-request-id":
+            request_id = value.strip()
+        elif name in _LEFT_TO_THE_PARSER:
+            return None
+    if length is None:
+        return None
+    total = end + 4 + length
+    if len(data) < total:
+        return None
+    return target.decode("ascii"), request_id, total
+
+
+class CachedHeads:
+    """The head of the last refusal written, up to its request id, while it says the same."""
+
+    def __init__(self) -> None:
+        self._key: tuple[object, object] | None = None
+        self._head = b""
+
+    def head(self, refusal: Any, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+        if self._key is None or self._key[0] is not refusal or self._key[1] is not default_headers:
+            status = refusal.status_code
+            head = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())]
+            for name, value in (*default_headers, *refusal.raw_headers):
+                head += (name, b": ", value, b"\r\n")
+            head.append(b"x-request-id: ")
+            self._key, self._head = (refusal, default_headers), b"".join(head)
+        return self._head
+
+
+def refuse_whole_requests(
+    door: Door,
+    heads: CachedHeads,
+    default_headers: list[tuple[bytes, bytes]],
+    root_path: str,
+    data: bytes,
+) -> tuple[list[bytes], bytes]:
+    """The answers to the refused requests at the start of ``data`` that it holds whole, each
+    recorded by the door, and the bytes after them (from the first request left to the parser)."""
+    answers: list[bytes] = []
+    while data:
+        started = time.perf_counter()
+        whole = whole_request(data)
+        if whole is None:
+            break
+        path, request_id, length = whole
+        scope: dict[str, Any] = {
+            "type": "http",
+            "method": "POST",
+            "path": path,
+            "root_path": root_path,
+            "headers": [(b"x-request-id", request_id)] if request_id is not None else [],
+        }
+        refusal = door.refusal(cast(Scope, scope))
+        if refusal is None:
+            break
+        answers.append(
+            heads.head(refusal, default_headers)
+            + door.request_id(cast(Scope, scope)).encode()
+            + b"\r\n\r\n"
+            + refusal.body
+        )
+        data = data[length:]
+        door.record(cast(Scope, scope), time.perf_counter() - started)
+    return answers, data
