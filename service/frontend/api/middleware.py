@@ -103,10 +103,10 @@ _FORM_OVERHEAD = 64 * 1024
 class Door:
     """Refusals before a request's body is read: while admission is full, a translation request
     gets its dialect's 429 (from its ``Gate``) at once. The middleware asks for every request it
-    sees; the service's own HTTP protocol (``frontend.server``) asks earlier still, before a request
-    becomes an ASGI request at all, and writes the answer itself. Either way it is recorded
-    here: counted one by one in the metrics, logged as one line per period with the count,
-    routes and durations."""
+    sees; the service's doorway and HTTP protocol (``frontend.doorway``, ``frontend.protocol``)
+    ask earlier still, before a request becomes an ASGI request at all, and write the answer
+    themselves. Either way it is recorded here: counted one by one in the metrics, logged as one
+    line per period with the count, routes and durations."""
 
     def __init__(self, metrics: Metrics, gate: Gate | None = None) -> None:
         gate = gate or OpenGate()
