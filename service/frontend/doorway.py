@@ -9,6 +9,8 @@ whole requests it refuses are answered from their bytes (``refusals``), and the 
 kept alive as HTTP says; the first byte of anything else (a request the door lets in, a probe, a
 head split over reads, anything unusual) hands the connection, with those bytes, to the
 service's own HTTP protocol (``protocol.ServiceHttpProtocol``), which serves it from then on.
+
+Also here: ``ServiceConfig``, uvicorn's config with what the connections of one server share.
 """
 
 from __future__ import annotations
@@ -16,16 +18,65 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import uvicorn
+from starlette.types import ASGIApp
 from uvicorn.server import ServerState
 
-from service.frontend.protocol import ServiceConfig, ServiceHttpProtocol
-from service.frontend.refusals import refuse_whole_requests
+from service.frontend.api.middleware import Door
+from service.frontend.protocol import HeadLimits, ServiceHttpProtocol, Starts
+from service.frontend.refusals import CachedHeads, refuse_whole_requests
+
+
+class Deadlines:
+    """When each connection at the doorway is closed unless bytes come, all checked by one
+    timer every ``period_s``: a timer of each connection's own (set, cancelled, set again) cost
+    a sixth of a refusal. A connection may so stay up to ``period_s`` past its time."""
+
+    def __init__(self, period_s: float = 1.0) -> None:
+        self.period_s = period_s
+        self._due: dict[Doorway, float] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def wait(self, loop: asyncio.AbstractEventLoop, connection: Doorway, seconds: float) -> None:
+        self._due[connection] = loop.time() + seconds
+        if self._timer is None:
+            self._timer = loop.call_later(self.period_s, self._sweep, loop)
+
+    def forget(self, connection: Doorway) -> None:
+        self._due.pop(connection, None)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        for connection in [c for c, due in self._due.items() if due <= now]:
+            del self._due[connection]
+            connection.shutdown()
+        self._timer = loop.call_later(self.period_s, self._sweep, loop) if self._due else None
+
+
+class ServiceConfig(uvicorn.Config):
+    """uvicorn's config, carrying the app's door and the head limits to the connections, and
+    what the connections of one server share."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        door: Door | None,
+        head_limits: HeadLimits | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(app, **options)
+        self.door = door
+        self.head_limits = head_limits or HeadLimits()
+        self.refusal_heads = CachedHeads()
+        self.admitting_starts = Starts()
+        self.deadlines = Deadlines()
 
 
 class Doorway(asyncio.Protocol):
     """One connection until its first byte the door does not refuse (see the module)."""
 
-    __slots__ = ("_app_state", "_config", "_loop", "_state", "_timer", "_transport")
+    __slots__ = ("_app_state", "_config", "_loop", "_state", "_transport")
 
     def __init__(
         self,
@@ -40,14 +91,15 @@ class Doorway(asyncio.Protocol):
         self._app_state = app_state
         self._loop = _loop or asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
-        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
         # Counted with uvicorn's connections, so that a shutdown closes this one too.
         self._state.connections.add(self)  # type: ignore[arg-type]
-        # A connection that sends nothing is closed after the time a head may take.
-        self._wait(self._config.head_limits.head_timeout_s)
+        # A connection that sends nothing is closed after the time a head may take (uvicorn's
+        # protocol times nothing before the first byte).
+        config = self._config
+        config.deadlines.wait(self._loop, self, config.head_limits.head_timeout_s)
 
     def data_received(self, data: bytes) -> None:
         config = self._config
@@ -61,7 +113,7 @@ class Doorway(asyncio.Protocol):
                 self._state.total_requests += len(answers)
                 self._transport.write(b"".join(answers))
                 if not data:  # idle again: closed after keep-alive's time unless more comes
-                    self._wait(self._config.timeout_keep_alive)
+                    config.deadlines.wait(self._loop, self, config.timeout_keep_alive)
                     return
         self._hand_over(data)
 
@@ -69,7 +121,7 @@ class Doorway(asyncio.Protocol):
         return None  # the client is done sending, and every request it sent is answered: close
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._wait(None)
+        self._config.deadlines.forget(self)
         self._state.connections.discard(self)
 
     def shutdown(self) -> None:
@@ -77,15 +129,10 @@ class Doorway(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
-    def _wait(self, seconds: float | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = None if seconds is None else self._loop.call_later(seconds, self.shutdown)
-
     def _hand_over(self, data: bytes) -> None:
         transport = self._transport
         assert transport is not None
-        self._wait(None)
+        self._config.deadlines.forget(self)
         self._state.connections.discard(self)
         protocol = ServiceHttpProtocol(
             config=self._config,

@@ -15,7 +15,7 @@ from http import HTTPStatus
 from typing import Any, cast
 
 import uvicorn
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from service.frontend.api.middleware import Door
@@ -307,22 +307,3 @@ class HeadLimits:
     max_headers: int = 100
     head_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
-
-
-class ServiceConfig(uvicorn.Config):
-    """uvicorn's config, carrying the app's door and the head limits to the protocol."""
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        door: Door | None,
-        head_limits: HeadLimits | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(app, **options)
-        self.door = door
-        self.head_limits = head_limits or HeadLimits()
-        # Shared by the server's connections.
-        self.refusal_heads = CachedHeads()
-        self.admitting_starts = Starts()

@@ -21,8 +21,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from service.config.settings import Settings
-from service.frontend.doorway import Doorway
-from service.frontend.protocol import HeadLimits, ServiceConfig
+from service.frontend.doorway import Doorway, ServiceConfig
+from service.frontend.protocol import HeadLimits
 from service.frontend.runtime import Runtime
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.frontend.api.middleware import Door
-from service.frontend.doorway import Doorway
+from service.frontend.doorway import Deadlines, Doorway
 from service.frontend.metrics import Metrics
 from service.frontend.protocol import HeadLimits, ServiceHttpProtocol
 from tests.api.test_protocol import Gate, Server, Transport, refusing, request
@@ -81,6 +81,7 @@ async def test_a_connection_that_sends_nothing_is_closed_after_a_heads_time() ->
     the first byte)."""
     server = Server(refusing(Metrics()))
     server.config.head_limits = HeadLimits(head_timeout_s=0.05)
+    server.config.deadlines = Deadlines(period_s=0.01)
     doorway, transport = open_doorway(server)
     await asyncio.sleep(0.02)
     assert not transport.closed
@@ -95,6 +96,7 @@ async def test_a_connection_idle_after_refusals_is_closed_at_the_keep_alive_time
     server = Server(refusing(Metrics()))
     server.config.head_limits = HeadLimits(head_timeout_s=0.05)
     server.config.timeout_keep_alive = 0.2  # type: ignore[assignment]
+    server.config.deadlines = Deadlines(period_s=0.01)
     _, transport = open_doorway(server)
     await asyncio.sleep(0.02)
     transport.feed(request("/translate"))  # the head's timer is replaced by keep-alive's

@@ -11,8 +11,9 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
 from service.frontend.api.middleware import Door, OpenGate, RequestContextMiddleware
+from service.frontend.doorway import ServiceConfig
 from service.frontend.metrics import Metrics
-from service.frontend.protocol import HeadLimits, ServiceConfig, ServiceHttpProtocol
+from service.frontend.protocol import HeadLimits, ServiceHttpProtocol
 
 
 class Transport:
