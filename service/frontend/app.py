@@ -21,6 +21,7 @@ from starlette.types import Scope
 from service import __version__
 from service.config.engine import EngineEntry
 from service.config.settings import Settings
+from service.contract.errors import Overloaded
 from service.contract.protocol import Peer
 from service.frontend import layers
 from service.frontend.access import AccessControl
@@ -233,14 +234,15 @@ class AdmissionGate:
     """The door of the admitting routes: 429 in the route's dialect while admission is full,
     before the body is even read; requests on their way to admission counted as such.
 
-    The last refusal is kept and sent again while it would say the same (dialect, message,
-    Retry-After), as it does all through a flood: building a JSON response was most of what was
-    left of a refusal's cost once it no longer went through ASGI.
+    The last response is kept and sent again while admission's refusal and the dialect are the
+    same ones (admission keeps its refusal while it would say the same), as all through a
+    flood: building a JSON response was most of what was left of a refusal's cost once it no
+    longer went through ASGI.
     """
 
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
-        self._last: tuple[tuple[str, str, float], Response] | None = None
+        self._last: tuple[Overloaded, Dialect, Response] | None = None
 
     def closed(self) -> bool:
         return self._runtime.admission.full
@@ -253,10 +255,10 @@ class AdmissionGate:
         if dialect is None:
             return None
         error = admission.refusal()
-        key = (dialect.prefix, error.message, error.retry_after_s)
-        if self._last is None or self._last[0] != key:
-            self._last = (key, dialect.response(error))
-        return self._last[1]
+        last = self._last
+        if last is None or last[0] is not error or last[1] is not dialect:
+            self._last = last = (error, dialect, dialect.response(error))
+        return last[2]
 
     def arrive(self, scope: Scope) -> Callable[[], None] | None:
         if _admitting(scope) is None:

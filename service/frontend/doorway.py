@@ -69,7 +69,7 @@ class ServiceConfig(uvicorn.Config):
         self.door = door
         self.head_limits = head_limits or HeadLimits()
         self.refusal_heads = CachedHeads()
-        self.admitting_starts = Starts()
+        self.admitting_starts = Starts(None if door is None else door.refused)
         self.deadlines = Deadlines()
 
 

@@ -270,26 +270,44 @@ class ServiceHttpProtocol(HttpToolsProtocol):
 
 
 class Starts:
-    """Starts the requests that go to admission one per turn of the event loop.
+    """Starts the requests that go to admission one per turn of the event loop, after the
+    refusals.
 
     A request's first step (framework, validation, admission, the hand-over to preparation)
     is the largest piece of work the API process does for it. Started as they were read, a
     burst's admitted share ran back to back in one turn, and the refusals and probes read
     meanwhile waited for all of them. One per turn, the loop reads its sockets between them:
     what arrives is refused (or answered) at once, while the door counts the requests waiting
-    here as on their way to admission.
+    here as on their way to admission. And while refusals keep coming (a turn refused
+    something since the last look), the next start waits for a turn without one, for
+    ``max_wait_s`` at most: a flood's admitted share is a few hundred requests whose first
+    steps took as much of the loop as the thousands of refusals read meanwhile, which then
+    queued behind them; their generation takes seconds, so waiting out the flood costs them
+    little.
     """
 
-    def __init__(self) -> None:
-        self._waiting: deque[Callable[[], None]] = deque()
+    def __init__(self, refused: Callable[[], int] | None = None, max_wait_s: float = 0.1) -> None:
+        """``refused``: how many requests the door has refused so far (None: never wait)."""
+        self._refused = refused
+        self.max_wait_s = max_wait_s
+        self._waiting: deque[tuple[float, Callable[[], None]]] = deque()
+        self._seen = 0
 
     def add(self, loop: asyncio.AbstractEventLoop, start: Callable[[], None]) -> None:
-        self._waiting.append(start)
+        self._waiting.append((loop.time(), start))
         if len(self._waiting) == 1:
+            if self._refused is not None:
+                self._seen = self._refused()
             loop.call_soon(self._next, loop)
 
     def _next(self, loop: asyncio.AbstractEventLoop) -> None:
-        start = self._waiting[0]
+        queued, start = self._waiting[0]
+        if self._refused is not None:
+            refused = self._refused()
+            if refused != self._seen and loop.time() - queued < self.max_wait_s:
+                self._seen = refused  # refusals this turn: they go first, this waits a turn
+                loop.call_soon(self._next, loop)
+                return
         try:
             start()
         finally:

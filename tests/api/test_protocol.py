@@ -245,6 +245,50 @@ async def test_requests_for_admission_start_one_per_turn_counted_as_arriving_unt
     assert gate.arriving == 0
 
 
+async def test_while_refusals_keep_coming_the_admitted_wait_for_a_quiet_turn() -> None:
+    """A flood's admitted share started one per turn still took as much of the loop as the
+    refusals read meanwhile, which queued behind them: starts wait for a turn without one."""
+    gate = Gate(full=False, bound=2)
+    server = Server(Door(Metrics(), gate))
+    admitted = [server.connect()[0] for _ in range(2)]
+    for protocol in admitted:
+        protocol.data_received(request("/translate"))
+    assert gate.closed()  # both on their way: the door is closed for the rest
+    flood = [server.connect() for _ in range(4)]
+    for protocol, transport in flood:  # a refusal read in each turn
+        protocol.data_received(request("/translate"))
+        assert transport.writes[0].startswith(b"HTTP/1.1 429 ")
+        await asyncio.sleep(0)
+        assert server.reached == []
+    for _ in range(4):  # quiet turns: one start a turn again
+        await asyncio.sleep(0)
+    assert server.reached == ["/translate", "/translate"]
+
+
+async def test_a_start_waits_for_refusals_no_longer_than_its_bound() -> None:
+    gate = Gate(full=False, bound=1)
+    server = Server(Door(Metrics(), gate))
+    server.config.admitting_starts.max_wait_s = 0.02
+    loop = asyncio.get_running_loop()
+    server.connect()[0].data_received(request("/translate"))
+    turns = 0
+
+    def refuse_one_a_turn() -> None:  # a refusal in every turn of the loop, for ever
+        nonlocal turns
+        turns += 1
+        server.connect()[0].data_received(request("/translate"))
+        if not server.reached:
+            loop.call_soon(refuse_one_a_turn)
+
+    started = loop.time()
+    refuse_one_a_turn()
+    while not server.reached:
+        await asyncio.sleep(0.001)
+        assert loop.time() - started < 1
+    assert loop.time() - started >= 0.02
+    assert turns > 10
+
+
 async def test_a_request_on_its_way_is_not_refused_for_counting_itself() -> None:
     # Room for one: the request counts as on its way until it starts, then reaches the app.
     protocol, transport, _, reached = await connection(Door(Metrics(), Gate(False, bound=1)))

@@ -256,3 +256,23 @@ def test_free_rows_are_refused_only_where_a_generation_would_outlast_the_deadlin
         assert fits, "admitted a text that a full enough batch cannot finish in time"
     for reservation in held:
         reservation.release()
+
+
+def test_the_doors_refusal_is_kept_while_it_would_say_the_same_and_each_is_counted() -> None:
+    clock = Clock()
+    metrics = Metrics()
+    gate = Admission(3, metrics, lambda: None, clock=clock)
+    gate.set_engine(8)
+    held = gate.reserve(3, None)
+    first = gate.refusal()
+    clock.now += 0.05
+    assert gate.refusal() is first  # a flood's refusals: worked out once
+    clock.now += 0.1
+    later = gate.refusal()
+    assert later is not first  # Retry-After is worked out again after a while
+    assert later.message == first.message
+    held.release(1)
+    assert gate.refusal().message == "2 texts in flight, at most 3"  # never stale in flight
+    held.release(2)
+    exposition = metrics.render().decode()
+    assert 'hymt_queue_rejections_total{reason="queue_full"} 4.0' in exposition

@@ -119,9 +119,15 @@ class Door:
         self._logged: list[float] = []
         self._routes: Counter[str] = Counter()
         self._summary: asyncio.TimerHandle | None = None
+        self._refused = 0
+
+    def refused(self) -> int:
+        """Requests refused at the door so far."""
+        return self._refused
 
     def record(self, scope: Scope, seconds: float) -> None:
         """One request refused at the door, ``seconds`` after its first byte."""
+        self._refused += 1
         route, method = str(scope.get("path", "")), scope["method"]
         self._requests(route, method, "429").inc()
         self._durations(route, method).observe(seconds)

@@ -59,6 +59,8 @@ _PRIOR_TOKENS = 128.0
 _PRIOR_MARGIN = 2.0
 # The expected wait may take this share of the time left to the deadline.
 _DEADLINE_SHARE = 0.6
+# A refusal (its message and Retry-After) is used again for this long while nothing changes.
+_REFUSAL_TTL_S = 0.1
 
 
 class Reservation:
@@ -127,6 +129,8 @@ class Admission:
         self._idle = asyncio.Event()
         self._idle.set()
         self._rejections = Children(metrics.queue_rejections)
+        # The last refusal: texts in flight then, when, and the error.
+        self._refused: tuple[int, float, Overloaded] | None = None
 
     @property
     def in_flight(self) -> int:
@@ -184,12 +188,20 @@ class Admission:
         return arrived
 
     def refusal(self) -> Overloaded:
-        """The refusal for a request turned away while ``full``, before its body is read."""
+        """The refusal for a request turned away while ``full``, before its body is read: the
+        same one while the texts in flight stay as many, for ``_REFUSAL_TTL_S`` at most (a
+        flood's refusals come by the thousand, and working out Retry-After each time was a
+        third of what one cost)."""
         self._reject("queue_full")
-        return Overloaded(
-            f"{self._in_flight} texts in flight, at most {self._max}",
-            retry_after_s=self.retry_after_s(),
-        )
+        now = self._clock()
+        last = self._refused
+        if last is None or last[0] != self._in_flight or now - last[1] >= _REFUSAL_TTL_S:
+            error = Overloaded(
+                f"{self._in_flight} texts in flight, at most {self._max}",
+                retry_after_s=self.retry_after_s(),
+            )
+            self._refused = last = (self._in_flight, now, error)
+        return last[2]
 
     def reserve(self, texts: int, deadline: float | None) -> Reservation:
         """Admit ``texts`` texts or raise why not; O(1), before any per-text work."""
