@@ -236,3 +236,26 @@ def test_a_weight_wider_than_a_slice_is_dequantized_a_slice_at_a_time(
     torch.testing.assert_close(product, x @ _dense(p).T, rtol=1e-4, atol=1e-4)
     assert max(written) <= slice_rows
     assert sum(written) == outputs
+
+
+@settings(max_examples=10, deadline=None)
+@given(rows=st.integers(1, 40), blocks=st.sampled_from([4, 8, 64]), seed=st.integers(0, 99))
+def test_the_nested_maxima_in_one_kernel_are_bitsandbytes_maxima(
+    rows: int, blocks: int, seed: int
+) -> None:
+    # Any count of maxima (whole groups of GROUP, as bitsandbytes makes them), a last program
+    # only partly full included: the kernel's maxima are NestedMaxima.maxima's.
+    rows = -(-rows * blocks // GROUP) * GROUP // blocks
+    generator = torch.Generator().manual_seed(seed)
+    quantized = torch.randint(0, 256, (rows, blocks), dtype=torch.uint8, generator=generator)
+    groups = rows * blocks // GROUP
+    nested = NestedMaxima(
+        code=torch.linspace(-1, 1, 256),
+        absmax=torch.rand(groups, generator=generator) + 0.5,
+        offset=torch.rand(groups, generator=generator),
+    )
+    p = Linear(
+        torch.zeros(rows, 32 * blocks, dtype=torch.uint8), quantized, torch.tensor(NF4), nested
+    )
+    expected = nested.maxima(quantized).reshape(-1)
+    torch.testing.assert_close(quant_gemv._maxima(p), expected, rtol=1e-6, atol=0)

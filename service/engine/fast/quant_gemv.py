@@ -41,12 +41,14 @@ from service.engine.fast.linear import GROUP, Linear, NestedMaxima
 _kernel: Any
 _batch_kernel: Any
 _dequantize_kernel: Any
+_maxima_kernel: Any
 try:
     from service.engine.fast.quant_gemv_kernel import dequantize as _dequantize_kernel
+    from service.engine.fast.quant_gemv_kernel import nested_maxima as _maxima_kernel
     from service.engine.fast.quant_gemv_kernel import quant_gemv as _kernel
     from service.engine.fast.quant_gemv_kernel import quant_matmul as _batch_kernel
 except ImportError:  # no Triton (a CPU build of torch)
-    _kernel = _batch_kernel = _dequantize_kernel = None
+    _kernel = _batch_kernel = _dequantize_kernel = _maxima_kernel = None
 
 # int8 batches of more rows than this dequantize the weight once into the activations' dtype and
 # take cuBLAS: past it ``rows``'s tiles of 128 batch rows leave too few programs to keep the
@@ -260,10 +262,26 @@ def _gemv_4bit(
 
 
 def _maxima(p: Linear) -> torch.Tensor:
-    """The 4-bit weight's block maxima as float32 in row-major order."""
+    """The 4-bit weight's block maxima as float32 in row-major order: the nested ones in one
+    kernel where Triton is (``NestedMaxima.maxima``'s gather and arithmetic, four kernels and
+    an int64 index per maximum, took most of a one-row product's time)."""
     assert p.scale is not None
-    maxima = p.scale if p.nested is None else p.nested.maxima(p.scale)
-    return maxima.reshape(-1)
+    nested = p.nested
+    if nested is None:
+        return p.scale.reshape(-1)
+    if _maxima_kernel is None:
+        return nested.maxima(p.scale).reshape(-1)
+    count = p.scale.numel()
+    out = torch.empty(count, dtype=torch.float32, device=p.scale.device)
+    _maxima_kernel[(-(-count // _MAXIMA_BLOCK),)](
+        p.scale.contiguous(), nested.code, nested.absmax, nested.offset, out, count,
+        group=GROUP, block=_MAXIMA_BLOCK,
+    )  # fmt: skip
+    return out
+
+
+# Maxima per program of the nested maxima's kernel.
+_MAXIMA_BLOCK = 1024
 
 
 def dequantized_product(x: torch.Tensor, p: Linear) -> torch.Tensor:

@@ -223,3 +223,24 @@ def dequantize(  # type: ignore[no-untyped-def]
     cols = start + tl.arange(0, block_k)
     at = out_ptr + rows.to(tl.int64)[:, None] * inputs + cols[None, :]
     tl.store(at, weights, mask=row_ok[:, None] & (cols < inputs)[None, :])
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def nested_maxima(  # type: ignore[no-untyped-def]
+    quantized_ptr,
+    code_ptr,
+    absmax_ptr,
+    offset_ptr,
+    out_ptr,
+    count,
+    group: tl.constexpr,
+    block: tl.constexpr,
+):
+    """bitsandbytes' double-quantized block maxima as float32, in one pass: ``code[q]`` times
+    its group's ``absmax`` plus its group's ``offset`` (``linear.NestedMaxima``)."""
+    at = tl.program_id(0) * block + tl.arange(0, block)
+    ok = at < count
+    quantized = tl.load(quantized_ptr + at, mask=ok, other=0).to(tl.int32)
+    grouped = at // group
+    maxima = tl.load(code_ptr + quantized) * tl.load(absmax_ptr + grouped, mask=ok, other=0.0)
+    tl.store(out_ptr + at, maxima + tl.load(offset_ptr + grouped, mask=ok, other=0.0), mask=ok)
