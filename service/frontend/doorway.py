@@ -76,7 +76,7 @@ class ServiceConfig(uvicorn.Config):
 class Doorway(asyncio.Protocol):
     """One connection until its first byte the door does not refuse (see the module)."""
 
-    __slots__ = ("_app_state", "_config", "_loop", "_state", "_transport")
+    __slots__ = ("_app_state", "_config", "_loop", "_paused", "_state", "_transport")
 
     def __init__(
         self,
@@ -91,6 +91,7 @@ class Doorway(asyncio.Protocol):
         self._app_state = app_state
         self._loop = _loop or asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
+        self._paused = False  # reading, because the answers back up
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
@@ -117,6 +118,18 @@ class Doorway(asyncio.Protocol):
                     return
         self._hand_over(data)
 
+    def pause_writing(self) -> None:
+        # The answers back up (a client that sends without reading): reading stops until they
+        # drain, and TCP holds the client back; otherwise every answer would be kept here.
+        assert self._transport is not None
+        self._paused = True
+        self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._paused and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
+
     def eof_received(self) -> bool | None:
         return None  # the client is done sending, and every request it sent is answered: close
 
@@ -134,6 +147,9 @@ class Doorway(asyncio.Protocol):
         assert transport is not None
         self._config.deadlines.forget(self)
         self._state.connections.discard(self)
+        if self._paused:  # the HTTP protocol keeps its own flow control from here on
+            self._paused = False
+            transport.resume_reading()
         protocol = ServiceHttpProtocol(
             config=self._config,
             server_state=self._state,

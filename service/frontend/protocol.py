@@ -87,6 +87,8 @@ class ServiceHttpProtocol(HttpToolsProtocol):
         self._head_too_large = False
         # The read timeout running: the whole head's, or the body's between two reads.
         self._read_timer: asyncio.TimerHandle | None = None
+        # Reading paused by the refusals written here, until the transport drains.
+        self._paused_for_writes = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw = transport
@@ -157,6 +159,12 @@ class ServiceHttpProtocol(HttpToolsProtocol):
             # Part of the next head came while this request was answered: its time starts now.
             self._time_reads(self._limits.head_timeout_s)
 
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._paused_for_writes:
+            self._paused_for_writes = False
+            self.flow.resume_reading()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._time_reads(None)
         super().connection_lost(exc)
@@ -221,6 +229,11 @@ class ServiceHttpProtocol(HttpToolsProtocol):
             self.server_state.total_requests += len(answers)
             self._unset_keepalive_if_required()
             self._raw.write(b"".join(answers))
+            if self.flow.write_paused and not self.flow.read_paused:
+                # The answers back up (a client that sends without reading): stop reading
+                # until they drain, or every answer would be kept here (``resume_writing``).
+                self._paused_for_writes = True
+                self.flow.pause_reading()
             if not data:
                 self._time_reads(None)  # answered whole: idle again, under keep-alive's timer
                 self.timeout_keep_alive_task = self.loop.call_later(

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+import uvicorn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loadtests.stack import free_port
 from service.frontend.api.middleware import Door
-from service.frontend.doorway import Deadlines, Doorway
+from service.frontend.doorway import Deadlines, Doorway, ServiceConfig
 from service.frontend.metrics import Metrics
 from service.frontend.protocol import HeadLimits, ServiceHttpProtocol
 from tests.api.test_protocol import Gate, Server, Transport, refusing, request
@@ -185,3 +188,49 @@ def test_any_requests_split_anyhow_get_the_answers_the_http_protocol_gives(
         assert through[2]
     else:
         assert through[0] == expected
+
+
+@pytest.mark.parametrize("handed_over", [False, True])
+async def test_a_client_that_never_reads_its_refusals_stops_being_read(handed_over: bool) -> None:
+    """A client pipelining refused requests without reading the answers had the server buffer
+    every answer: memory without bound. Once the answers back up, the connection is no longer
+    read (TCP then holds the client back), at the doorway and after it."""
+    server = Server(refusing(Metrics()))
+    port = free_port()
+    config = ServiceConfig(
+        server.config.app, door=server.config.door, host="127.0.0.1", port=port,
+        log_config=None, http=Doorway, timeout_keep_alive=60,
+    )  # fmt: skip
+    uvicorn_server = uvicorn.Server(config)
+    serving = asyncio.create_task(uvicorn_server.serve())
+    for _ in range(500):
+        if uvicorn_server.started:
+            break
+        await asyncio.sleep(0.01)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    if handed_over:  # a request let in first: the HTTP protocol holds the connection
+        writer.write(b"GET /other HTTP/1.1\r\nHost: x\r\n\r\n")
+        await reader.readuntil(b"ok")
+    burst = request("/translate") * 1000  # about 100 kB of requests, 300 kB of answers
+    largest, stalled = 0, False
+    try:
+        for _ in range(200):  # 20 MB, unless the server stops reading first
+            writer.write(burst)
+            try:
+                await asyncio.wait_for(asyncio.shield(writer.drain()), 0.5)
+            except TimeoutError:
+                stalled = True  # the server stopped reading: the client's buffers are full
+                break
+            for connection in uvicorn_server.server_state.connections:
+                transport: Any = getattr(connection, "transport", None) or connection._transport
+                largest = max(largest, transport.get_write_buffer_size())
+        assert stalled
+        # Once the client reads its answers, the server reads again: the rest goes through.
+        answers = asyncio.create_task(reader.read(-1))
+        await asyncio.wait_for(writer.drain(), 30)
+        answers.cancel()
+    finally:
+        writer.transport.abort()
+        uvicorn_server.should_exit = True
+        await serving
+    assert largest < 4 * 2**20
