@@ -4,12 +4,14 @@ with its bytes, to the service's HTTP protocol."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import uvicorn
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from starlette.types import ASGIApp
+from uvicorn.server import ServerState
 
 from loadtests.stack import free_port
 from service.frontend.api.middleware import Door
@@ -47,6 +49,10 @@ def open_doorway(server: Server) -> tuple[Doorway, SwitchingTransport]:
 def held(server: Server) -> set[object]:
     """The connections uvicorn's server state counts (those a shutdown closes)."""
     return set(server.state.connections)
+
+
+def held_by(state: ServerState) -> list[Any]:
+    return list(state.connections)
 
 
 def statuses(transport: Transport) -> list[bytes]:
@@ -198,7 +204,7 @@ async def test_a_client_that_never_reads_its_refusals_stops_being_read(handed_ov
     server = Server(refusing(Metrics()))
     port = free_port()
     config = ServiceConfig(
-        server.config.app, door=server.config.door, host="127.0.0.1", port=port,
+        cast(ASGIApp, server.config.app), door=server.config.door, host="127.0.0.1", port=port,
         log_config=None, http=Doorway, timeout_keep_alive=60,
     )  # fmt: skip
     uvicorn_server = uvicorn.Server(config)
@@ -221,7 +227,7 @@ async def test_a_client_that_never_reads_its_refusals_stops_being_read(handed_ov
             except TimeoutError:
                 stalled = True  # the server stopped reading: the client's buffers are full
                 break
-            for connection in uvicorn_server.server_state.connections:
+            for connection in held_by(uvicorn_server.server_state):
                 transport: Any = getattr(connection, "transport", None) or connection._transport
                 largest = max(largest, transport.get_write_buffer_size())
         assert stalled
