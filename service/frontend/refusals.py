@@ -22,6 +22,7 @@ from service.frontend.api.middleware import Door
 # Requests whose head is larger than this are left to the parser (and its limits).
 _MAX_FAST_HEAD = 8192
 _ADMITTING_METHOD = b"POST"
+_MAX_LENGTH_DIGITS = 15
 # Headers that change how a request is framed or how its connection goes on.
 _LEFT_TO_THE_PARSER = frozenset((b"transfer-encoding", b"expect", b"connection", b"upgrade", b"te"))
 
@@ -37,7 +38,7 @@ def whole_request(data: bytes) -> tuple[str, bytes | None, int] | None:
     if len(parts) != 3 or parts[0] != _ADMITTING_METHOD or parts[2] != b"HTTP/1.1":
         return None
     target = parts[1]
-    if not target.startswith(b"/") or b"?" in target or b"%" in target:
+    if not target.startswith(b"/") or b"?" in target or b"%" in target or not target.isascii():
         return None
     length: int | None = None
     request_id: bytes | None = None
@@ -48,7 +49,9 @@ def whole_request(data: bytes) -> tuple[str, bytes | None, int] | None:
         name = name.lower()
         if name == b"content-length":
             value = value.strip()
-            if length is not None or not value.isdigit():
+            # Past _MAX_LENGTH_DIGITS (more than any body the service takes) the parser
+            # answers: Python's int() refuses strings of over 4,300 digits.
+            if length is not None or not value.isdigit() or len(value) > _MAX_LENGTH_DIGITS:
                 return None
             length = int(value)
         elif name == b"x-request-id":

@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import pytest
 import uvicorn
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from starlette.types import ASGIApp
 from uvicorn.server import ServerState
@@ -240,3 +240,43 @@ async def test_a_client_that_never_reads_its_refusals_stops_being_read(handed_ov
         uvicorn_server.should_exit = True
         await serving
     assert largest < 4 * 2**20
+
+
+_HEAD_PARTS = st.sampled_from(
+    [b"POST ", b"/translate", b" HTTP/1.1", b"\r\n", b"Content-Length: ", b"X-Request-ID: ",
+     b"Transfer-Encoding: chunked", b": ", b"9" * 5000, b"\xff\xfe", b"/\xc3\xa9", b"0", b"12",
+     b" ", b"\t", b"\r\n\r\n", b"%2F", b"?q=1", b"x" * 300]
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@example(data=b"POST /translate HTTP/1.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n")
+@example(data=b"POST /tr\xffnslate HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+@given(
+    data=st.one_of(
+        st.binary(max_size=600),
+        st.lists(_HEAD_PARTS, max_size=14).map(b"".join),
+    )
+)
+def test_any_bytes_at_the_doorway_are_refused_answered_or_handed_over_never_raise(
+    data: bytes,
+) -> None:
+    """Issue 1's attacker, at the first bytes: a Content-Length of 5,000 digits (past Python's
+    int conversion limit) or a path that is not ASCII raised inside the protocol."""
+
+    async def feed(through_doorway: bool) -> list[bytes]:
+        server = Server(refusing(Metrics()))
+        if through_doorway:
+            _, switching = open_doorway(server)
+            switching.feed(data)
+            transport: Transport = switching
+        else:  # the HTTP protocol's own fast path, on a connection it already holds
+            protocol, transport = server.connect()
+            protocol.data_received(data)
+        await asyncio.sleep(0.002)
+        return statuses(transport)
+
+    answered = asyncio.run(feed(True)) + asyncio.run(feed(False))
+    assert all(
+        status in (b"200", b"400", b"404", b"405", b"413", b"429", b"431") for status in answered
+    )
