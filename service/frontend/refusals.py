@@ -11,6 +11,7 @@ request the door lets in) is left to the parser, from that request on.
 
 from __future__ import annotations
 
+import re
 import time
 from http import HTTPStatus
 from typing import Any, cast
@@ -21,7 +22,6 @@ from service.frontend.api.middleware import Door
 
 # Requests whose head is larger than this are left to the parser (and its limits).
 _MAX_FAST_HEAD = 8192
-_ADMITTING_METHOD = b"POST"
 _MAX_LENGTH_DIGITS = 15
 # Headers that change how a request is framed or how its connection goes on.
 _LEFT_TO_THE_PARSER = frozenset((b"transfer-encoding", b"expect", b"connection", b"upgrade", b"te"))
@@ -29,33 +29,36 @@ _LEFT_TO_THE_PARSER = frozenset((b"transfer-encoding", b"expect", b"connection",
 
 def whole_request(data: bytes) -> tuple[str, bytes | None, int] | None:
     """(path, X-Request-ID, total length) of the POST request at the start of ``data`` when it
-    is all there and plain HTTP/1.1 with a ``Content-Length`` body; else None."""
+    is all there and plain HTTP/1.1 with a ``Content-Length`` body, framed exactly as the
+    parser would frame it; else None (the parser answers it, a 400 where it is malformed)."""
     end = data.find(b"\r\n\r\n", 0, _MAX_FAST_HEAD)
     if end < 0:
         return None
-    lines = data[:end].split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or parts[0] != _ADMITTING_METHOD or parts[2] != b"HTTP/1.1":
+    head = data[:end]
+    # A bare CR or LF ends a line for nobody here and is the parser's 400.
+    lines_ends = head.count(b"\r\n")
+    if head.count(b"\r") != lines_ends or head.count(b"\n") != lines_ends:
         return None
-    target = parts[1]
-    if not target.startswith(b"/") or b"?" in target or b"%" in target or not target.isascii():
+    request_line = _REQUEST_LINE.match(head)
+    if request_line is None:
         return None
+    # Every line after the request line a well-formed header (the matches start at a line's
+    # CRLF and end at the next, so as many matches as line ends means no line was skipped).
+    fields = _FIELD.findall(head, request_line.end())
+    if len(fields) != lines_ends:
+        return None  # malformed: the parser answers it
     length: int | None = None
     request_id: bytes | None = None
-    for line in lines[1:]:
-        name, colon, value = line.partition(b":")
-        if not colon or not name or name[-1:] in (b" ", b"\t"):
-            return None  # malformed: the parser answers it
+    for name, value in fields:
         name = name.lower()
         if name == b"content-length":
-            value = value.strip()
             # Past _MAX_LENGTH_DIGITS (more than any body the service takes) the parser
             # answers: Python's int() refuses strings of over 4,300 digits.
             if length is not None or not value.isdigit() or len(value) > _MAX_LENGTH_DIGITS:
                 return None
             length = int(value)
         elif name == b"x-request-id":
-            request_id = value.strip()
+            request_id = value
         elif name in _LEFT_TO_THE_PARSER:
             return None
     if length is None:
@@ -63,7 +66,17 @@ def whole_request(data: bytes) -> tuple[str, bytes | None, int] | None:
     total = end + 4 + length
     if len(data) < total:
         return None
-    return target.decode("ascii"), request_id, total
+    return request_line.group(1).decode("ascii"), request_id, total
+
+
+# ``POST`` of an origin-form path of visible ASCII, without a query or an escape, HTTP/1.1.
+_REQUEST_LINE = re.compile(rb"POST (/[\x21-\x24\x26-\x3e\x40-\x7e]*) HTTP/1\.1(?=\r\n|\Z)")
+# A header line: a token, a colon, the value without control characters (the parser's rules),
+# the whitespace around it not part of it.
+_FIELD = re.compile(
+    rb"\r\n([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*"
+    rb"((?:[^\x00-\x1f\x7f]*[^\x00-\x20\x7f])?)[ \t]*(?=\r\n|\Z)"
+)
 
 
 class CachedHeads:

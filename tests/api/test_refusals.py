@@ -1,0 +1,70 @@
+"""Refusals from raw bytes (``frontend.refusals``) against the HTTP parser the service runs:
+whatever the door frames as a whole request, httptools reads as that same request."""
+
+from __future__ import annotations
+
+import httptools
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from service.frontend.refusals import whole_request
+
+
+class _Parsed:
+    """What httptools reads: the target, the headers, the body and the messages completed."""
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body = b""
+        self.complete = 0
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        self.complete += 1
+
+
+_PIECES = st.sampled_from(
+    [b"POST ", b"/translate", b" HTTP/1.1", b"HTTP/1.0", b"\r\n", b"\n", b"\r", b": ", b":",
+     b"Content-Length", b"content-length", b"X-Request-ID", b"Host", b"Transfer-Encoding",
+     b"chunked", b" ", b"\t", b"0", b"3", b"12", b"abc", b"\xff", b"\x00", b"/v2/translate",
+     b"x" * 20, b"\r\n\r\n", b"Content-Length: 3\r\n", b"Host: x\r\n", b"X-Request-ID: r1\r\n"]
+)  # fmt: skip
+
+
+@settings(max_examples=500, deadline=None)
+@example(data=b"POST /t HTTP/1.1\r\nX: a\nContent-Length: 3\r\n\r\nabc")
+@example(data=b"POST /t HTTP/1.1\r\nX: a\r\n Content-Length: 3\r\n\r\nabc")
+@example(data=b"POST /t HTTP/1.1\r\nContent-Length: 3\rX: 1\r\n\r\nabc")
+@example(data=b"POST /t HTTP/1.1\r\nX\x00: 1\r\nContent-Length: 3\r\n\r\nabc")
+@example(data=b"POST /t HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc")
+@given(
+    data=st.lists(_PIECES, max_size=16).map(
+        lambda pieces: b"POST /translate HTTP/1.1\r\n" + b"".join(pieces) + b"\r\n\r\nabcdefghijkl"
+    )
+)
+def test_what_the_door_frames_as_a_request_httptools_reads_as_the_same(data: bytes) -> None:
+    """A request the door answers from its bytes must be one the parser reads the same way
+    (its target, its body's length, its X-Request-ID), or the connection's next request would
+    start at a different byte for the door than for the parser; a head the parser rejects is
+    left to it (its 400), never framed here."""
+    framed = whole_request(data)
+    if framed is None:
+        return
+    path, request_id, total = framed
+    parsed = _Parsed()
+    httptools.HttpRequestParser(parsed).feed_data(data[:total])  # raises where it rejects
+    assert parsed.complete == 1
+    assert parsed.url == path.encode()
+    head_end = data.index(b"\r\n\r\n") + 4
+    assert len(parsed.body) == total - head_end
+    ids = [value for name, value in parsed.headers if name.lower() == b"x-request-id"]
+    assert (ids[-1].strip() if ids else None) == request_id
