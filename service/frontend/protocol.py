@@ -294,8 +294,8 @@ class Starts:
     here as on their way to admission. And while refusals keep coming (a turn refused
     something since the last look), the next start waits for a turn without one, for
     ``max_wait_s`` at most: a flood's admitted share is a few hundred requests whose first
-    steps took as much of the loop as the thousands of refusals read meanwhile, which then
-    queued behind them; their generation takes seconds, so waiting out the flood costs them
+    steps took about as much of the loop as the thousands of refusals read meanwhile, which
+    then queued behind them; their generation takes seconds, so waiting out the flood costs them
     little.
     """
 

@@ -191,7 +191,7 @@ class Admission:
         """The refusal for a request turned away while ``full``, before its body is read: the
         same one while the texts in flight stay as many, for ``_REFUSAL_TTL_S`` at most (a
         flood's refusals come by the thousand, and working out Retry-After each time was a
-        third of what one cost)."""
+        noticeable share of what one cost)."""
         self._reject("queue_full")
         now = self._clock()
         last = self._refused
