@@ -3,6 +3,8 @@ whatever the door frames as a whole request, httptools reads as that same reques
 
 from __future__ import annotations
 
+import time
+
 import httptools
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -68,3 +70,20 @@ def test_what_the_door_frames_as_a_request_httptools_reads_as_the_same(data: byt
     assert len(parsed.body) == total - head_end
     ids = [value for name, value in parsed.headers if name.lower() == b"x-request-id"]
     assert (ids[-1].strip() if ids else None) == request_id
+
+
+def test_a_head_of_any_shape_is_read_in_time_proportional_to_its_length() -> None:
+    """A header value of 8,000 spaces ending in a control character took a backtracking
+    pattern a second per request (a ReDoS of the event loop); every shape of head up to the
+    fast path's limit is read in a pass. The bound is a thousand times what a pass takes."""
+    heads = [
+        b"POST /translate HTTP/1.1\r\nX: " + b" " * 8000 + b"\x01\r\nContent-Length: 0",
+        b"POST /translate HTTP/1.1\r\nX: a" + b" \t" * 4000 + b"\x7f\r\nContent-Length: 0",
+        b"POST /translate HTTP/1.1\r\n" + b"a:b\r\n" * 1600 + b"Content-Length: 0",
+        b"POST /translate HTTP/1.1\r\n" + b"a" * 8000 + b":\r\nContent-Length: 0",
+        b"POST /" + b"a" * 8000 + b"\x01 HTTP/1.1\r\nContent-Length: 0",
+    ]
+    started = time.perf_counter()
+    for head in heads:
+        whole_request(head + b"\r\n\r\n")
+    assert time.perf_counter() - started < 0.5
