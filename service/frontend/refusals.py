@@ -29,14 +29,14 @@ _MAX_FAST_HEADERS = 64
 _LEFT_TO_THE_PARSER = frozenset((b"transfer-encoding", b"expect", b"connection", b"upgrade", b"te"))
 
 
-def whole_request(data: bytes) -> tuple[str, bytes | None, int] | None:
-    """(path, X-Request-ID, total length) of the POST request at the start of ``data`` when it
-    is all there and plain HTTP/1.1 with a ``Content-Length`` body, framed exactly as the
-    parser would frame it; else None (the parser answers it, a 400 where it is malformed)."""
-    end = data.find(b"\r\n\r\n", 0, _MAX_FAST_HEAD)
+def whole_request(data: bytes, start: int = 0) -> tuple[str, bytes | None, int] | None:
+    """(path, X-Request-ID, length) of the POST request at ``start`` in ``data`` when it is all
+    there and plain HTTP/1.1 with a ``Content-Length`` body, framed exactly as the parser would
+    frame it; else None (the parser answers it, a 400 where it is malformed)."""
+    end = data.find(b"\r\n\r\n", start, start + _MAX_FAST_HEAD)
     if end < 0:
         return None
-    head = data[:end]
+    head = data[start:end]
     # A bare CR or LF ends a line for nobody here and is the parser's 400.
     lines_ends = head.count(b"\r\n")
     if head.count(b"\r") != lines_ends or head.count(b"\n") != lines_ends:
@@ -67,8 +67,8 @@ def whole_request(data: bytes) -> tuple[str, bytes | None, int] | None:
             return None
     if length is None:
         return None
-    total = end + 4 + length
-    if len(data) < total:
+    total = end + 4 + length - start
+    if len(data) - start < total:
         return None
     return request_line.group(1).decode("ascii"), request_id, total
 
@@ -110,9 +110,10 @@ def refuse_whole_requests(
     """The answers to the refused requests at the start of ``data`` that it holds whole, each
     recorded by the door, and the bytes after them (from the first request left to the parser)."""
     answers: list[bytes] = []
-    while data:
+    at = 0  # where the next request starts: ``data`` is cut once, at the end
+    while at < len(data):
         started = time.perf_counter()
-        whole = whole_request(data)
+        whole = whole_request(data, at)
         if whole is None:
             break
         path, request_id, length = whole
@@ -132,6 +133,6 @@ def refuse_whole_requests(
             + b"\r\n\r\n"
             + refusal.body
         )
-        data = data[length:]
+        at += length
         door.record(cast(Scope, scope), time.perf_counter() - started)
-    return answers, data
+    return answers, data[at:] if at else data
