@@ -22,6 +22,8 @@ from service.frontend.api.middleware import Door
 
 # Requests whose head is larger than this are left to the parser (and its limits).
 _MAX_FAST_HEAD = 8192
+# Content-Length values of more digits than this (more than any body the service takes) are
+# left to the parser.
 _MAX_LENGTH_DIGITS = 15
 # Requests with more header lines than this are left to the parser (and its limit).
 _MAX_FAST_HEADERS = 64
@@ -56,8 +58,7 @@ def whole_request(data: bytes, start: int = 0) -> tuple[str, bytes | None, int] 
     for name, value in fields:
         name, value = name.lower(), value.strip(b" \t")
         if name == b"content-length":
-            # Past _MAX_LENGTH_DIGITS (more than any body the service takes) the parser
-            # answers: Python's int() refuses strings of over 4,300 digits.
+            # Python's int() refuses strings of over 4,300 digits: a long one is the parser's.
             if length is not None or not value.isdigit() or len(value) > _MAX_LENGTH_DIGITS:
                 return None
             length = int(value)
