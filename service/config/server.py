@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import resource
 import socket
 
 from pydantic import Field, field_validator
 
 from service.config.section import Section
+
+# Enough for every connection a flood brings one process; the kernel's table of this many
+# takes half a megabyte.
+_DEFAULT_OPEN_FILES = 65_536
 
 
 def usable_cores() -> int:
@@ -57,6 +62,14 @@ class ServerSettings(Section):
         "net.core.somaxconn); a burst larger than the queue has its excess retried by the "
         "clients a second later.",
     )
+    open_files: int | None = Field(
+        None,
+        ge=64,
+        description="Files (connections among them) each API process may have open: its soft "
+        "limit is raised to this, and the kernel's table of them grown to it at start (grown "
+        "later, under a flood of new connections, each doubling of the table stalls accepting). "
+        "Unset: the hard limit, at most 65,536.",
+    )
     api_processes: int | None = Field(
         None,
         ge=1,
@@ -98,6 +111,19 @@ class ServerSettings(Section):
         for entry in value:
             ipaddress.ip_network(entry, strict=False)  # raises ValueError when not an address
         return value
+
+    @property
+    def wanted_open_files(self) -> int:
+        """Open files each API process reserves at start: as set, else the hard limit (at most
+        65,536)."""
+        if self.open_files is not None:
+            return self.open_files
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        return (
+            _DEFAULT_OPEN_FILES
+            if hard == resource.RLIM_INFINITY
+            else min(hard, _DEFAULT_OPEN_FILES)
+        )
 
     @property
     def processes(self) -> int:

@@ -22,6 +22,7 @@ from fastapi import FastAPI
 
 from service.config.settings import Settings
 from service.frontend.doorway import Doorway, ServiceConfig
+from service.frontend.open_files import reserve_open_files
 from service.frontend.protocol import HeadLimits
 from service.frontend.runtime import Runtime
 
@@ -147,6 +148,14 @@ def serve(
     # that would end the process "killed by SIGTERM". These make a completed drain exit 0.
     for signum in signals:
         signal.signal(signum, _stopped)
+    # Before the app starts its threads and any connection comes (see ``open_files``).
+    wanted = settings.server.wanted_open_files
+    files = reserve_open_files(wanted)
+    if files.table < wanted:
+        log.warning(
+            "fewer open files than asked for: the hard limit is lower",
+            extra={"wanted": wanted, "limit": files.limit},
+        )
     holder: list[DrainingServer] = []
     app = make_app(lambda: holder[0].fatal())
     server = DrainingServer(

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import re
+import resource
 import signal
 import time
 from collections import Counter
@@ -93,6 +94,27 @@ async def test_every_process_serves_and_metrics_count_them_all(group: Process) -
         assert metric(group.url, series) == before + 60
     assert metric(group.url, "hymt_ready") == 1
     assert metric(group.url, "hymt_engine_up") == 1
+
+
+def fd_table_and_limit(pid: int) -> tuple[int, int]:
+    """The entries of a process's table of open files, and its soft limit of them."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    table = int(re.search(r"^FDSize:\s+(\d+)", status, re.MULTILINE).group(1))  # type: ignore[union-attr]
+    limits = Path(f"/proc/{pid}/limits").read_text()
+    soft = re.search(r"^Max open files\s+(\S+)", limits, re.MULTILINE).group(1)  # type: ignore[union-attr]
+    return table, 1 << 62 if soft == "unlimited" else int(soft)
+
+
+def test_every_api_process_holds_its_open_files_before_a_flood(group: Process) -> None:
+    # Grown under a flood, the table would stall accepting at each doubling (open_files.py).
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    wanted = 65_536 if hard == resource.RLIM_INFINITY else min(hard, 65_536)
+    pids = server_pids(group.log)
+    assert len(pids) == PROCESSES
+    for kind, pid in pids.items():
+        table, soft = fd_table_and_limit(pid)
+        assert table >= wanted, (kind, table)
+        assert soft >= wanted, (kind, soft)
 
 
 async def test_a_follower_that_dies_is_started_again(group: Process) -> None:
