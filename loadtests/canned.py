@@ -9,6 +9,12 @@ on the same machine.
 
     python -m loadtests.canned --port 8100 --processes 8 &
     python -m loadtests.overload --url http://127.0.0.1:8100 flood --requests 4096 --processes 8
+
+``--doorway`` serves the same refusals through the service's own front door instead: uvicorn's
+server with the service's doorway (``service.frontend.doorway``) and a door that is always shut,
+nothing behind it (``/health`` and any other path not refused get 200). Between the raw
+responder's figure and the service's, it tells the cost of the front door itself from the cost
+of what the service does behind it.
 """
 
 from __future__ import annotations
@@ -16,8 +22,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import signal
 import socket
-from typing import cast
+import sys
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from starlette.responses import Response
+    from starlette.types import Receive, Scope, Send
 
 _BODY = b'{"error": {"code": "overloaded", "message": "full, canned."}}'
 _ANSWER = (
@@ -48,31 +60,87 @@ class _Canned(asyncio.Protocol):
             self._transport.write(_ANSWER)
 
 
+def _shared_socket(port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", port))
+    return sock
+
+
 def _serve(port: int) -> None:
     import uvloop
 
     async def main() -> None:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(("127.0.0.1", port))
+        sock = _shared_socket(port)
         server = await asyncio.get_running_loop().create_server(_Canned, sock=sock, backlog=4096)
         await server.serve_forever()
 
     uvloop.run(main())
 
 
+class _Shut:
+    """A door's gate that refuses every translation with the canned answer."""
+
+    def __init__(self) -> None:
+        from starlette.responses import Response
+
+        self._answer = Response(_BODY, 429, {"retry-after": "1"}, "application/json")
+
+    def closed(self) -> bool:
+        return True
+
+    def refusal(self, scope: Scope) -> Response | None:
+        return self._answer if scope["method"] == "POST" else None
+
+    def arrive(self, scope: Scope) -> None:
+        return None
+
+
+async def _ok(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+
+def _serve_doorway(port: int) -> None:
+    import uvicorn
+
+    from service.frontend.api.middleware import Door
+    from service.frontend.doorway import Doorway, ServiceConfig
+    from service.frontend.metrics import Metrics
+
+    door = Door(Metrics(), _Shut())
+    config = ServiceConfig(
+        _ok, door=door, http=Doorway, backlog=4096, log_config=None, access_log=False
+    )
+    uvicorn.Server(config).run(sockets=[_shared_socket(port)])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument(
+        "--doorway", action="store_true", help="answer through the service's doorway instead"
+    )
     args = parser.parse_args()
     context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=_serve, args=(args.port,)) for _ in range(args.processes)]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join()
+    target = _serve_doorway if args.doorway else _serve
+    processes = [context.Process(target=target, args=(args.port,)) for _ in range(args.processes)]
+    # Stopped (SIGTERM, as a script's kill sends), the servers stop with it: left running, they
+    # would hold the port and a core each.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    try:
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join()
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=10)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,13 @@ import gc
 import http.server
 import json
 import resource
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from hypothesis import given
@@ -27,6 +30,7 @@ from loadtests import (
     profile,
     quant_kernels,
 )
+from loadtests.stack import free_port
 from loadtests.timeline import summarize
 from service.frontend.metrics import Metrics
 from service.frontend.stalls import StallMonitor
@@ -223,6 +227,38 @@ def test_the_flood_client_counts_every_answer_on_warm_and_cold_connections() -> 
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize("doorway", [False, True])
+def test_the_flood_floors_refuse_every_translation_and_answer_health(doorway: bool) -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "loadtests.canned", "--port", str(port), "--processes", "1"]
+    server = subprocess.Popen([*command, "--doorway"] if doorway else command)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                health = httpx.get(f"{url}/health", timeout=5)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        # The raw responder refuses whatever comes; the doorway lets what it does not refuse in.
+        assert health.status_code == (200 if doorway else 429)
+        report = overload.flood(url, 48, 2)
+        assert report.by_status == {"429": 48}
+        assert report.lost == 0
+        refused = httpx.post(f"{url}/translate", json={"text": "x", "target_lang": "de"})
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "overloaded"
+        assert refused.headers["retry-after"] == "1"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    # Stopped, it stops its server processes too: nothing answers on the port any more.
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/health", timeout=5)
 
 
 def test_clients_come_from_distinct_loopback_addresses() -> None:

@@ -11,12 +11,14 @@
 # 4,096 requests at once (QUEUE sets the bound) with /health polled, then goodput at RATE
 # requests/s, default 85, under a DEADLINE, default 5 s).
 # flood (issue 36: the 4,096-request flood at a queue bound of QUEUE, default 512, from 8 client
-# processes into a canned responder, the machine's floor, then into the service with its default
-# settings, one command); fast (the fast engine through HTTP, plus the naive baseline), fast-fp8 (its FP8 weights),
+# processes into a canned responder, the machine's floor, then into the service's front door alone
+# (loadtests.canned --doorway), then into the service with its default settings, one command); fast (the fast engine through HTTP, plus the naive baseline), fast-fp8 (its FP8 weights),
 # fast-profile / fast-profile-fp8 (loadtests.profile on the fast engine; WINDOW_AFTER=S profiles
 # the loaded steps' kernels for 2 s from S s into its throughput phase), fidelity-float32 /
 # fidelity-bfloat16, fidelity-nf4, fidelity-int8 (loadtests.fidelity: TEXTS texts alone and in a CROWD,
-# against generate() on the same weights; nf4 and int8 in float16, as issue 37 asks),
+# against generate() on the same weights; nf4 and int8 in float16, as issue 37 asks; FIDELITY_ARGS=
+# --dequantized-reference runs generate() over the dequantized weights instead, the numbers the engine
+# multiplies, where bitsandbytes' own int8 forward rounds the activations to int8 as well),
 # smoke (the demo model in bf16, nf4, int8 and fp8 (SMOKE_QUANTS, default "none nf4 int8 fp8") through the fast engine's GPU code without
 # inductor, 8 texts alone and among 48 against generate(): a crash shows in seconds, first),
 # kernels (loadtests.kernels: decode attention and one-row projections alone, in CUDA graphs;
@@ -61,7 +63,7 @@ for variant in "$@"; do
     dtype=${variant#fidelity-}; quant=none
     case $dtype in nf4|int8) quant=$dtype; dtype=float16 ;; esac  # bitsandbytes' weights, float16
     HYMT_QUANTIZATION=$quant HYMT_DTYPE=$dtype HYMT_LOAD_FORMAT=dummy HYMT_DATA_DIR="$work/data" timeout "${VARIANT_TIMEOUT:-280}" \
-      python3 -m loadtests.fidelity --texts "${TEXTS:-64}" --crowd "${CROWD:-1000}" --report "$work/$variant.json" \
+      python3 -m loadtests.fidelity --texts "${TEXTS:-64}" --crowd "${CROWD:-1000}" ${FIDELITY_ARGS:-} --report "$work/$variant.json" \
       --reference-cache "$work/$variant.reference.pt" > "$work/$variant.out" 2>&1
     # (a cut-off run, repeated, reads transformers' side back; each phase reports as it ends)
     rc=$?; grep -E '^(reference|engine ready|alone:|crowd:) ' "$work/$variant.out"
@@ -111,6 +113,12 @@ for variant in "$@"; do
       flood --requests 4096 --processes 8 > "$work/flood-canned.out" 2>&1
     echo "canned exit $?"; kill $canned; wait $canned 2>/dev/null
     cat "$work/flood-canned.json" 2>/dev/null | head -c 1500; cp "$work/flood-canned.json" "$out/" 2>/dev/null
+    python3 -m loadtests.canned --port 8101 --processes 8 --doorway > "$work/doorway.out" 2>&1 & doorway=$!
+    sleep 6  # the service's front door alone: uvicorn and the doorway, a door always shut
+    timeout 120 python3 -m loadtests.overload --url http://127.0.0.1:8101 --report "$work/flood-doorway.json" \
+      flood --requests 4096 --processes 8 > "$work/flood-doorway.out" 2>&1
+    echo "doorway exit $?"; kill $doorway; wait $doorway 2>/dev/null
+    grep -E '"(refusal_p50_ms|refusal_p99_ms|health_p99_ms|lost)"' "$work/flood-doorway.json"; cp "$work/flood-doorway.json" "$out/" 2>/dev/null
     timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.bench --label flood --requests 256 --lone-requests 0 \
       --baseline-requests 0 --flood-requests 4096 --flood-processes 8 "${common[@]}" \
       --env HYMT_MAX_QUEUE_SIZE="${QUEUE:-512}" > "$work/flood.out" 2>&1
