@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -291,35 +292,47 @@ class Starts:
     burst's admitted share ran back to back in one turn, and the refusals and probes read
     meanwhile waited for all of them. One per turn, the loop reads its sockets between them:
     what arrives is refused (or answered) at once, while the door counts the requests waiting
-    here as on their way to admission. And while refusals keep coming (a turn refused
-    something since the last look), the next start waits for a turn without one, for
-    ``max_wait_s`` at most: a flood's admitted share is a few hundred requests whose first
-    steps took about as much of the loop as the thousands of refusals read meanwhile, which
-    then queued behind them; their generation takes seconds, so waiting out the flood costs them
-    little.
+    here as on their way to admission. And while refusals keep coming (one within the last
+    ``quiet_s``), the next start waits until ``quiet_s`` pass without one, for ``max_wait_s`` at
+    most: a flood's admitted share is a few hundred requests whose first steps (and the steps
+    that follow them) took about as much of the loop as the thousands of refusals read
+    meanwhile, which then queued behind them; their generation takes seconds, so waiting out the
+    flood costs them little. A turn without a refusal is no sign that the flood is over: new
+    connections come a few at a time, and most turns between them refuse nothing.
     """
 
-    def __init__(self, refused: Callable[[], int] | None = None, max_wait_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        refused: Callable[[], int] | None = None,
+        max_wait_s: float = 0.25,
+        quiet_s: float = 0.005,
+    ) -> None:
         """``refused``: how many requests the door has refused so far (None: never wait)."""
         self._refused = refused
         self.max_wait_s = max_wait_s
+        self.quiet_s = quiet_s
         self._waiting: deque[tuple[float, Callable[[], None]]] = deque()
         self._seen = 0
+        self._last_refusal = -math.inf  # when a refusal was last seen (the loop's time)
 
     def add(self, loop: asyncio.AbstractEventLoop, start: Callable[[], None]) -> None:
         self._waiting.append((loop.time(), start))
         if len(self._waiting) == 1:
-            if self._refused is not None:
+            if self._refused is not None:  # what the door refused before does not hold it up
                 self._seen = self._refused()
             loop.call_soon(self._next, loop)
 
     def _next(self, loop: asyncio.AbstractEventLoop) -> None:
         queued, start = self._waiting[0]
         if self._refused is not None:
+            now = loop.time()
             refused = self._refused()
-            if refused != self._seen and loop.time() - queued < self.max_wait_s:
-                self._seen = refused  # refusals this turn: they go first, this waits a turn
-                loop.call_soon(self._next, loop)
+            if refused != self._seen:  # refused since the last look: the flood goes on
+                self._seen = refused
+                self._last_refusal = now
+            wait = min(self._last_refusal + self.quiet_s, queued + self.max_wait_s) - now
+            if wait > 0:
+                loop.call_later(wait, self._next, loop)
                 return
         try:
             start()

@@ -245,11 +245,13 @@ async def test_requests_for_admission_start_one_per_turn_counted_as_arriving_unt
     assert gate.arriving == 0
 
 
-async def test_while_refusals_keep_coming_the_admitted_wait_for_a_quiet_turn() -> None:
+async def test_while_refusals_keep_coming_the_admitted_wait_for_a_quiet_spell() -> None:
     """A flood's admitted share started one per turn still took as much of the loop as the
-    refusals read meanwhile, which queued behind them: starts wait for a turn without one."""
+    refusals read meanwhile, which queued behind them: starts wait for a spell without one."""
     gate = Gate(full=False, bound=2)
     server = Server(Door(Metrics(), gate))
+    starts = server.config.admitting_starts
+    starts.quiet_s = 0.01
     admitted = [server.connect()[0] for _ in range(2)]
     for protocol in admitted:
         protocol.data_received(request("/translate"))
@@ -260,9 +262,30 @@ async def test_while_refusals_keep_coming_the_admitted_wait_for_a_quiet_turn() -
         assert transport.writes[0].startswith(b"HTTP/1.1 429 ")
         await asyncio.sleep(0)
         assert server.reached == []
-    for _ in range(4):  # quiet turns: one start a turn again
-        await asyncio.sleep(0)
+    await asyncio.sleep(0.05)  # quiet since: one start a turn again
     assert server.reached == ["/translate", "/translate"]
+
+
+async def test_refusals_a_few_turns_apart_still_hold_the_admitted_back() -> None:
+    # New connections come a few at a time: most turns of a flood refuse nothing, and a start
+    # in each of them put the admitted share's work back among the refusals.
+    gate = Gate(full=False, bound=1)
+    server = Server(Door(Metrics(), gate))
+    starts = server.config.admitting_starts
+    starts.quiet_s, starts.max_wait_s = 0.02, 5.0
+    loop = asyncio.get_running_loop()
+    server.connect()[0].data_received(request("/translate"))
+    for _ in range(10):  # a refusal every 5 ms, each followed by turns without one
+        server.connect()[0].data_received(request("/translate"))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert server.reached == []
+        await asyncio.sleep(0.005)
+    last = loop.time()
+    while not server.reached:
+        await asyncio.sleep(0.001)
+        assert loop.time() - last < 1
+    assert loop.time() - last >= 0.015  # once the refusals had stopped for the quiet spell
 
 
 async def test_a_start_waits_for_refusals_no_longer_than_its_bound() -> None:
