@@ -24,7 +24,8 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
   reduction (the form the engine would take for such a checkpoint at one row);
 - ``nf4-engine`` and ``int8-engine``: what the engine runs for each shape
   (``quant_gemv.product``: at one row of NF4 bitsandbytes' GEMV, in a CUDA graph as the engine
-  replays it), NF4's maxima in bitsandbytes' double quantization as the engine loads them.
+  replays it), NF4's maxima in bitsandbytes' double quantization as the engine loads them: the
+  four projections' side by side, written by one kernel before the first.
 
 Weights are random (speed does not depend on the values); each variant's result is compared with
 the product over its own dequantized weight. On a CPU (``--smoke``) the engine's variants run once
@@ -196,7 +197,22 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
         for name, (held, exact) in parts.items():
             formats[name].weights.append(held)
             formats[name].exact.append(exact)
+    if "nf4-engine" in formats:
+        formats["nf4-engine"].weights[:] = _layer_maxima_shared(formats["nf4-engine"].weights)
     return formats
+
+
+def _layer_maxima_shared(weights: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The layer's four NF4 projections with their nested maxima side by side, dequantized
+    by the first of them, as the engine loads a dense layer (``weights._share_layer_maxima``)."""
+    from service.engine.fast import bnb
+
+    projections = [held[0] for held in weights]
+    count = bnb.layer_maxima_count(projections)
+    if count is None:
+        return weights
+    out = torch.empty(count, dtype=torch.float32, device=projections[0].weight.device)
+    return [(p,) for p in bnb.share_maxima(projections, out)]
 
 
 def products(

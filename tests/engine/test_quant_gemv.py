@@ -7,6 +7,7 @@ taking each kernel (or bitsandbytes' own one-row 4-bit product) where it runs.""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -259,3 +260,118 @@ def test_the_nested_maxima_in_one_kernel_are_bitsandbytes_maxima(
     )
     expected = nested.maxima(quantized).reshape(-1)
     torch.testing.assert_close(quant_gemv._maxima(p), expected, rtol=1e-6, atol=0)
+
+
+def _nested_projection(rows: int, blocks: int, generator: torch.Generator) -> Linear:
+    """A 4-bit projection of ``rows`` by ``32 * blocks`` bytes with random nested maxima."""
+    quantized = torch.randint(0, 256, (rows, blocks), dtype=torch.uint8, generator=generator)
+    groups = rows * blocks // GROUP
+    nested = NestedMaxima(
+        code=torch.linspace(-1, 1, 256),
+        absmax=torch.rand(groups, generator=generator) + 0.5,
+        offset=torch.rand(groups, generator=generator),
+    )
+    return Linear(
+        torch.zeros(rows, 32 * blocks, dtype=torch.uint8), quantized, torch.tensor(NF4), nested
+    )
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    shapes=st.lists(
+        st.tuples(st.sampled_from([32, 64, 96]), st.sampled_from([8, 16])), min_size=2, max_size=4
+    ),
+    seed=st.integers(0, 99),
+)
+def test_a_layer_s_maxima_come_from_one_kernel_and_are_each_projection_s_own(
+    shapes: list[tuple[int, int]], seed: int
+) -> None:
+    from service.engine.fast import bnb
+
+    generator = torch.Generator().manual_seed(seed)
+    # Two layers of the same projections' shapes sharing one buffer, as a model's layers do.
+    layers = [[_nested_projection(r, b, generator) for r, b in shapes] for _ in range(2)]
+    counts = [bnb.layer_maxima_count(layer) for layer in layers]
+    assert counts[0] == counts[1] == sum(r * b for r, b in shapes)
+    out = torch.full((max(c for c in counts if c is not None),), float("nan"))
+    shared = [bnb.share_maxima(layer, out) for layer in layers]
+    launches = 0
+    kernel = quant_gemv._maxima_kernel
+
+    class Counted:
+        def __getitem__(self, grid: Any) -> Any:
+            def launch(*args: Any, **kwargs: Any) -> None:
+                nonlocal launches
+                launches += 1
+                kernel[grid](*args, **kwargs)
+
+            return launch
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quant_gemv, "_maxima_kernel", Counted())
+        for _ in range(2):  # one step, then the next: each layer's in the order multiplied
+            for before, after in zip(layers, shared, strict=True):
+                for original, taken in zip(before, after, strict=True):
+                    assert original.nested is not None
+                    assert original.scale is not None
+                    expected = original.nested.maxima(original.scale).reshape(-1)
+                    torch.testing.assert_close(
+                        quant_gemv._maxima(taken), expected, rtol=1e-6, atol=0
+                    )
+    assert launches == 4  # one a layer a step, where there was one a projection
+    for before, after in zip(layers, shared, strict=True):
+        storage = after[0].scale.untyped_storage().data_ptr()  # type: ignore[union-attr]
+        for original, taken in zip(before, after, strict=True):
+            # The same codes and scales, as views of the layer's: nothing is held twice.
+            assert torch.equal(taken.scale, original.scale)  # type: ignore[arg-type]
+            assert taken.scale.untyped_storage().data_ptr() == storage  # type: ignore[union-attr]
+            assert taken.nbytes() == original.nbytes()
+
+
+def test_maxima_kept_otherwise_are_not_shared() -> None:
+    from service.engine.fast import bnb
+
+    generator = torch.Generator().manual_seed(0)
+    nested = _nested_projection(32, 8, generator)
+    other_table = _nested_projection(32, 8, generator)
+    assert other_table.nested is not None
+    other_table = Linear(
+        other_table.weight,
+        other_table.scale,
+        other_table.code,
+        NestedMaxima(
+            other_table.nested.code * 2, other_table.nested.absmax, other_table.nested.offset
+        ),
+    )
+    float_maxima = Linear(nested.weight, torch.rand(32, 8), nested.code)
+    assert bnb.layer_maxima_count([nested, nested]) == 2 * 32 * 8
+    assert bnb.layer_maxima_count([nested, other_table]) is None
+    assert bnb.layer_maxima_count([nested, float_maxima]) is None
+
+
+def test_the_model_s_dense_4bit_layers_share_one_maxima_buffer() -> None:
+    from service.engine.fast.weights import LayerWeights, _share_layer_maxima
+
+    generator = torch.Generator().manual_seed(1)
+
+    def layer(rows: int, float_down: bool = False) -> LayerWeights:
+        qkv, o, gate_up, down = (_nested_projection(rows, 8, generator) for _ in range(4))
+        if float_down:  # maxima kept as float32: this layer keeps its own per projection
+            down = Linear(down.weight, torch.rand(rows, 8), down.code)
+        return LayerWeights(None, qkv, None, None, o, None, gate_up, down)
+
+    layers = (layer(32), layer(64), layer(64, float_down=True))
+    shared = _share_layer_maxima(layers)
+    assert shared[2] is layers[2]
+    buffers = set()
+    for taken in shared[:2]:
+        assert taken.gate_up is not None
+        assert taken.down is not None
+        projections = [taken.qkv, taken.o, taken.gate_up, taken.down]
+        slices = [p.maxima for p in projections]
+        assert all(s is not None for s in slices)
+        assert [s.first for s in slices if s is not None] == [True, False, False, False]
+        buffers.add(id(slices[0].layer.out) if slices[0] is not None else None)
+    assert len(buffers) == 1  # one buffer for every layer, as long as the largest layer's
+    assert shared[1].qkv.maxima is not None
+    assert shared[1].qkv.maxima.layer.out.numel() == 4 * 64 * 8

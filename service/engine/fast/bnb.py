@@ -20,13 +20,14 @@ products and 16-bit outlier columns.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from service.engine.fast.linear import GROUP, Linear, NestedMaxima
+from service.engine.fast.linear import GROUP, LayerMaxima, Linear, MaximaSlice, NestedMaxima
 
 
 def is_quantized(module: nn.Module) -> bool:
@@ -53,6 +54,64 @@ def projection(modules: Sequence[nn.Module]) -> Linear:
     # The maxima of parts kept differently are stacked as float32.
     scales = [_scale(part) if part.nested is None else _float_maxima(part) for part in parts]
     return Linear(weight, torch.cat(scales).contiguous(), codes[0])
+
+
+def layer_maxima_count(projections: Sequence[Linear]) -> int | None:
+    """The block maxima of a layer's projections if ``share_maxima`` can put them side by side
+    (every one 4-bit, its maxima nested in whole groups, one table of 8-bit values), else
+    None."""
+    counted = 0
+    for p in projections:
+        n = p.nested
+        if n is None or p.scale is None or not _same(n.code, _first_code(projections)):
+            return None
+        if p.scale.numel() != n.absmax.numel() * GROUP:
+            return None
+        counted += p.scale.numel()
+    return counted or None
+
+
+def share_maxima(projections: Sequence[Linear], out: torch.Tensor) -> list[Linear]:
+    """``projections``, a layer's in the order a step multiplies them (``layer_maxima_count``
+    says they can), with their maxima side by side in one ``LayerMaxima`` writing into ``out``:
+    their codes and scales become views of the layer's, so nothing is held twice."""
+    nested = [p.nested for p in projections]
+    code = _first_code(projections)
+    assert code is not None
+    assert all(n is not None for n in nested)
+    quantized = torch.cat([_scale(p).reshape(-1) for p in projections])
+    shared = NestedMaxima(
+        code,
+        torch.cat([n.absmax for n in nested if n is not None]),
+        torch.cat([n.offset for n in nested if n is not None]),
+    )
+    if quantized.numel() > out.numel():
+        raise ValueError("the layers' maxima buffer is shorter than this layer's maxima")
+    layer = LayerMaxima(quantized, shared, out)
+    taken: list[Linear] = []
+    start = groups = 0
+    for index, p in enumerate(projections):
+        count = _scale(p).numel()
+        own = count // GROUP
+        taken.append(
+            dataclasses.replace(
+                p,
+                scale=quantized[start : start + count].view(_scale(p).shape),
+                nested=NestedMaxima(
+                    shared.code,
+                    shared.absmax[groups : groups + own],
+                    shared.offset[groups : groups + own],
+                ),
+                maxima=MaximaSlice(layer, start, count, first=index == 0),
+            )
+        )
+        start, groups = start + count, groups + own
+    return taken
+
+
+def _first_code(projections: Sequence[Linear]) -> torch.Tensor | None:
+    nested = projections[0].nested
+    return None if nested is None else nested.code
 
 
 def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:

@@ -44,6 +44,33 @@ GROUP = 256
 
 
 @dataclass(frozen=True, slots=True)
+class LayerMaxima:
+    """The nested block maxima of a layer's 4-bit projections side by side, dequantized all at
+    once: ``quantized`` their 8-bit codes in the order a step multiplies the projections,
+    ``nested`` their groups' scales and offsets in the same order, ``out`` the float32 maxima
+    written there (one kernel a layer where there was one a projection, each a few
+    microseconds of launch and tail for a lone request). ``out`` is as long as the largest
+    layer's and shared by every layer of a model: one step's layers run one after another, on
+    one stream."""
+
+    quantized: torch.Tensor  # uint8 [maxima of the layer]
+    nested: NestedMaxima
+    out: torch.Tensor  # float32 [at least the maxima of the layer]
+
+
+@dataclass(frozen=True, slots=True)
+class MaximaSlice:
+    """Where a projection's float32 block maxima lie in its layer's ``LayerMaxima.out``: from
+    ``start``, ``count`` of them; the ``first`` projection a step multiplies writes the whole
+    layer's, the others read theirs."""
+
+    layer: LayerMaxima
+    start: int
+    count: int
+    first: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Linear:
     """A bias-free projection ``x @ weight.T``. ``scale`` set: ``weight`` is FP8 with one float32
     scale per output row (``[out, 1]``), int8 with each row's absolute maximum (``[out, 1]``,
@@ -58,6 +85,9 @@ class Linear:
     scale: torch.Tensor | None = None
     code: torch.Tensor | None = None
     nested: NestedMaxima | None = None
+    # With ``nested``: the maxima dequantized with the rest of its layer's (views of the same
+    # codes and scales as ``scale`` and ``nested``, so not counted again in ``nbytes``).
+    maxima: MaximaSlice | None = None
 
     @property
     def out_features(self) -> int:

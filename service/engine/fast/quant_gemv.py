@@ -264,20 +264,37 @@ def _gemv_4bit(
 def _maxima(p: Linear) -> torch.Tensor:
     """The 4-bit weight's block maxima as float32 in row-major order: the nested ones in one
     kernel where Triton is (``NestedMaxima.maxima``'s gather and arithmetic, four kernels and
-    an int64 index per maximum, took most of a one-row product's time)."""
+    an int64 index per maximum, took most of a one-row product's time), with the rest of its
+    layer's where they lie side by side (``linear.LayerMaxima``: written by the layer's first
+    projection, read by the others)."""
     assert p.scale is not None
     nested = p.nested
     if nested is None:
         return p.scale.reshape(-1)
+    shared = p.maxima
+    if shared is None:
+        return _nested_maxima(p.scale.reshape(-1), nested)
+    layer = shared.layer
+    if shared.first:
+        _nested_maxima(layer.quantized, layer.nested, layer.out)
+    return layer.out[shared.start : shared.start + shared.count]
+
+
+def _nested_maxima(
+    quantized: torch.Tensor, nested: NestedMaxima, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The float32 maxima the 8-bit codes ``quantized`` (flat) stand for, written from the
+    start of ``out`` where given."""
+    count = quantized.numel()
     if _maxima_kernel is None:
-        return nested.maxima(p.scale).reshape(-1)
-    count = p.scale.numel()
-    out = torch.empty(count, dtype=torch.float32, device=p.scale.device)
+        values = nested.maxima(quantized)
+        return values if out is None else out[:count].copy_(values)
+    out = torch.empty(count, dtype=torch.float32, device=quantized.device) if out is None else out
     _maxima_kernel[(-(-count // _MAXIMA_BLOCK),)](
-        p.scale.contiguous(), nested.code, nested.absmax, nested.offset, out, count,
+        quantized, nested.code, nested.absmax, nested.offset, out, count,
         group=GROUP, block=_MAXIMA_BLOCK,
     )  # fmt: skip
-    return out
+    return out[:count]
 
 
 # Maxima per program of the nested maxima's kernel.

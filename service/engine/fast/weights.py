@@ -27,6 +27,7 @@ they are (``bnb.py``) and stay in their format (``linear.py`` multiplies them).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -187,9 +188,11 @@ def take_weights(
     embed = inner.embed_tokens.weight.data
     cos, sin = _rope_tables(inner, geometry, embed)
     projector = _Projector(quantization, fp8)
-    layers = tuple(
-        _layer_weights(layer, index, projector, config, fold_norms)
-        for index, layer in enumerate(inner.layers)
+    layers = _share_layer_maxima(
+        tuple(
+            _layer_weights(layer, index, projector, config, fold_norms)
+            for index, layer in enumerate(inner.layers)
+        )
     )
     return ModelWeights(
         geometry=geometry,
@@ -296,6 +299,34 @@ def _layer_weights(
         down=None if moe else project(layer, index, "mlp", "down_proj"),
         moe=moe,
     )
+
+
+def _share_layer_maxima(layers: tuple[LayerWeights, ...]) -> tuple[LayerWeights, ...]:
+    """Dense layers whose four projections are 4-bit with nested maxima get them dequantized
+    together, one kernel a layer (``linear.LayerMaxima``), into one buffer for all layers."""
+    counts = [
+        bnb.layer_maxima_count(_dense_projections(layer)) if layer.moe is None else None
+        for layer in layers
+    ]
+    largest = max((count for count in counts if count is not None), default=0)
+    if not largest:
+        return layers
+    out = torch.empty(largest, dtype=torch.float32, device=layers[0].qkv.weight.device)
+    shared = []
+    for layer, count in zip(layers, counts, strict=True):
+        if count is None:
+            shared.append(layer)
+            continue
+        qkv, o, gate_up, down = bnb.share_maxima(_dense_projections(layer), out)
+        shared.append(dataclasses.replace(layer, qkv=qkv, o=o, gate_up=gate_up, down=down))
+    return tuple(shared)
+
+
+def _dense_projections(layer: LayerWeights) -> list[Linear]:
+    """A dense layer's projections in the order a step multiplies them."""
+    assert layer.gate_up is not None
+    assert layer.down is not None
+    return [layer.qkv, layer.o, layer.gate_up, layer.down]
 
 
 def _experts(
