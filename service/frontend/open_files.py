@@ -36,8 +36,12 @@ def reserve_open_files(wanted: int) -> OpenFiles:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     unlimited = resource.RLIM_INFINITY
     if soft != unlimited and soft < wanted:
-        soft = wanted if hard == unlimited else min(wanted, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        raised = wanted if hard == unlimited else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass  # a system cap under the hard limit (macOS's OPEN_MAX): the limit stays
     top = wanted if soft == unlimited else min(wanted, soft)
     _grow_table(top)
     return OpenFiles(None if soft == unlimited else soft, top)

@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -71,3 +72,20 @@ def test_an_open_descriptor_is_never_touched_and_the_limit_never_lowered(
     finally:
         os.close(held)
         os.close(probe)
+
+
+def test_a_system_that_refuses_the_raise_keeps_its_limit_and_still_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # macOS caps open files under an unlimited hard limit: setrlimit raises ValueError there.
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        pytest.skip("no soft limit to raise")
+
+    def refuse(*args: object) -> None:
+        raise ValueError("current limit exceeds maximum limit")
+
+    monkeypatch.setattr(resource, "setrlimit", refuse)
+    files = reserve_open_files(soft + 1000)
+    assert files.limit == soft
+    assert files.table == soft
