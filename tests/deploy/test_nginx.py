@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import resource
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -14,8 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loadtests import stack
 from service.config.settings import Settings
-from tests.deploy.conftest import DEPLOY, Process, start_nginx, start_service
+from tests.deploy.conftest import DEPLOY, Process, require, start_nginx, start_service
 
 NGINX_CONF = (DEPLOY / "nginx" / "nginx.conf").read_text("utf-8")
 
@@ -168,6 +171,44 @@ def test_upstream_keepalive_is_shorter_than_uvicorns() -> None:
     idle = re.search(r"keepalive_timeout (\d+)s;", upstream.group(1))
     assert idle is not None
     assert int(idle.group(1)) < Settings(_env_file=None).server.timeout_keep_alive_s
+
+
+def test_a_worker_may_hold_two_descriptors_per_connection_whatever_its_start_limit(
+    tmp_path: Path,
+) -> None:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    connections = re.search(r"worker_connections (\d+);", NGINX_CONF)
+    assert connections is not None
+    wanted = 2 * int(connections.group(1))
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        pytest.skip(f"the hard limit ({hard}) is under what a worker needs")
+    conf, _ = stack.render_nginx(["127.0.0.1:9"], tmp_path)  # never reached: no request is sent
+    command = stack.nginx_command(require("nginx"), conf, tmp_path)
+
+    def low_limit() -> None:  # a host's usual soft limit
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+
+    nginx = subprocess.Popen(command, preexec_fn=low_limit)
+    try:
+        deadline = time.monotonic() + 10
+        while not (workers := _children(nginx.pid)):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        for worker in workers:
+            limits = Path(f"/proc/{worker}/limits").read_text()
+            soft = re.search(r"^Max open files\s+(\d+)", limits, re.MULTILINE)
+            assert soft is not None
+            assert int(soft.group(1)) >= wanted
+    finally:
+        nginx.terminate()
+        nginx.wait(timeout=10)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
 
 
 def test_body_limit_matches_the_service() -> None:
