@@ -247,18 +247,10 @@ def test_the_nested_maxima_in_one_kernel_are_bitsandbytes_maxima(
     # Any count of maxima (whole groups of GROUP, as bitsandbytes makes them), a last program
     # only partly full included: the kernel's maxima are NestedMaxima.maxima's.
     rows = -(-rows * blocks // GROUP) * GROUP // blocks
-    generator = torch.Generator().manual_seed(seed)
-    quantized = torch.randint(0, 256, (rows, blocks), dtype=torch.uint8, generator=generator)
-    groups = rows * blocks // GROUP
-    nested = NestedMaxima(
-        code=torch.linspace(-1, 1, 256),
-        absmax=torch.rand(groups, generator=generator) + 0.5,
-        offset=torch.rand(groups, generator=generator),
-    )
-    p = Linear(
-        torch.zeros(rows, 32 * blocks, dtype=torch.uint8), quantized, torch.tensor(NF4), nested
-    )
-    expected = nested.maxima(quantized).reshape(-1)
+    p = _nested_projection(rows, blocks, torch.Generator().manual_seed(seed))
+    assert p.nested is not None
+    assert p.scale is not None
+    expected = p.nested.maxima(p.scale).reshape(-1)
     torch.testing.assert_close(quant_gemv._maxima(p), expected, rtol=1e-6, atol=0)
 
 
