@@ -22,7 +22,7 @@ from fastapi import FastAPI
 
 from service.config.settings import Settings
 from service.frontend.doorway import Doorway, ServiceConfig
-from service.frontend.open_files import reserve_open_files
+from service.frontend.open_files import OpenFiles, reserve_open_files
 from service.frontend.protocol import HeadLimits
 from service.frontend.runtime import Runtime
 
@@ -149,13 +149,7 @@ def serve(
     for signum in signals:
         signal.signal(signum, _stopped)
     # Before the app starts its threads and any connection comes (see ``open_files``).
-    wanted = settings.server.wanted_open_files
-    files = reserve_open_files(wanted)
-    if files.table < wanted:
-        log.warning(
-            "fewer open files than asked for: the hard limit is lower",
-            extra={"wanted": wanted, "limit": files.limit},
-        )
+    reserve_files(settings)
     holder: list[DrainingServer] = []
     app = make_app(lambda: holder[0].fatal())
     server = DrainingServer(
@@ -172,3 +166,20 @@ def serve(
 
 def _stopped(signum: int, frame: FrameType | None) -> None:
     log.info("stopped", extra={"signal": signal.Signals(signum).name})
+
+
+def reserve_files(settings: Settings) -> OpenFiles:
+    """The process's open files reserved as the settings want (``open_files``), a shortfall
+    logged."""
+    wanted = settings.server.wanted_open_files
+    files = reserve_open_files(wanted)
+    if files.table < wanted:
+        # Asked for (HYMT_OPEN_FILES), a shortfall is the operator's to know; unset, the system
+        # simply allows fewer (macOS caps the limit under an unlimited hard one).
+        level = logging.WARNING if settings.server.open_files is not None else logging.INFO
+        log.log(
+            level,
+            "fewer open files than wanted: the system's limit is lower",
+            extra={"wanted": wanted, "limit": files.limit},
+        )
+    return files

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import re
 import resource
@@ -15,7 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.frontend.open_files import reserve_open_files
+from service.frontend import server
+from service.frontend.open_files import OpenFiles, reserve_open_files
+from tests.conftest import MakeSettings
 
 
 def table_entries() -> int:
@@ -89,3 +92,19 @@ def test_a_system_that_refuses_the_raise_keeps_its_limit_and_still_starts(
     files = reserve_open_files(soft + 1000)
     assert files.limit == soft
     assert files.table == soft
+
+
+@pytest.mark.parametrize("asked", [None, 4096])
+def test_a_shortfall_is_a_warning_only_when_the_operator_asked(
+    asked: int | None,
+    make_settings: MakeSettings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = make_settings() if asked is None else make_settings(open_files=asked)
+    monkeypatch.setattr(server, "reserve_open_files", lambda wanted: OpenFiles(256, 256))
+    with caplog.at_level(logging.INFO, logger=server.__name__):
+        server.reserve_files(settings)
+    [record] = [r for r in caplog.records if "open files" in r.getMessage()]
+    # Unset, the system allowing fewer is no fault (macOS); asked for, the operator must know.
+    assert record.levelno == (logging.INFO if asked is None else logging.WARNING)
