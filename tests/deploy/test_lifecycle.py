@@ -98,32 +98,39 @@ async def test_sigterm_with_a_short_drain_answers_every_request_in_json(
         HYMT_OUTPUT_TOKENS_RATIO="16",
         HYMT_FAST_MAX_ROWS="8",
         HYMT_DRAIN_TIMEOUT_S="2",
+        # What is under test is the drain: a deadline no estimate reaches, so that admission
+        # never refuses the burst (its prior is the engine's step time measured at start, which
+        # a machine busy with the tests before put past the default 100 s: 164 of the 200 got 429).
+        HYMT_REQUEST_TIMEOUT_S="3600",
     )
-    limits = httpx.Limits(max_connections=250)
-    async with httpx.AsyncClient(base_url=service.url, timeout=120, limits=limits) as client:
-        requests = [
-            asyncio.ensure_future(
-                client.post("/translate", json={"text": f"phrase {i}", "target_lang": "fr"})
-            )
-            for i in range(200)
-        ]
-        for _ in range(500):
-            if metric(service.url, "hymt_in_flight_texts") >= 150:
-                break
-            await asyncio.sleep(0.02)
-        service.popen.send_signal(signal.SIGTERM)
-        responses = await asyncio.gather(*requests, return_exceptions=True)
-    answered = [r for r in responses if isinstance(r, httpx.Response)]
-    assert len(answered) == 200, [r for r in responses if not isinstance(r, httpx.Response)]
-    statuses = {r.status_code for r in answered}
-    assert statuses <= {200, 503}, statuses
-    assert 503 in statuses  # 2 s is too short for 200 texts on two cores
-    for response in answered:
-        assert response.headers["content-type"] == "application/json"
-        if response.status_code == 503:
-            assert response.json()["error"]["code"] == "engine_unavailable"
-            assert response.headers["retry-after"]
-    assert service.popen.wait(timeout=30) == 0
+    try:
+        limits = httpx.Limits(max_connections=250)
+        async with httpx.AsyncClient(base_url=service.url, timeout=120, limits=limits) as client:
+            requests = [
+                asyncio.ensure_future(
+                    client.post("/translate", json={"text": f"phrase {i}", "target_lang": "fr"})
+                )
+                for i in range(200)
+            ]
+            for _ in range(500):
+                if metric(service.url, "hymt_in_flight_texts") >= 150:
+                    break
+                await asyncio.sleep(0.02)
+            service.popen.send_signal(signal.SIGTERM)
+            responses = await asyncio.gather(*requests, return_exceptions=True)
+        answered = [r for r in responses if isinstance(r, httpx.Response)]
+        assert len(answered) == 200, [r for r in responses if not isinstance(r, httpx.Response)]
+        statuses = {r.status_code for r in answered}
+        assert statuses <= {200, 503}, statuses
+        assert 503 in statuses  # 2 s is too short for 200 texts on two cores
+        for response in answered:
+            assert response.headers["content-type"] == "application/json"
+            if response.status_code == 503:
+                assert response.json()["error"]["code"] == "engine_unavailable"
+                assert response.headers["retry-after"]
+        assert service.popen.wait(timeout=30) == 0
+    finally:
+        service.stop()  # reaped whatever failed: a process left running fails a later test
 
 
 async def test_a_client_that_hangs_up_is_dropped_before_the_model(
