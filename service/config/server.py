@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import resource
 import socket
 
 from pydantic import Field, field_validator
 
 from service.config.section import Section
-
-# Enough for every connection a flood brings one process; the kernel's table of this many
-# takes half a megabyte.
-_DEFAULT_OPEN_FILES = 65_536
 
 
 def usable_cores() -> int:
@@ -111,19 +106,6 @@ class ServerSettings(Section):
         for entry in value:
             ipaddress.ip_network(entry, strict=False)  # raises ValueError when not an address
         return value
-
-    @property
-    def wanted_open_files(self) -> int:
-        """Open files each API process reserves at start: as set, else the hard limit (at most
-        65,536)."""
-        if self.open_files is not None:
-            return self.open_files
-        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-        return (
-            _DEFAULT_OPEN_FILES
-            if hard == resource.RLIM_INFINITY
-            else min(hard, _DEFAULT_OPEN_FILES)
-        )
 
     @property
     def processes(self) -> int:

@@ -22,7 +22,7 @@ from fastapi import FastAPI
 
 from service.config.settings import Settings
 from service.frontend.doorway import Doorway, ServiceConfig
-from service.frontend.open_files import OpenFiles, reserve_open_files
+from service.frontend.open_files import DEFAULT_OPEN_FILES, OpenFiles, reserve_open_files
 from service.frontend.protocol import HeadLimits
 from service.frontend.runtime import Runtime
 
@@ -171,12 +171,13 @@ def _stopped(signum: int, frame: FrameType | None) -> None:
 def reserve_files(settings: Settings) -> OpenFiles:
     """The process's open files reserved as the settings want (``open_files``), a shortfall
     logged."""
-    wanted = settings.server.wanted_open_files
+    asked = settings.server.open_files
+    wanted = DEFAULT_OPEN_FILES if asked is None else asked
     files = reserve_open_files(wanted)
     if files.table < wanted:
         # Asked for (HYMT_OPEN_FILES), a shortfall is the operator's to know; unset, the system
-        # simply allows fewer (macOS caps the limit under an unlimited hard one).
-        level = logging.WARNING if settings.server.open_files is not None else logging.INFO
+        # simply allows fewer (a hard limit under the default, macOS's cap under an unlimited one).
+        level = logging.INFO if asked is None else logging.WARNING
         log.log(
             level,
             "fewer open files than wanted: the system's limit is lower",

@@ -60,10 +60,10 @@ def layer_maxima_count(projections: Sequence[Linear]) -> int | None:
     """The block maxima of a layer's projections if ``share_maxima`` can put them side by side
     (every one 4-bit, its maxima nested in whole groups, one table of 8-bit values), else
     None."""
-    counted = 0
+    counted, code = 0, _first_code(projections)
     for p in projections:
         n = p.nested
-        if n is None or p.scale is None or not _same(n.code, _first_code(projections)):
+        if n is None or p.scale is None or not _same(n.code, code):
             return None
         if p.scale.numel() != n.absmax.numel() * GROUP:
             return None
