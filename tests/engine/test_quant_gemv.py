@@ -101,6 +101,17 @@ def test_the_kernel_computes_the_product_of_the_dequantized_weights(
     close(gated, _swiglu(exact))
 
 
+def test_int8_values_become_floats_exactly_without_a_conversion() -> None:
+    # Every int8 value through the kernels' bit trick, in a kernel of this test's own: the
+    # floats must be the values themselves.
+    from tests.engine.int8_kernel import convert_int8
+
+    values = torch.arange(-128, 128, dtype=torch.int8)
+    out = torch.full((256,), float("nan"))
+    convert_int8[(1,)](values, out, 256, block=256)
+    assert torch.equal(out, values.float())
+
+
 @pytest.mark.parametrize("kind", ["nf4", "nf4-nested", "int8"])
 @settings(max_examples=5, deadline=None)
 @given(

@@ -10,10 +10,13 @@ These kernels read a program's ``block_n`` output rows in
 slices of ``block_k`` inputs: for NF4 (or FP4) the packed codes (two to a byte, the first in the
 high half), looked up in the format's 16 values and multiplied by their block's maximum (float32,
 or bitsandbytes' 8-bit double quantization: ``nested``); for int8 each row's values times its
-maximum over 127. Every weight is rounded to the activations' dtype as bitsandbytes' own
+maximum over 127. Every 4-bit weight is rounded to the activations' dtype as bitsandbytes' own
 dequantization rounds it, so the product is the one ``dequantize`` then a 16-bit product gives,
-summed in float32. ``gated`` (SwiGLU over the fused gate/up halves) and ``residual`` are fused as
-in ``gemv.py``; norms never fold into bitsandbytes weights, so there is no norm option.
+summed in float32; int8 values are summed as they are (made floats by a bit trick, not the
+GPU's slower conversion units) and each output scaled by its row's maximum once, as ``rows``
+does, which rounds differently from a weight dequantized first, within the dtype's precision.
+``gated`` (SwiGLU over the fused gate/up halves) and ``residual`` are fused as in ``gemv.py``;
+norms never fold into bitsandbytes weights, so there is no norm option.
 
 Which one runs (``product``), from what the kernels measured side by side (docs/benchmarks.md,
 ``loadtests/quant_kernels.py``): 4-bit codes cost a table lookup per weight, which held the

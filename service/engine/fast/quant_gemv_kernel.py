@@ -71,6 +71,30 @@ def _weights(  # type: ignore[no-untyped-def]
     return weights
 
 
+@triton.jit
+def int8_as_float(values):  # type: ignore[no-untyped-def]
+    """int8 values as float32, exactly, without a conversion instruction: the value added to
+    the bits of 1.5 * 2**23 (it lands in the mantissa) and that number subtracted again.
+    Converting each weight (int8 to float32, as ``.to`` compiles) runs on the GPU's conversion
+    units, a fraction of its arithmetic's rate, and held a one-row product far under the
+    memory's pace; an integer add and a float subtract run at full rate."""
+    return (values.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+
+
+@triton.jit
+def _int8_slice(w_ptr, rows, row_ok, cols, inputs, stride_w):  # type: ignore[no-untyped-def]
+    """``[rows, cols]`` of an int8 weight as float32 values (unscaled)."""
+    at_w = w_ptr + rows.to(tl.int64)[:, None] * stride_w + cols[None, :]
+    values = tl.load(at_w, mask=row_ok[:, None] & (cols < inputs)[None, :], other=0)
+    return int8_as_float(values)
+
+
+@triton.jit
+def _int8_step(maxima_ptr, rows, row_ok):  # type: ignore[no-untyped-def]
+    """Each row's step: its absolute maximum over 127, as bitsandbytes' float32 multiplies."""
+    return tl.load(maxima_ptr + rows, mask=row_ok, other=0.0) * 7.874015718698502e-3
+
+
 @triton.jit  # type: ignore[untyped-decorator]
 def quant_gemv(  # type: ignore[no-untyped-def]
     x_ptr,
@@ -102,27 +126,40 @@ def quant_gemv(  # type: ignore[no-untyped-def]
     acc = tl.zeros([block_n, block_k], dtype=tl.float32)
     acc_up = tl.zeros([block_n, block_k], dtype=tl.float32)
     for start in range(0, inputs, block_k):
-        weights = _weights(
-            w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr, nested_offset_ptr,
-            rows, row_ok, start, inputs, stride_w, stride_m,
-            dtype, four_bit, nested, block, group, block_k,
-        )  # fmt: skip
         cols = start + tl.arange(0, block_k)
         xs = tl.load(x_ptr + cols, mask=cols < inputs, other=0.0).to(tl.float32)
-        acc += weights.to(tl.float32) * xs[None, :]
-        if swiglu:
-            up = _weights(
+        if four_bit:
+            weights = _weights(
                 w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr,
-                nested_offset_ptr, rows + rows_out, row_ok, start, inputs, stride_w, stride_m,
+                nested_offset_ptr, rows, row_ok, start, inputs, stride_w, stride_m,
                 dtype, four_bit, nested, block, group, block_k,
             )  # fmt: skip
-            acc_up += up.to(tl.float32) * xs[None, :]
+            acc += weights.to(tl.float32) * xs[None, :]
+            if swiglu:
+                up = _weights(
+                    w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr,
+                    nested_offset_ptr, rows + rows_out, row_ok, start, inputs, stride_w,
+                    stride_m, dtype, four_bit, nested, block, group, block_k,
+                )  # fmt: skip
+                acc_up += up.to(tl.float32) * xs[None, :]
+        else:
+            # int8: the values as they are, each row scaled by its maximum once at the end
+            # (as ``quant_matmul`` does), so a weight costs no conversion instruction.
+            acc += _int8_slice(w_ptr, rows, row_ok, cols, inputs, stride_w) * xs[None, :]
+            if swiglu:
+                up_rows = rows + rows_out
+                acc_up += _int8_slice(w_ptr, up_rows, row_ok, cols, inputs, stride_w) * xs[None, :]
     out = tl.sum(acc, axis=1)
+    up_sum = tl.sum(acc_up, axis=1)
+    if not four_bit:
+        out = out * _int8_step(maxima_ptr, rows, row_ok)
+        if swiglu:
+            up_sum = up_sum * _int8_step(maxima_ptr, rows + rows_out, row_ok)
     if swiglu:
         # Each of the three values rounded to the model's dtype, as transformers' MLP does.
         gate = out.to(dtype).to(tl.float32)
         activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        out = activated * tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
+        out = activated * up_sum.to(dtype).to(tl.float32)
     if has_residual:
         out = out.to(dtype).to(tl.float32)
         out = out + tl.load(residual_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
