@@ -25,7 +25,10 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
 - ``nf4-engine`` and ``int8-engine``: what the engine runs for each shape
   (``quant_gemv.product``: at one row of NF4 bitsandbytes' GEMV, in a CUDA graph as the engine
   replays it), NF4's maxima in bitsandbytes' double quantization as the engine loads them: the
-  four projections' side by side, written by one kernel before the first.
+  four projections' side by side, written by one kernel before the first;
+- ``nf4-row``: the engine's own one-row kernel for 4-bit codes (``quant_gemv.nf4_row``: no
+  lane-to-lane interleave, each block's sum scaled once) on ``nf4-engine``'s weights and maxima,
+  the candidate to replace bitsandbytes' GEMV there.
 
 Weights are random (speed does not depend on the values); each variant's result is compared with
 the product over its own dequantized weight. On a CPU (``--smoke``) the engine's variants run once
@@ -160,6 +163,7 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
 
         for name in ("nf4-engine", "int8-engine"):
             formats[name] = _Format(quant_gemv.product, [], [])
+        formats["nf4-row"] = _Format(lambda x, p: quant_gemv.nf4_row(x, p), [], [])
         formats["int4-tinygemm"] = _Format(lambda x, call: call(x), [], [])
         formats["nf4-bitsandbytes"] = _Format(lambda x, call: call(x), [], [])
     for _name, inputs, outputs in SHAPES:
@@ -183,7 +187,7 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
             parts["nf4-rows"] = parts["nf4-dequantized"] = parts["nf4-gemv"]
             parts["int8-rows"] = parts["int8-dequantized"] = parts["int8-gemv"]
         if "nf4-engine" in formats:
-            parts["nf4-engine"] = _double_quantized(codes, maxima, table)
+            parts["nf4-engine"] = parts["nf4-row"] = _double_quantized(codes, maxima, table)
             parts["int8-engine"] = parts["int8-gemv"]
         if "int4-tinygemm" in formats:
             probe = torch.randn(16, inputs, dtype=dtype, device=device)
@@ -197,8 +201,9 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
         for name, (held, exact) in parts.items():
             formats[name].weights.append(held)
             formats[name].exact.append(exact)
-    if "nf4-engine" in formats:
-        formats["nf4-engine"].weights[:] = _layer_maxima_shared(formats["nf4-engine"].weights)
+    for name in ("nf4-engine", "nf4-row"):
+        if name in formats:
+            formats[name].weights[:] = _layer_maxima_shared(formats[name].weights)
     return formats
 
 
@@ -236,7 +241,7 @@ def products(
         ]
         measured: dict[str, float | str] = {}
         for name, held in formats.items():
-            if name in ("int4-reduction", "nf4-gemv", "int8-gemv") and rows > 1:
+            if name in ("int4-reduction", "nf4-gemv", "int8-gemv", "nf4-row") and rows > 1:
                 continue  # one-row forms only
             layer = held.layer
             if cuda and rows == 1 and name in ("nf4", "int8", "int4-reduction"):

@@ -281,3 +281,91 @@ def nested_maxima(  # type: ignore[no-untyped-def]
     grouped = at // group
     maxima = tl.load(code_ptr + quantized) * tl.load(absmax_ptr + grouped, mask=ok, other=0.0)
     tl.store(out_ptr + at, maxima + tl.load(offset_ptr + grouped, mask=ok, other=0.0), mask=ok)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def nf4_row(  # type: ignore[no-untyped-def]
+    x_ptr,
+    w_ptr,
+    maxima_ptr,
+    code_ptr,
+    residual_ptr,
+    out_ptr,
+    rows_out,
+    inputs,
+    stride_w,
+    stride_m,
+    block: tl.constexpr,
+    swiglu: tl.constexpr,
+    has_residual: tl.constexpr,
+    block_n: tl.constexpr,
+    blocks_k: tl.constexpr,
+):
+    """One row times 4-bit codes with float32 block maxima, read as ``[rows, blocks, bytes]``
+    tiles: ``block_n`` rows a program, ``blocks_k`` blocks of ``block`` inputs a slice.
+
+    Unlike ``_weights`` (which ``quant_gemv`` reads them through) nothing is moved between
+    lanes: a byte's two codes multiply the activations at its even and its odd input (two
+    strided loads of the row, which the cache holds), and each block's sum is scaled by its
+    maximum once, where a weight was scaled and rounded one by one. Each code still costs a
+    lookup in the 16 values."""
+    dtype = out_ptr.dtype.element_ty
+    half: tl.constexpr = block // 2
+    rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
+    row_ok = rows < rows_out
+    acc = tl.zeros([block_n, blocks_k], dtype=tl.float32)
+    acc_up = tl.zeros([block_n, blocks_k], dtype=tl.float32)
+    blocks = inputs // block
+    for first in range(0, blocks, blocks_k):
+        at_block = first + tl.arange(0, blocks_k)
+        block_ok = at_block < blocks
+        byte = at_block[:, None] * half + tl.arange(0, half)[None, :]  # within a row
+        x_even = tl.load(x_ptr + 2 * byte, mask=block_ok[:, None], other=0.0).to(tl.float32)
+        x_odd = tl.load(x_ptr + 2 * byte + 1, mask=block_ok[:, None], other=0.0).to(tl.float32)
+        acc += _nf4_blocks(
+            w_ptr, maxima_ptr, code_ptr, rows, row_ok, at_block, block_ok, byte,
+            x_even, x_odd, stride_w, stride_m,
+        )  # fmt: skip
+        if swiglu:
+            acc_up += _nf4_blocks(
+                w_ptr, maxima_ptr, code_ptr, rows + rows_out, row_ok, at_block, block_ok, byte,
+                x_even, x_odd, stride_w, stride_m,
+            )  # fmt: skip
+    out = tl.sum(acc, axis=1)
+    if swiglu:
+        # Each of the three values rounded to the model's dtype, as transformers' MLP does.
+        gate = out.to(dtype).to(tl.float32)
+        activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        out = activated * tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
+    if has_residual:
+        out = out.to(dtype).to(tl.float32)
+        out = out + tl.load(residual_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows, out.to(dtype), mask=row_ok)
+
+
+@triton.jit
+def _nf4_blocks(  # type: ignore[no-untyped-def]
+    w_ptr,
+    maxima_ptr,
+    code_ptr,
+    rows,
+    row_ok,
+    at_block,
+    block_ok,
+    byte,
+    x_even,
+    x_odd,
+    stride_w,
+    stride_m,
+):
+    """``[rows, blocks]``: each block's codes times the row's activations, times its maximum."""
+    rows_at = rows.to(tl.int64)
+    mask = row_ok[:, None, None] & block_ok[None, :, None]
+    packed = tl.load(
+        w_ptr + rows_at[:, None, None] * stride_w + byte[None, :, :], mask=mask, other=0
+    )
+    high = tl.load(code_ptr + (packed >> 4).to(tl.int32))  # the byte's first input
+    low = tl.load(code_ptr + (packed & 15).to(tl.int32))
+    sums = tl.sum(high * x_even[None, :, :] + low * x_odd[None, :, :], axis=2)
+    at_maxima = maxima_ptr + rows_at[:, None] * stride_m + at_block[None, :]
+    return sums * tl.load(at_maxima, mask=row_ok[:, None] & block_ok[None, :], other=0.0)
