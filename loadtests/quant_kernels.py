@@ -320,18 +320,19 @@ GEMV_SWEEP = [
 def gemv_sweep(
     formats: dict[str, _Format], device: torch.device, dtype: torch.dtype, repeat: int
 ) -> dict[str, Any]:
-    """Per format (``nf4-gemv``, ``int8-gemv``), per projection of the layer (the gate/up one
-    with its SwiGLU, as a lone request's step runs it), per block sizes of the one-row kernel:
-    microseconds in a CUDA graph (a size that fails is reported so)."""
+    """Per format (``nf4-gemv``, ``int8-gemv``, ``nf4-row``), per projection of the layer (the
+    gate/up one with its SwiGLU, as a lone request's step runs it), per block sizes of its
+    one-row kernel: microseconds in a CUDA graph (a size that fails is reported so)."""
     results: dict[str, Any] = {}
-    for kind in ("nf4-gemv", "int8-gemv"):
+    for kind in ("nf4-gemv", "int8-gemv", "nf4-row"):
+        row = quant_gemv.nf4_row if kind == "nf4-row" else quant_gemv.one_row
         measured: dict[str, Any] = {}
         for (name, inputs, _), held in zip(SHAPES, formats[kind].weights, strict=True):
             x = torch.randn(1, inputs, dtype=dtype, device=device)
             for config in GEMV_SWEEP:
                 label = f"{name}-{config.block_n}-{config.block_k}-w{config.warps}"
                 gated = name == "gate_up"
-                call = partial(quant_gemv.one_row, x, held[0], gated=gated, config=config)
+                call = partial(row, x, held[0], gated=gated, config=config)
                 try:
                     measured[label] = graph_us(call, repeat, device)
                 except Exception as failure:  # one size failing leaves the others measured
