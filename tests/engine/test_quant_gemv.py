@@ -140,6 +140,17 @@ def test_int8_values_become_floats_exactly_without_a_conversion() -> None:
     assert torch.equal(out, values.float())
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_int8_values_become_16_bit_floats_exactly_without_a_conversion(dtype: torch.dtype) -> None:
+    # The batch kernel's operands for the tensor cores: every int8 value, exactly.
+    from tests.engine.int8_kernel import convert_int8_to
+
+    values = torch.arange(-128, 128, dtype=torch.int8)
+    out = torch.full((256,), float("nan"), dtype=dtype)
+    convert_int8_to[(1,)](values, out, 256, block=256)
+    assert torch.equal(out, values.to(dtype))
+
+
 @pytest.mark.parametrize("kind", ["nf4", "nf4-nested", "int8"])
 @settings(max_examples=5, deadline=None)
 @given(

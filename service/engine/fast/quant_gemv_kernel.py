@@ -81,6 +81,21 @@ def int8_as_float(values):  # type: ignore[no-untyped-def]
     return (values.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
 
 
+@triton.jit  # type: ignore[untyped-decorator]
+def int8_as(values, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
+    """int8 values as ``dtype`` (float16, bfloat16 or float32), exactly, without a conversion
+    instruction (``int8_as_float``'s reason): float16's bits built around 1,024 + 128 (an
+    integer add, a half subtract); bfloat16's are the top half of the float32's, whose lower
+    half is zero for every int8 value."""
+    if dtype == tl.float32:
+        return int8_as_float(values)
+    if dtype == tl.float16:
+        biased = (values.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True)
+        return biased - 1152.0
+    bits = int8_as_float(values).to(tl.int32, bitcast=True) >> 16
+    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
 @triton.jit
 def _int8_slice(w_ptr, rows, row_ok, cols, inputs, stride_w):  # type: ignore[no-untyped-def]
     """``[rows, cols]`` of an int8 weight as float32 values (unscaled)."""
@@ -216,7 +231,7 @@ def quant_matmul(  # type: ignore[no-untyped-def]
             # int8 values are exact in 16 bits, and a row's scale is one number: the product
             # over the values, scaled once at the end (no float work per weight).
             at_w = w_ptr + rows.to(tl.int64)[:, None] * stride_w + cols[None, :]
-            weights = tl.load(at_w, mask=row_ok[:, None] & col_ok, other=0).to(dtype)
+            weights = int8_as(tl.load(at_w, mask=row_ok[:, None] & col_ok, other=0), dtype)
         acc = tl.dot(xs, tl.trans(weights), acc)
     if not four_bit:
         row_max = tl.load(maxima_ptr + rows, mask=row_ok, other=0.0)
