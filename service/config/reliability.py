@@ -27,6 +27,13 @@ class ReliabilitySettings(Section):
         description="An engine that holds work and generates nothing (no token, no model step) "
         "for this long is stalled: requests in it fail with 503, it is killed and restarted.",
     )
+    prepare_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A text-preparation worker that holds jobs and answers none for this long "
+        "is hung (a text that wedged its detector or tokenizer): killed, its jobs answered 503, "
+        "started again. Preparing a text takes milliseconds.",
+    )
     engine_heartbeat_timeout_s: float = Field(
         1.0,
         gt=0,

@@ -45,6 +45,7 @@ def translation_config(settings: Settings) -> TranslationConfig:
         cache_ttl_s=settings.cache.cache_ttl_s,
         warmup=settings.model.warmup,
         prepare_niceness=settings.server.prepare_niceness,
+        prepare_timeout_s=settings.reliability.prepare_timeout_s,
         family=spec.family,
         max_document_chars=limits.max_document_chars,
         think_tags=spec.chat_format == "hy-v3",

@@ -4,6 +4,7 @@ engine process standing in for the GPU."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -278,3 +279,34 @@ async def test_a_killed_preparation_worker_is_replaced_and_nothing_else_fails(
     responses = await asyncio.gather(*(send(client, f"after {i}") for i in range(8)))
     assert [r.status_code for r in responses] == [200] * 8
     assert preparer.pids[1] == before[1]
+
+
+async def test_a_hung_preparation_worker_is_killed_and_its_callers_answered(
+    start_app: StartApp, fake: FakeControl
+) -> None:
+    # A worker that stops answering (stopped here; a text that wedges its detector or tokenizer
+    # in the wild) kept its callers waiting for ever, their admission held, /health ready.
+    client = await start_app(
+        loader=fake.loader(), warmup=False, prepare_workers=1, prepare_timeout_s=0.5
+    )
+    preparer = client.runtime.preparer
+    assert preparer is not None
+    victim = preparer.pids[0]
+    assert victim is not None
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        stuck = await asyncio.wait_for(send(client, "stuck"), 10)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGCONT)
+    assert stuck.status_code == 503
+    assert stuck.json()["error"]["code"] == "engine_unavailable"
+    await until(lambda: preparer.pids[0] not in (None, victim))
+    for _ in range(100):  # the replacement takes work once it has the tokenizer
+        after = await send(client, "after")
+        if after.status_code == 200:
+            break
+        await asyncio.sleep(0.1)
+    assert after.status_code == 200
+    metrics = (await client.http.get("/metrics")).text
+    assert "hymt_in_flight_texts 0.0" in metrics

@@ -35,6 +35,7 @@ import pickle
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -148,6 +149,8 @@ class _Worker:
         # Resolved by the worker's ready message while it is being started.
         self.started: asyncio.Future[None] | None = None
         self.outstanding: set[int] = set()
+        # When it last answered a job, or took one while holding none (the watchdog's clock).
+        self.heard_at = time.monotonic()
 
 
 class Preparer:
@@ -172,6 +175,7 @@ class Preparer:
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
         self._receiver: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
         self._restarts: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -187,6 +191,7 @@ class Preparer:
         for worker in self._workers:
             worker.socket.connect(worker.address)
         self._receiver = asyncio.create_task(self._receive(), name="preparation-results")
+        self._watchdog = asyncio.create_task(self._watch(), name="preparation-watchdog")
         await asyncio.wait_for(
             asyncio.gather(*(self._spawn(worker) for worker in self._workers)),
             _START_TIMEOUT_S,
@@ -240,7 +245,7 @@ class Preparer:
         if self._closed:
             return
         self._closed = True
-        for task in [self._receiver, *self._restarts]:
+        for task in [self._receiver, self._watchdog, *self._restarts]:
             if task is not None:
                 task.cancel()
         loop = asyncio.get_running_loop()
@@ -269,6 +274,8 @@ class Preparer:
         job_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[job_id] = future
+        if not worker.outstanding:
+            worker.heard_at = time.monotonic()  # idle until now: not silent until now
         worker.outstanding.add(job_id)
         try:
             # A connecting PUSH without a high-water mark queues: this never blocks.
@@ -308,6 +315,9 @@ class Preparer:
                 if worker.started is not None and not worker.started.done():
                     worker.started.set_result(None)
                 continue
+            for worker in self._workers:
+                if job_id in worker.outstanding:
+                    worker.heard_at = time.monotonic()
             future = self._pending.get(job_id)
             if future is None or future.done():
                 continue  # its caller left, or its worker died and it was failed already
@@ -318,6 +328,27 @@ class Preparer:
             else:
                 log.error("text preparation failed", extra={"error": payload})
                 future.set_exception(ServiceError("text preparation failed"))
+
+    async def _watch(self) -> None:
+        """A worker that holds jobs and has answered none for ``prepare_timeout_s`` is hung
+        (stopped, or wedged by a text): killed, so that its exit fails its jobs (503, retry)
+        and starts it again. A dead worker is noticed at once; a hung one kept its callers
+        waiting for ever, and /health said ready."""
+        limit = self._config.prepare_timeout_s
+        while True:
+            await asyncio.sleep(min(1.0, limit / 4))
+            now = time.monotonic()
+            for worker in self._workers:
+                process = worker.process
+                silent = now - worker.heard_at
+                if worker.outstanding and silent > limit and process is not None:
+                    if process.is_alive():
+                        log.error(
+                            "preparation worker hung; killing it",
+                            extra={"pid": process.pid, "jobs": len(worker.outstanding)},
+                        )
+                        process.kill()  # its sentinel fires: ``_exited`` does the rest
+                    worker.heard_at = now  # once per silence
 
     def _exited(self, worker: _Worker, process: multiprocessing.process.BaseProcess) -> None:
         asyncio.get_running_loop().remove_reader(process.sentinel)

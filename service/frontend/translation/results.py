@@ -42,6 +42,7 @@ class TranslationConfig:
     cache_ttl_s: float = 3600.0
     warmup: bool = True
     prepare_niceness: int = 10  # added to the preparation workers' nice value
+    prepare_timeout_s: float = 30.0  # a worker holding jobs and answering none this long: hung
     family: str = "hunyuan-mt"  # the model family whose templates build the prompts
     # A text over max_text_chars and up to this is translated as a document, segment by segment.
     max_document_chars: int = 50_000
