@@ -19,6 +19,10 @@ class Timeline:
     ramp_s: float
     # From the last sample with at least half the peak generating until the end.
     tail_s: float
+    # Texts generating on average between the ramp and the tail: how full the rows were while
+    # loaded (a closed loop keeps as many in flight, but those in HTTP, preparation or their
+    # prefill hold no decode row).
+    loaded_mean_running: float
 
 
 def summarize(samples: Sequence[tuple[float, int]], duration_s: float) -> Timeline:
@@ -26,9 +30,11 @@ def summarize(samples: Sequence[tuple[float, int]], duration_s: float) -> Timeli
     peak = max((running for _, running in samples), default=0)
     ramp = next((t for t, running in samples if running >= 0.9 * peak), 0.0)
     last_half = max((t for t, running in samples if running >= 0.5 * peak), default=0.0)
+    loaded = [running for t, running in samples if ramp <= t <= last_half]
     return Timeline(
         samples=len(samples),
         peak_running=peak,
         ramp_s=round(ramp, 3),
         tail_s=round(max(0.0, duration_s - last_half), 3),
+        loaded_mean_running=round(sum(loaded) / len(loaded), 1) if loaded else 0.0,
     )

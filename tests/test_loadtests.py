@@ -165,6 +165,7 @@ def test_the_timeline_finds_the_ramp_and_the_tail() -> None:
     assert (timeline.samples, timeline.peak_running) == (6, 10)
     assert timeline.ramp_s == 1.0  # first sample with 90% of the peak generating
     assert timeline.tail_s == 1.0  # since the last sample with half of the peak
+    assert timeline.loaded_mean_running == 8.7  # (10 + 10 + 6) / 3: the samples from 1 s to 2 s
 
 
 async def test_more_requests_than_a_socket_buffers_all_get_answers() -> None:
