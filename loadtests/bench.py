@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -48,16 +49,31 @@ def free_port() -> int:
 START_TIMEOUT_S = 600.0
 
 
+def cpu_list(text: str) -> set[int]:
+    """``"0-3,8"`` -> ``{0, 1, 2, 3, 8}`` (taskset's list form)."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
 def start_service(
-    env: dict[str, str], log: Path
+    env: dict[str, str], log: Path, cpus: set[int] | None = None
 ) -> tuple[subprocess.Popen[bytes], str, dict[str, float]]:
+    """Start ``python -m service`` and wait until it is ready; ``cpus``: the cores it (and every
+    process it starts) may run on."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     environment = {**os.environ, **env, "HYMT_HOST": "127.0.0.1", "HYMT_PORT": str(port)}
     started = time.perf_counter()
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "service"], env=environment, stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "service"],
+            env=environment,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=None if cpus is None else partial(os.sched_setaffinity, 0, cpus),
         )
     timings: dict[str, float] = {}
     deadline = started + START_TIMEOUT_S
@@ -201,6 +217,15 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--goodput-rate", type=float, default=0, help="0 skips goodput")
     parser.add_argument("--goodput-deadline", type=float, default=10.0)
     parser.add_argument("--goodput-duration", type=float, default=20.0)
+    parser.add_argument(
+        "--service-cpus", type=cpu_list, help='cores for the service, e.g. "8-15" (taskset form)'
+    )
+    parser.add_argument(
+        "--client-cpus",
+        type=cpu_list,
+        help="cores for this process and its load generators once the service is up: a flood's "
+        "clients apart from the service, as on another machine",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     env = dict(item.split("=", 1) for item in args.env)
@@ -220,8 +245,14 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     if args.baseline_requests:
         result["baseline"] = run_baseline(env, args.baseline_requests, args.out / "baseline.json")
         save()
-    process, url, timings = start_service(env, args.out / f"{args.label}.log")
+    process, url, timings = start_service(env, args.out / f"{args.label}.log", args.service_cpus)
     result.update(timings)
+    if args.client_cpus:
+        os.sched_setaffinity(0, args.client_cpus)
+        result["cpus"] = {
+            "service": sorted(args.service_cpus or []),
+            "client": sorted(args.client_cpus),
+        }
     try:
         result["weights_bytes"] = metric(url, "hymt_model_weights_bytes")
         result["load_seconds"] = metric(url, "hymt_model_load_seconds")

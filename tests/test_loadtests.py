@@ -321,3 +321,15 @@ def test_the_steady_state_leaves_out_the_ramp_and_the_drain(
     assert tokens_per_s == pytest.approx(10 * rate, rel=1e-6)
     # Too few answers for a first turnover: no steady state.
     assert loadgen.steady_state(filling, concurrency, drained) is None
+
+
+@given(cpus=st.sets(st.integers(0, 255), min_size=1))
+def test_a_cpu_list_reads_as_taskset_writes_it(cpus: set[int]) -> None:
+    ordered, runs = sorted(cpus), list[list[int]]()
+    for cpu in ordered:  # consecutive cores as one range, the way taskset lists them
+        if runs and runs[-1][1] == cpu - 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    text = ",".join(f"{a}-{b}" if a != b else str(a) for a, b in runs)
+    assert bench.cpu_list(text) == cpus

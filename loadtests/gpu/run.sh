@@ -12,7 +12,9 @@
 # requests/s, default 85, under a DEADLINE, default 5 s).
 # flood (issue 36: the 4,096-request flood at a queue bound of QUEUE, default 512, from 8 client
 # processes into a canned responder, the machine's floor, then into the service's front door alone
-# (loadtests.canned --doorway), then into the service with its default settings, one command); fast (the fast engine through HTTP, plus the naive baseline), fast-fp8 (its FP8 weights),
+# (loadtests.canned --doorway), then into the service with its default settings, one command;
+# FLOOD_CPUS=CLIENT:SERVICE, e.g. 0-7:8-15, keeps the clients off the servers' cores, and the
+# service then picks its API processes from the cores it is given); fast (the fast engine through HTTP, plus the naive baseline), fast-fp8 (its FP8 weights),
 # fast-profile / fast-profile-fp8 / fast-profile-nf4-16g (loadtests.profile on the fast engine, the
 # last in nf4-16g's configuration; WINDOW_AFTER=S profiles
 # the loaded steps' kernels for 2 s from S s into its throughput phase), fidelity-float32 /
@@ -110,20 +112,27 @@ for variant in "$@"; do
     cp "$work/replicas/replicas.json" "$out/" 2>/dev/null; continue
   fi
   if [ "$variant" = flood ]; then  # the machine's floor (a canned 429), then the service's defaults
-    python3 -m loadtests.canned --port 8100 --processes 8 > "$work/canned.out" 2>&1 & canned=$!
+    # FLOOD_CPUS=CLIENT:SERVICE (taskset lists, e.g. 0-7:8-15): every client on the first cores,
+    # every server (canned, doorway, the service) on the others, as if the clients were elsewhere.
+    on_client=(); on_server=(); cpus_args=()
+    if [ -n "${FLOOD_CPUS:-}" ]; then
+      on_client=(taskset -c "${FLOOD_CPUS%%:*}"); on_server=(taskset -c "${FLOOD_CPUS##*:}")
+      cpus_args=(--client-cpus "${FLOOD_CPUS%%:*}" --service-cpus "${FLOOD_CPUS##*:}")
+    fi
+    "${on_server[@]}" python3 -m loadtests.canned --port 8100 --processes 8 > "$work/canned.out" 2>&1 & canned=$!
     sleep 4
-    timeout 120 python3 -m loadtests.overload --url http://127.0.0.1:8100 --report "$work/flood-canned.json" \
+    timeout 120 "${on_client[@]}" python3 -m loadtests.overload --url http://127.0.0.1:8100 --report "$work/flood-canned.json" \
       flood --requests 4096 --processes 8 > "$work/flood-canned.out" 2>&1
     echo "canned exit $?"; kill $canned; wait $canned 2>/dev/null
     cat "$work/flood-canned.json" 2>/dev/null | head -c 1500; cp "$work/flood-canned.json" "$out/" 2>/dev/null
-    python3 -m loadtests.canned --port 8101 --processes 8 --doorway > "$work/doorway.out" 2>&1 & doorway=$!
+    "${on_server[@]}" python3 -m loadtests.canned --port 8101 --processes 8 --doorway > "$work/doorway.out" 2>&1 & doorway=$!
     sleep 6  # the service's front door alone: uvicorn and the doorway, a door always shut
-    timeout 120 python3 -m loadtests.overload --url http://127.0.0.1:8101 --report "$work/flood-doorway.json" \
+    timeout 120 "${on_client[@]}" python3 -m loadtests.overload --url http://127.0.0.1:8101 --report "$work/flood-doorway.json" \
       flood --requests 4096 --processes 8 > "$work/flood-doorway.out" 2>&1
     echo "doorway exit $?"; kill $doorway; wait $doorway 2>/dev/null
     grep -E '"(refusal_p50_ms|refusal_p99_ms|health_p99_ms|lost)"' "$work/flood-doorway.json"; cp "$work/flood-doorway.json" "$out/" 2>/dev/null
     timeout "${VARIANT_TIMEOUT:-280}" python3 -m loadtests.bench --label flood --requests 256 --lone-requests 0 \
-      --baseline-requests 0 --flood-requests 4096 --flood-processes 8 "${common[@]}" \
+      --baseline-requests 0 --flood-requests 4096 --flood-processes 8 "${common[@]}" ${cpus_args[@]+"${cpus_args[@]}"} \
       --env HYMT_MAX_QUEUE_SIZE="${QUEUE:-512}" > "$work/flood.out" 2>&1
     echo "exit $?"; grep -E '"(refusal_p50_ms|refusal_p99_ms|health_p99_ms|health_max_ms|lost|by_status|start_to_ready_s)"' "$work/flood.json" || tail -c 3000 "$work/flood.out"
     cp "$work/flood.json" "$out/" 2>/dev/null; continue
