@@ -76,8 +76,9 @@ def int8_as_float(values):  # type: ignore[no-untyped-def]
     """int8 values as float32, exactly, without a conversion instruction: the value added to
     the bits of 1.5 * 2**23 (it lands in the mantissa) and that number subtracted again.
     Converting each weight (int8 to float32, as ``.to`` compiles) runs on the GPU's conversion
-    units, a fraction of its arithmetic's rate, and held a one-row product far under the
-    memory's pace; an integer add and a float subtract run at full rate."""
+    units at a fraction of its arithmetic's rate, the likely reason the one-row int8 product
+    read its bytes far under the memory's pace (docs/benchmarks.md); an integer add and a float
+    subtract run at full rate."""
     return (values.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
 
 
