@@ -78,6 +78,8 @@ class Report:
     # turnover of the clients and the moment the last request was sent, and that window.
     steady_output_tokens_per_s: float | None = None
     steady_window_s: float | None = None
+    # How long the refused (429) requests waited for their answer: refused at once, or late.
+    refused_p99_s: float | None = None
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -263,6 +265,7 @@ async def run(args: argparse.Namespace) -> Report:
     ok = [o for o in outcomes if o.status == 200]
     latencies = [o.latency_s for o in ok]
     per_token = [1000 * o.latency_s / o.output_tokens for o in ok if o.output_tokens]
+    refused = [o.latency_s for o in outcomes if o.status == 429]
     output_tokens = sum(o.output_tokens for o in ok)
     return Report(
         mode=args.mode,
@@ -284,6 +287,7 @@ async def run(args: argparse.Namespace) -> Report:
         rate=args.rate if args.mode == "open" else None,
         steady_output_tokens_per_s=None if steady is None else round(steady[0], 1),
         steady_window_s=None if steady is None else round(steady[1], 3),
+        refused_p99_s=round(percentile(refused, 0.99), 4) if refused else None,
     )
 
 

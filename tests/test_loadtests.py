@@ -333,3 +333,21 @@ def test_a_cpu_list_reads_as_taskset_writes_it(cpus: set[int]) -> None:
             runs.append([cpu, cpu])
     text = ",".join(f"{a}-{b}" if a != b else str(a) for a, b in runs)
     assert bench.cpu_list(text) == cpus
+
+
+def test_the_load_generator_times_the_refusals() -> None:
+    # A burst refused in full: the report says how long the 429s took, not only how many.
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        report = loadgen.main(
+            ["--url", url, "--requests", "12", "--concurrency", "4", "--warmup", "0", "--quiet"]
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert report.errors_by_status == {"429": 12}
+    assert report.refused_p99_s is not None
+    assert 0 < report.refused_p99_s < 10
