@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import http.server
 import json
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -213,21 +215,27 @@ class _Refusing(http.server.BaseHTTPRequestHandler):
         return None
 
 
-def test_the_flood_client_counts_every_answer_on_warm_and_cold_connections() -> None:
+@contextlib.contextmanager
+def _refusing() -> Iterator[str]:
+    """The URL of a server (in a thread) that refuses every POST with 429."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_flood_client_counts_every_answer_on_warm_and_cold_connections() -> None:
+    with _refusing() as url:
         for warm in (False, True):
             report = overload.flood(url, 24, 2, warm=warm)
             assert report.by_status == {"429": 24}
             assert report.lost == 0
             assert report.refusal_p99_ms > 0
             assert report.health_polls > 0
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.parametrize("doorway", [False, True])
@@ -337,17 +345,10 @@ def test_a_cpu_list_reads_as_taskset_writes_it(cpus: set[int]) -> None:
 
 def test_the_load_generator_times_the_refusals() -> None:
     # A burst refused in full: the report says how long the 429s took, not only how many.
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with _refusing() as url:
         report = loadgen.main(
             ["--url", url, "--requests", "12", "--concurrency", "4", "--warmup", "0", "--quiet"]
         )
-    finally:
-        server.shutdown()
-        server.server_close()
     assert report.errors_by_status == {"429": 12}
     assert report.refused_p99_s is not None
     assert 0 < report.refused_p99_s < 10

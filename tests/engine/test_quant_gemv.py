@@ -7,6 +7,7 @@ taking each kernel (or bitsandbytes' own one-row 4-bit product) where it runs.""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -87,16 +88,25 @@ def test_the_kernel_computes_the_product_of_the_dequantized_weights(
     nested = kind == "nf4-nested"
     outputs, inputs = nested_shape if nested else shape
     p = _int8(outputs, inputs, seed) if kind == "int8" else _nf4(outputs, inputs, nested, seed)
+    _check_row_kernel(quant_gemv.one_row, p, config, seed)
+
+
+def _check_row_kernel(
+    row: Callable[..., torch.Tensor], p: Linear, config: GemvConfig, seed: int
+) -> None:
+    """``row`` (a one-row product) plain, with a residual and gated: each equal to the product
+    over the weight's dequantized values."""
+    outputs, inputs = p.weight.shape[0], p.weight.shape[1] * (2 if p.code is not None else 1)
     x = torch.randn(1, inputs, generator=torch.Generator().manual_seed(seed))
     exact = x @ _dense(p).T
 
     def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
         torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
 
-    close(quant_gemv.one_row(x, p, config=config), exact)
+    close(row(x, p, config=config), exact)
     residual = torch.randn(1, outputs)
-    close(quant_gemv.one_row(x, p, residual=residual, config=config), residual + exact)
-    gated = quant_gemv.one_row(x, p, gated=True, config=config)
+    close(row(x, p, residual=residual, config=config), residual + exact)
+    gated = row(x, p, gated=True, config=config)
     assert gated.shape == (1, outputs // 2)
     close(gated, _swiglu(exact))
 
@@ -114,19 +124,7 @@ def test_the_4bit_row_kernel_computes_the_product_of_the_dequantized_weights(
     shape: tuple[int, int], nested: bool, config: GemvConfig, seed: int
 ) -> None:
     outputs, inputs = (128, 512) if nested else shape
-    p = _nf4(outputs, inputs, nested, seed)
-    x = torch.randn(1, inputs, generator=torch.Generator().manual_seed(seed))
-    exact = x @ _dense(p).T
-
-    def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
-        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
-
-    close(quant_gemv.nf4_row(x, p, config=config), exact)
-    residual = torch.randn(1, outputs)
-    close(quant_gemv.nf4_row(x, p, residual=residual, config=config), residual + exact)
-    gated = quant_gemv.nf4_row(x, p, gated=True, config=config)
-    assert gated.shape == (1, outputs // 2)
-    close(gated, _swiglu(exact))
+    _check_row_kernel(quant_gemv.nf4_row, _nf4(outputs, inputs, nested, seed), config, seed)
 
 
 def test_int8_values_become_floats_exactly_without_a_conversion() -> None:

@@ -171,6 +171,23 @@ def quant_gemv(  # type: ignore[no-untyped-def]
         out = out * _int8_step(maxima_ptr, rows, row_ok)
         if swiglu:
             up_sum = up_sum * _int8_step(maxima_ptr, rows + rows_out, row_ok)
+    _finish(out, up_sum, residual_ptr, out_ptr, rows, row_ok, swiglu, has_residual)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _finish(  # type: ignore[no-untyped-def]
+    out,
+    up_sum,
+    residual_ptr,
+    out_ptr,
+    rows,
+    row_ok,
+    swiglu: tl.constexpr,
+    has_residual: tl.constexpr,
+):
+    """A one-row product's epilogue: ``silu(gate) * up`` of the two halves' sums when
+    ``swiglu``, plus the residual when given, stored in the output's dtype."""
+    dtype = out_ptr.dtype.element_ty
     if swiglu:
         # Each of the three values rounded to the model's dtype, as transformers' MLP does.
         gate = out.to(dtype).to(tl.float32)
@@ -325,7 +342,6 @@ def nf4_row(  # type: ignore[no-untyped-def]
     strided loads of the row, which the cache holds), and each block's sum is scaled by its
     maximum once, where a weight was scaled and rounded one by one. Each code still costs a
     lookup in the 16 values."""
-    dtype = out_ptr.dtype.element_ty
     half: tl.constexpr = block // 2
     rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
     row_ok = rows < rows_out
@@ -347,16 +363,8 @@ def nf4_row(  # type: ignore[no-untyped-def]
                 w_ptr, maxima_ptr, code_ptr, rows + rows_out, row_ok, at_block, block_ok, byte,
                 x_even, x_odd, stride_w, stride_m,
             )  # fmt: skip
-    out = tl.sum(acc, axis=1)
-    if swiglu:
-        # Each of the three values rounded to the model's dtype, as transformers' MLP does.
-        gate = out.to(dtype).to(tl.float32)
-        activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        out = activated * tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
-    if has_residual:
-        out = out.to(dtype).to(tl.float32)
-        out = out + tl.load(residual_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rows, out.to(dtype), mask=row_ok)
+    out, up_sum = tl.sum(acc, axis=1), tl.sum(acc_up, axis=1)
+    _finish(out, up_sum, residual_ptr, out_ptr, rows, row_ok, swiglu, has_residual)
 
 
 @triton.jit
