@@ -23,12 +23,10 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
 - ``int4-reduction``: the same int4 numbers dequantized inside the engine's compiled one-row
   reduction (the form the engine would take for such a checkpoint at one row);
 - ``nf4-engine`` and ``int8-engine``: what the engine runs for each shape
-  (``quant_gemv.product``: at one row of NF4 bitsandbytes' GEMV, in a CUDA graph as the engine
-  replays it), NF4's maxima in bitsandbytes' double quantization as the engine loads them: the
-  four projections' side by side, written by one kernel before the first;
-- ``nf4-row``: the engine's own one-row kernel for 4-bit codes (``quant_gemv.nf4_row``: no
-  lane-to-lane interleave, each block's sum scaled once) on ``nf4-engine``'s weights and maxima,
-  the candidate to replace bitsandbytes' GEMV there.
+  (``projections.project``'s choice: at one row of NF4 bitsandbytes' GEMV, of int8 the
+  one-row kernel, in a CUDA graph as the engine replays it), NF4's maxima in bitsandbytes' double
+  quantization as the engine loads them: the four projections' side by side, written by one
+  kernel before the first.
 
 Weights are random (speed does not depend on the values); each variant's result is compared with
 the product over its own dequantized weight. On a CPU (``--smoke``) the engine's variants run once
@@ -50,7 +48,7 @@ import torch
 import torch._dynamo.config
 
 from loadtests.kernels import SHAPES, header, timing_context, write
-from service.engine.fast import quant_gemv
+from service.engine.fast import projections, quant_gemv
 from service.engine.fast.gemv import GemvConfig
 from service.engine.fast.kernel_timing import graph_us
 from service.engine.fast.linear import GROUP as NESTED_GROUP
@@ -162,8 +160,7 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
         import bitsandbytes  # noqa: F401  (its operators, which the engine's NF4 row calls)
 
         for name in ("nf4-engine", "int8-engine"):
-            formats[name] = _Format(quant_gemv.product, [], [])
-        formats["nf4-row"] = _Format(lambda x, p: quant_gemv.nf4_row(x, p), [], [])
+            formats[name] = _Format(lambda x, p: projections.project(x, p), [], [])
         formats["int4-tinygemm"] = _Format(lambda x, call: call(x), [], [])
         formats["nf4-bitsandbytes"] = _Format(lambda x, call: call(x), [], [])
     for _name, inputs, outputs in SHAPES:
@@ -187,7 +184,7 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
             parts["nf4-rows"] = parts["nf4-dequantized"] = parts["nf4-gemv"]
             parts["int8-rows"] = parts["int8-dequantized"] = parts["int8-gemv"]
         if "nf4-engine" in formats:
-            parts["nf4-engine"] = parts["nf4-row"] = _double_quantized(codes, maxima, table)
+            parts["nf4-engine"] = _double_quantized(codes, maxima, table)
             parts["int8-engine"] = parts["int8-gemv"]
         if "int4-tinygemm" in formats:
             probe = torch.randn(16, inputs, dtype=dtype, device=device)
@@ -201,9 +198,8 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
         for name, (held, exact) in parts.items():
             formats[name].weights.append(held)
             formats[name].exact.append(exact)
-    for name in ("nf4-engine", "nf4-row"):
-        if name in formats:
-            formats[name].weights[:] = _layer_maxima_shared(formats[name].weights)
+    if "nf4-engine" in formats:
+        formats["nf4-engine"].weights[:] = _layer_maxima_shared(formats["nf4-engine"].weights)
     return formats
 
 
@@ -241,7 +237,7 @@ def products(
         ]
         measured: dict[str, float | str] = {}
         for name, held in formats.items():
-            if name in ("int4-reduction", "nf4-gemv", "int8-gemv", "nf4-row") and rows > 1:
+            if name in ("int4-reduction", "nf4-gemv", "int8-gemv") and rows > 1:
                 continue  # one-row forms only
             layer = held.layer
             if cuda and rows == 1 and name in ("nf4", "int8", "int4-reduction"):
@@ -320,19 +316,18 @@ GEMV_SWEEP = [
 def gemv_sweep(
     formats: dict[str, _Format], device: torch.device, dtype: torch.dtype, repeat: int
 ) -> dict[str, Any]:
-    """Per format (``nf4-gemv``, ``int8-gemv``, ``nf4-row``), per projection of the layer (the
+    """Per format (``nf4-gemv``, ``int8-gemv``), per projection of the layer (the
     gate/up one with its SwiGLU, as a lone request's step runs it), per block sizes of its
     one-row kernel: microseconds in a CUDA graph (a size that fails is reported so)."""
     results: dict[str, Any] = {}
-    for kind in ("nf4-gemv", "int8-gemv", "nf4-row"):
-        row = quant_gemv.nf4_row if kind == "nf4-row" else quant_gemv.one_row
+    for kind in ("nf4-gemv", "int8-gemv"):
         measured: dict[str, Any] = {}
         for (name, inputs, _), held in zip(SHAPES, formats[kind].weights, strict=True):
             x = torch.randn(1, inputs, dtype=dtype, device=device)
             for config in GEMV_SWEEP:
                 label = f"{name}-{config.block_n}-{config.block_k}-w{config.warps}"
                 gated = name == "gate_up"
-                call = partial(row, x, held[0], gated=gated, config=config)
+                call = partial(quant_gemv.one_row, x, held[0], gated=gated, config=config)
                 try:
                     measured[label] = graph_us(call, repeat, device)
                 except Exception as failure:  # one size failing leaves the others measured

@@ -93,6 +93,16 @@ class EngineSettings(Section):
         "where the decode steps are graphs and the prefill takes the flash kernel; 0: never). "
         "Set on a CPU, the same shapes run uncaptured.",
     )
+    prefill_graph_rows: int = Field(
+        512,
+        ge=1,
+        alias="fast_prefill_graph_rows",
+        description="A prefill step replays its graph only behind a decode batch of fewer "
+        "rows than this: a wider decode step may outlast the host's launching of the prefill "
+        "layer by layer, which then costs the device nothing, where a bucket's padding "
+        "computes tokens for nothing. Where the decode step is shorter than that launching "
+        "(FP8 weights, a fast card), a larger value keeps the graphs in use at every batch.",
+    )
     cuda_graph: Toggle = Field(
         "auto",
         alias="fast_cuda_graph",

@@ -41,7 +41,7 @@ from service.engine.fast import gemv, rope
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.engine import FastEngine
 from service.engine.fast.linear import fp8_linear, linear, quantize_fp8
-from service.engine.fast.plan import PREFILL_GRAPHS_BELOW_ROWS, fold_norms_for
+from service.engine.fast.plan import fold_norms_for
 from service.engine.fast.prefix_cache import PREFIX_BLOCK
 from service.engine.fast.sampler import (
     FULL_SORT_ROWS,
@@ -708,7 +708,7 @@ async def test_prefill_steps_in_fixed_shapes_equal_generate(
     # padded with a sequence of their own and empty ones, keys always read back, copies of the
     # scratch slot onto itself. Chunks of the long prompt, kept prefixes copied in, and crowds
     # of prompts in one step all go through them.
-    config = _config(data_dir, prefill_tokens=32, prefill_graph_tokens=32)
+    config = _config(data_dir, prefill_tokens=32, prefill_graph_tokens=32, prefill_graph_rows=3)
     engine = RecordingEngine(load_model(config), config)
     try:
         graphs = engine.runner._prefill_graphs
@@ -723,10 +723,10 @@ async def test_prefill_steps_in_fixed_shapes_equal_generate(
         assert engine.scheduler.prefixes.reused_tokens > 0
         assert graphs.steps > 0
         assert engine.step_times().graph_prefills == graphs.steps
-        # Behind a decode batch of PREFILL_GRAPHS_BELOW_ROWS rows the host's launches hide
+        # Behind a decode batch of fast_prefill_graph_rows rows the host's launches hide
         # behind the decode step: the prefill is not padded into a bucket.
         before = graphs.steps
-        engine.runner._decoding = PREFILL_GRAPHS_BELOW_ROWS
+        engine.runner._decoding = 3
         assert await _generated(engine, requests[:1], "wide") == wanted[:1]
         assert graphs.steps == before
     finally:

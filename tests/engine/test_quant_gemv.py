@@ -111,22 +111,6 @@ def _check_row_kernel(
     close(gated, _swiglu(exact))
 
 
-@settings(max_examples=8, deadline=None)
-@given(
-    # Outputs off the programs' multiples and inputs off the slices' (the masks), float32 and
-    # nested maxima, several block sizes a slice.
-    shape=st.sampled_from([(50, 640), (64, 256), (96, 512)]),
-    nested=st.booleans(),
-    config=st.sampled_from([GemvConfig(4, 128, 4, 2), GemvConfig(16, 256, 4, 2)]),
-    seed=st.integers(0, 2**16),
-)
-def test_the_4bit_row_kernel_computes_the_product_of_the_dequantized_weights(
-    shape: tuple[int, int], nested: bool, config: GemvConfig, seed: int
-) -> None:
-    outputs, inputs = (128, 512) if nested else shape
-    _check_row_kernel(quant_gemv.nf4_row, _nf4(outputs, inputs, nested, seed), config, seed)
-
-
 def test_int8_values_become_floats_exactly_without_a_conversion() -> None:
     # Every int8 value through the kernels' bit trick, in a kernel of this test's own: the
     # floats must be the values themselves.

@@ -99,12 +99,6 @@ def plan_for(
 PREFILL_GRAPH_TOKENS = 512
 
 
-# A prefill step replays its graph only while the decode batch is smaller than this: a wider
-# decode step outlasts the host's launching of the next prefill, which then costs the device
-# nothing, while a bucket's padding would (docs/benchmarks.md, runs 69-73).
-PREFILL_GRAPHS_BELOW_ROWS = 512
-
-
 def prefill_graph_tokens_for(
     setting: int | None, graphs: bool, flash: bool, chunk: int, cuda: bool = True
 ) -> int:

@@ -45,15 +45,13 @@ _kernel: Any
 _batch_kernel: Any
 _dequantize_kernel: Any
 _maxima_kernel: Any
-_nf4_kernel: Any
 try:
     from service.engine.fast.quant_gemv_kernel import dequantize as _dequantize_kernel
     from service.engine.fast.quant_gemv_kernel import nested_maxima as _maxima_kernel
-    from service.engine.fast.quant_gemv_kernel import nf4_row as _nf4_kernel
     from service.engine.fast.quant_gemv_kernel import quant_gemv as _kernel
     from service.engine.fast.quant_gemv_kernel import quant_matmul as _batch_kernel
 except ImportError:  # no Triton (a CPU build of torch)
-    _kernel = _batch_kernel = _dequantize_kernel = _maxima_kernel = _nf4_kernel = None
+    _kernel = _batch_kernel = _dequantize_kernel = _maxima_kernel = None
 
 # int8 batches of more rows than this dequantize the weight once into the activations' dtype and
 # take cuBLAS: past it ``rows``'s tiles of 128 batch rows leave too few programs to keep the
@@ -110,48 +108,6 @@ def one_row(
         has_residual=residual is not None,
         block_n=chosen.block_n,
         block_k=_slice(chosen.block_k, flags),
-        num_warps=chosen.warps,
-        num_stages=chosen.stages,
-    )
-    return out
-
-
-def nf4_row(
-    x: torch.Tensor,
-    p: Linear,
-    *,
-    gated: bool = False,
-    residual: torch.Tensor | None = None,
-    config: GemvConfig | None = None,
-) -> torch.Tensor:
-    """``one_row`` for 4-bit codes by ``quant_gemv_kernel.nf4_row``: the codes read where they
-    lie, each block's sum scaled by its float32 maximum once (``_maxima``: the nested ones
-    dequantized first). A candidate for a lone request's 4-bit products, measured against
-    bitsandbytes' GEMV by ``loadtests.quant_kernels`` (``nf4-row``) before ``product`` takes
-    it."""
-    assert p.code is not None, "4-bit codes"
-    assert p.scale is not None, "4-bit codes have their maxima"
-    chosen = config or DEFAULT
-    total, inputs = p.weight.shape[0], x.shape[-1]
-    outputs = total // 2 if gated else total
-    block = inputs // p.scale.shape[1]
-    out = torch.empty(1, outputs, dtype=x.dtype, device=x.device)
-    _nf4_kernel[(-(-outputs // chosen.block_n),)](
-        x,
-        p.weight,
-        _maxima(p),
-        p.code,
-        x if residual is None else residual,
-        out,
-        outputs,
-        inputs,
-        p.weight.stride(0),
-        p.scale.shape[1],
-        block=block,
-        swiglu=gated,
-        has_residual=residual is not None,
-        block_n=chosen.block_n,
-        blocks_k=max(1, chosen.block_k // block),
         num_warps=chosen.warps,
         num_stages=chosen.stages,
     )

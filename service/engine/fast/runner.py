@@ -45,7 +45,6 @@ from service.engine.fast.forward import Transformer, passes_norm_sums
 from service.engine.fast.graphs import DecodeGraphs, buckets_up_to
 from service.engine.fast.pages import pages_for
 from service.engine.fast.plan import (
-    PREFILL_GRAPHS_BELOW_ROWS,
     Plan,
     flex_in_graphs,
     fold_norms_for,
@@ -168,6 +167,7 @@ class ModelRunner:
         if choices.compiled:
             self._compile_prefill(prefill, pages)
         self._decoding = 0  # rows of the decode step launched last
+        self._prefill_graph_rows = fast.prefill_graph_rows
         self._prefill_graphs = capture(
             self.model.prefill,
             min(choices.prefill_graph_tokens, prefill),
@@ -275,7 +275,7 @@ class ModelRunner:
         started = self.clock.start()
         step = layout(pieces, self.page_size)
         graphs = self._prefill_graphs
-        if self._decoding >= PREFILL_GRAPHS_BELOW_ROWS:
+        if self._decoding >= self._prefill_graph_rows:
             graphs = None
         bucket = graphs.bucket_for(step) if graphs is not None else None
         if graphs is not None and bucket is not None:
