@@ -8,6 +8,8 @@
 4. Lone-request latency: one client, one request at a time.
 5. Optionally overload (``--flood-requests``, ``--goodput-rate``): ``loadtests.overload``'s flood
    with ``/health`` polled, and goodput under a deadline.
+   Beside the throughput run and each flood, the CPU seconds the service's processes spent, by
+   role (``loadtests.cpu_time``: ``throughput_cpu_s``, ``flood_cpu_s``, ``flood_warm_cpu_s``).
 6. Stop the service (SIGTERM). ``LABEL.json`` is rewritten after every step, so a run cut short by
    a time limit still leaves what it measured, the ratio as soon as both sides exist.
 
@@ -34,7 +36,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtests import loadgen, overload
+from loadtests import cpu_time, loadgen, overload
 from loadtests.timeline import Timeline, summarize
 
 
@@ -257,12 +259,14 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         result["weights_bytes"] = metric(url, "hymt_model_weights_bytes")
         result["load_seconds"] = metric(url, "hymt_model_load_seconds")
         save()
-        with RunningSampler(url) as sampler:
+        engine = cpu_time.engine_pid(args.out / f"{args.label}.log")
+        with RunningSampler(url) as sampler, cpu_time.Phase(process.pid, engine) as cpu:
             throughput = loadgen.main(
                 ["--url", url, "--requests", str(args.requests), "--concurrency",
                  str(args.concurrency), "--warmup", "8", "--quiet"]
             )  # fmt: skip
         result["throughput"] = asdict(throughput)
+        result["throughput_cpu_s"] = cpu.spent
         result["throughput_timeline"] = asdict(sampler.timeline(throughput.duration_s))
         save()
         lone = loadgen.main(
@@ -275,12 +279,17 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         save()
         if args.flood_requests:
             before = stalls(url)
-            result["flood"] = asdict(overload.flood(url, args.flood_requests, args.flood_processes))
+            with cpu_time.Phase(process.pid, engine) as cpu:
+                flood = overload.flood(url, args.flood_requests, args.flood_processes)
+            result["flood"] = asdict(flood)
+            result["flood_cpu_s"] = cpu.spent
             between = stalls(url)
             result["flood_stalls"] = _since(before, between)
             save()
-            warm = overload.flood(url, args.flood_requests, args.flood_processes, warm=True)
+            with cpu_time.Phase(process.pid, engine) as cpu:
+                warm = overload.flood(url, args.flood_requests, args.flood_processes, warm=True)
             result["flood_warm"] = asdict(warm)
+            result["flood_warm_cpu_s"] = cpu.spent
             result["flood_warm_stalls"] = _since(between, stalls(url))
             save()
             result["refusals_server_side_ms"] = refusal_times(args.out / f"{args.label}.log")

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import http.server
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 from loadtests import (
     baseline,
     bench,
+    cpu_time,
     fidelity,
     ipc,
     kernels,
@@ -352,3 +354,49 @@ def test_the_load_generator_times_the_refusals() -> None:
     assert report.errors_by_status == {"429": 12}
     assert report.refused_p99_s is not None
     assert 0 < report.refused_p99_s < 10
+
+
+_SPIN = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+
+
+def test_cpu_time_counts_a_service_s_processes_by_role() -> None:
+    # An engine that started a helper of its own, and a niced worker (the preparation's way):
+    # each spins 0.3 s of CPU once told, then waits; the phase counts each where it belongs.
+    helper = _SPIN + "print('spun', flush=True)\nimport sys\nsys.stdin.read()\n"
+    engine_code = (
+        "import subprocess, sys\n"
+        f"helper = subprocess.Popen([sys.executable, '-c', {helper!r}])\n"
+        "sys.stdin.readline()\n" + _SPIN + "print('spun', flush=True)\nhelper.wait()\n"
+    )
+    worker_code = "import sys\nsys.stdin.readline()\n" + _SPIN + "print('spun', flush=True)\n"
+    engine, worker = _spawn(engine_code, niced=False), _spawn(worker_code, niced=True)
+    try:
+        with cpu_time.Phase(os.getpid(), engine.pid) as phase:
+            for process in (engine, worker):
+                assert process.stdin is not None
+                process.stdin.write("go\n")
+                process.stdin.flush()
+            # Two lines from the engine's pipe (its helper shares it), one from the worker's.
+            assert engine.stdout is not None
+            assert worker.stdout is not None
+            assert [engine.stdout.readline() for _ in range(2)] == ["spun\n"] * 2
+            assert worker.stdout.readline() == "spun\n"
+    finally:
+        for process in (engine, worker):
+            with process:  # closes its pipes once it has ended
+                if process.stdin is not None:
+                    process.stdin.close()
+                process.wait(timeout=10)
+    assert phase.spent["engine"] >= 0.5  # its own 0.3 s and its helper's
+    assert 0.25 <= phase.spent["preparation"] < 0.5
+    assert phase.spent["wall_s"] > 0
+
+
+def _spawn(code: str, niced: bool) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=(lambda: os.nice(5)) if niced else None,
+    )

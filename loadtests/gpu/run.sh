@@ -135,6 +135,7 @@ for variant in "$@"; do
       --baseline-requests 0 --flood-requests 4096 --flood-processes 8 "${common[@]}" ${cpus_args[@]+"${cpus_args[@]}"} \
       --env HYMT_MAX_QUEUE_SIZE="${QUEUE:-512}" > "$work/flood.out" 2>&1
     echo "exit $?"; grep -E '"(refusal_p50_ms|refusal_p99_ms|health_p99_ms|health_max_ms|lost|by_status|start_to_ready_s)"' "$work/flood.json" || tail -c 3000 "$work/flood.out"
+    grep -A5 -E '"(flood_cpu_s|flood_warm_cpu_s)"' "$work/flood.json"  # where the service's cores went
     cp "$work/flood.json" "$out/" 2>/dev/null; continue
   fi
   if [ "$variant" = ipc ]; then
@@ -169,6 +170,7 @@ for variant in "$@"; do
     --concurrency "${CONCURRENCY:-$n}" --lone-requests "${LONE:-6}" "${common[@]}" "${args[@]}" > "$work/$variant.out" 2>&1
   echo "exit $?"
   grep -E '"(output_tokens_per_s|steady_output_tokens_per_s|steady_window_s|ms_per_output_token_p50|start_to_ready_s|start_to_first_translation_s|ratio_vs_baseline|weights_bytes|ok|refused_p99_s|peak_running|loaded_mean_running|warm_connections|refusal_p50_ms|refusal_p99_ms|health_p99_ms|health_max_ms|lost|goodput_share_of_admitted)"' "$work/$variant.json" || tail -c 3000 "$work/$variant.out"
+  grep -A5 '"throughput_cpu_s"' "$work/$variant.json"
   grep -vE '"service.frontend.access"' "$work/$variant.log" 2>/dev/null | tail -n 15 | cut -c1-400
   cp "$work/$variant.json" "$out/" 2>/dev/null  # written after every step: partial results survive
 done
