@@ -135,12 +135,13 @@ def value_of(text: str, name: str) -> float | None:
 
 
 class RunningSampler:
-    """``hymt_engine_running_texts`` every 200 ms in a thread, from when the measured requests
-    are sent (the first sample that sees texts in flight) until the block ends."""
+    """``hymt_engine_running_texts`` (and the device's busy share, where the engine reports
+    it) every 200 ms in a thread, from when the measured requests are sent (the first sample
+    that sees texts in flight) until the block ends."""
 
     def __init__(self, url: str) -> None:
         self._url = url
-        self._samples: list[tuple[float, int, int]] = []
+        self._samples: list[tuple[float, int, int, float | None]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -158,17 +159,21 @@ class RunningSampler:
                 text = client.get("/metrics").text
                 running = value_of(text, "hymt_engine_running_texts") or 0
                 in_flight = value_of(text, "hymt_in_flight_texts") or 0
-                self._samples.append((time.perf_counter(), int(running), int(in_flight)))
+                busy = value_of(text, "hymt_engine_device_busy_ratio")
+                self._samples.append((time.perf_counter(), int(running), int(in_flight), busy))
                 self._stop.wait(0.2)  # each scrape is work for the loop being measured
 
     def timeline(self, duration_s: float) -> Timeline:
         """From the first sample with more in flight than the loadgen's warm-up (one at a time)
         until the end of the measured run."""
-        start = next((t for t, _, in_flight in self._samples if in_flight > 1), None)
+        start = next((t for t, _, in_flight, _ in self._samples if in_flight > 1), None)
         if start is None:
             return summarize([], duration_s)
+        kept = [sample for sample in self._samples if sample[0] >= start]
         return summarize(
-            [(t - start, running) for t, running, _ in self._samples if t >= start], duration_s
+            [(t - start, running) for t, running, _, _ in kept],
+            duration_s,
+            [(t - start, busy) for t, _, _, busy in kept if busy is not None],
         )
 
 

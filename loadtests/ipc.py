@@ -64,6 +64,9 @@ class EchoEngine:
     def step_seconds(self) -> dict[int, float]:
         return {}
 
+    def device_seconds(self) -> float | None:
+        return None
+
     def is_alive(self) -> bool:
         return True
 

@@ -23,18 +23,29 @@ class Timeline:
     # loaded (a closed loop keeps as many in flight, but those in HTTP, preparation or their
     # prefill hold no decode row).
     loaded_mean_running: float
+    # The accelerator's mean busy share over the same span (the engine's
+    # ``hymt_engine_device_busy_ratio``), None where it was not sampled: under 1 while the rows
+    # are full, the device waited for the host.
+    loaded_device_busy: float | None = None
 
 
-def summarize(samples: Sequence[tuple[float, int]], duration_s: float) -> Timeline:
-    """``samples``: (seconds since the start, texts generating) pairs, in order."""
+def summarize(
+    samples: Sequence[tuple[float, int]],
+    duration_s: float,
+    busy: Sequence[tuple[float, float]] = (),
+) -> Timeline:
+    """``samples``: (seconds since the start, texts generating) pairs, in order; ``busy``:
+    (seconds since the start, the device's busy share) pairs."""
     peak = max((running for _, running in samples), default=0)
     ramp = next((t for t, running in samples if running >= 0.9 * peak), 0.0)
     last_half = max((t for t, running in samples if running >= 0.5 * peak), default=0.0)
     loaded = [running for t, running in samples if ramp <= t <= last_half]
+    shares = [share for t, share in busy if ramp <= t <= last_half]
     return Timeline(
         samples=len(samples),
         peak_running=peak,
         ramp_s=round(ramp, 3),
         tail_s=round(max(0.0, duration_s - last_half), 3),
         loaded_mean_running=round(sum(loaded) / len(loaded), 1) if loaded else 0.0,
+        loaded_device_busy=round(sum(shares) / len(shares), 3) if shares else None,
     )

@@ -67,6 +67,9 @@ class FakeOptions:
     answer: str | None = None
     # What the engine says one decode step takes, by batch size (``Engine.step_seconds``).
     step_seconds: tuple[tuple[int, float], ...] = ()
+    # The share of the wall time its accelerator works: ``Engine.device_seconds`` grows at this
+    # rate from the engine's start (None: not timed, as off a GPU).
+    device_busy: float | None = None
 
 
 @dataclass(slots=True)
@@ -96,6 +99,7 @@ class FakeEngine:
         self._stopping = False
         self._running = 0
         self._steps = 0
+        self._started = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="fake-engine", daemon=True)
         self._thread.start()
 
@@ -121,6 +125,10 @@ class FakeEngine:
 
     def step_seconds(self) -> dict[int, float]:
         return dict(self._options.step_seconds)
+
+    def device_seconds(self) -> float | None:
+        busy = self._options.device_busy
+        return None if busy is None else busy * (time.monotonic() - self._started)
 
     def is_alive(self) -> bool:
         return self._thread.is_alive() and not self._stopping

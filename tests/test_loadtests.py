@@ -165,11 +165,14 @@ def test_the_kernel_bench_runs_every_variant() -> None:
 
 def test_the_timeline_finds_the_ramp_and_the_tail() -> None:
     samples = [(0.0, 0), (0.5, 4), (1.0, 10), (1.5, 10), (2.0, 6), (2.5, 2)]
-    timeline = summarize(samples, duration_s=3.0)
+    busy = [(0.5, 0.2), (1.0, 0.9), (1.5, 0.8), (2.0, 0.7), (2.5, 0.1)]
+    timeline = summarize(samples, duration_s=3.0, busy=busy)
     assert (timeline.samples, timeline.peak_running) == (6, 10)
     assert timeline.ramp_s == 1.0  # first sample with 90% of the peak generating
     assert timeline.tail_s == 1.0  # since the last sample with half of the peak
     assert timeline.loaded_mean_running == 8.7  # (10 + 10 + 6) / 3: the samples from 1 s to 2 s
+    assert timeline.loaded_device_busy == 0.8  # (0.9 + 0.8 + 0.7) / 3, over the same span
+    assert summarize(samples, duration_s=3.0).loaded_device_busy is None  # not reported
 
 
 async def test_more_requests_than_a_socket_buffers_all_get_answers() -> None:

@@ -181,6 +181,11 @@ class Engine(Protocol):
         (empty where it did not): admission's estimate before any answer has come back."""
         ...
 
+    def device_seconds(self) -> float | None:
+        """Seconds the accelerator has worked on the engine's steps since start, None where
+        the engine does not time them (off a GPU)."""
+        ...
+
     def submit(
         self,
         request_id: str,

@@ -98,6 +98,8 @@ class EngineHost:
         self._ready: Ready | None = None
         self._answered = 0
         self._generated = 0
+        # The accelerator's seconds at the last report, and when (``busy_share``).
+        self._device_at: tuple[float, float] | None = None
         self._parent = os.getppid()
         self._context = zmq.asyncio.Context()
         self._inboxes = [self._context.socket(zmq.PULL) for _ in self._peers]
@@ -220,6 +222,10 @@ class EngineHost:
                 return
             engine, scheduler = self._engine, self._scheduler
             steps = engine.steps() if engine is not None else None
+            device = engine.device_seconds() if engine is not None else None
+            now = time.monotonic()
+            busy = busy_share(self._device_at, device, now)
+            self._device_at = None if device is None else (device, now)
             await self._send(
                 Stats(
                     in_flight=len(self._tasks),
@@ -228,6 +234,7 @@ class EngineHost:
                     generated_tokens=self._generated,
                     memory=engine.memory_bytes() if engine is not None else {},
                     steps=steps or 0,
+                    device_busy=busy,
                 )
             )
             await asyncio.sleep(self._config.stats_interval_s)
@@ -264,3 +271,14 @@ def _route_transformers_logs() -> None:
     hf_logging.disable_default_handler()
     hf_logging.enable_propagation()
     hf_logging.disable_progress_bar()
+
+
+def busy_share(
+    before: tuple[float, float] | None, device_s: float | None, now: float
+) -> float | None:
+    """The share of the wall time from ``before`` (the accelerator's seconds then, and the
+    clock) to ``now`` that the accelerator worked, given its seconds now: None without both
+    readings or time between them. At most 1 (its clock and the host's are read apart)."""
+    if before is None or device_s is None or now <= before[1]:
+        return None
+    return round(min(1.0, max(0.0, device_s - before[0]) / (now - before[1])), 3)

@@ -237,6 +237,15 @@ class Metrics:
             multiprocess_mode="livemax",
             registry=r,
         )
+        self.device_busy = Gauge(
+            f"{PREFIX}_engine_device_busy_ratio",
+            "Share of the engine's last report interval that the accelerator worked on "
+            "its prefills and decode steps (CUDA events; absent off a GPU): under load, below 1 "
+            "the device waited for the host.",
+            ["device"],
+            multiprocess_mode="livemax",
+            registry=r,
+        )
         self.gpu_memory = Gauge(
             f"{PREFIX}_gpu_memory_bytes",
             "Accelerator memory held by the model process, by kind (allocated, reserved, their "
@@ -285,6 +294,9 @@ class Metrics:
             self.batch_size.observe(stats.running)
         for kind, value in stats.memory.items():
             self.gpu_memory.labels(kind=kind).set(value)
+        if stats.device_busy is not None:
+            device = self._model_labels[3] if self._model_labels else "unknown"
+            self.device_busy.labels(device=device).set(stats.device_busy)
 
     def record_model(self, labels: tuple[str, str, str, str, str]) -> None:
         """The loaded model's description (model, dtype, quantization, device, engine)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -314,3 +316,21 @@ async def test_metrics_label_each_dialect_by_its_own_route(demo: ServiceClient) 
     text = (await demo.http.get("/metrics")).text
     assert 'route="/libretranslate/translate"' in text
     assert 'route="/v2/translate"' in text
+
+
+async def test_metrics_say_how_busy_the_engine_kept_its_accelerator(
+    start_app: StartApp, fake: FakeControl, demo: ServiceClient
+) -> None:
+    # An engine whose accelerator works a quarter of the time: the heartbeat's share reaches
+    # the gauge, labelled with the device. The demo model on this CPU times nothing: absent.
+    client = await start_app(loader=fake.loader(device_busy=0.25))
+    found = None
+    for _ in range(50):
+        text = (await client.http.get("/metrics")).text
+        found = re.search(r'^hymt_engine_device_busy_ratio\{device="cpu"\} (\S+)$', text, re.M)
+        if found:
+            break
+        await asyncio.sleep(0.1)
+    assert found is not None
+    assert 0.2 <= float(found.group(1)) <= 0.3
+    assert "hymt_engine_device_busy_ratio{" not in (await demo.http.get("/metrics")).text

@@ -6,8 +6,11 @@ import itertools
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from service.engine.fast.device_clock import DeviceClock
+from service.engine.host import busy_share
 
 
 class FakeEvent:
@@ -66,3 +69,18 @@ def test_nothing_is_timed_off_a_gpu() -> None:
     clock.stop(started, 8)
     clock.settle()
     assert clock.times.decode_by_bucket == {}
+
+
+@given(
+    device=st.tuples(st.floats(0, 1e6), st.floats(0, 10)),
+    clock=st.tuples(st.floats(0, 1e6), st.floats(1e-3, 10)),
+)
+def test_the_busy_share_is_the_device_s_seconds_over_the_wall_s(
+    device: tuple[float, float], clock: tuple[float, float]
+) -> None:
+    (before, worked), (then, elapsed) = device, clock
+    share = busy_share((before, then), before + worked, then + elapsed)
+    assert share == pytest.approx(min(1.0, worked / elapsed), abs=1e-3)
+    assert busy_share(None, before + worked, then + elapsed) is None  # the first report
+    assert busy_share((before, then), None, then + elapsed) is None  # not timed
+    assert busy_share((before, then), before + worked, then) is None  # no time between

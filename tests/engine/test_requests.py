@@ -58,6 +58,9 @@ class ManualEngine:
     def running(self) -> int | None:
         return None
 
+    def device_seconds(self) -> float | None:
+        return None
+
     def steps(self) -> int | None:
         return None
 

@@ -31,6 +31,11 @@ class DeviceClock:
         self._pending: deque[tuple[int | None, torch.cuda.Event, torch.cuda.Event]] = deque()
         self.times = DeviceTimes()
 
+    @property
+    def on(self) -> bool:
+        """Whether the device's work is timed (on a GPU)."""
+        return self._on
+
     def start(self) -> torch.cuda.Event | None:
         """An event recorded now on the current stream (None off a GPU)."""
         if not self._on:

@@ -166,6 +166,10 @@ class FastEngine(LoadedEngine):
     def steps(self) -> int | None:
         return self._steps
 
+    def device_seconds(self) -> float | None:
+        clock = self.runner.clock
+        return clock.times.prefill_s + clock.times.decode_s if clock.on else None
+
     def is_alive(self) -> bool:
         return self._thread.is_alive() and not self._stopping
 
