@@ -100,9 +100,9 @@ class Stats(msgspec.Struct, tag="stats", array_like=True):
     # Model steps taken since start (prefill or decode passes; 0 where the engine does not
     # count them): progress that requests ending at their deadline cannot fake.
     steps: int = 0
-    # The share of the wall time since the previous report that the accelerator worked on the
-    # engine's steps (None where it is not timed): under load, below 1 the device waited for
-    # the host.
+    # The share of the wall time since the previous report that the accelerator spent inside
+    # the engine's steps (CUDA events around each; None where they are not timed): under load,
+    # below 1 the device waited for the host between steps.
     device_busy: float | None = None
 
 
