@@ -160,20 +160,20 @@ class MatmulConfig:
     stages: int
 
 
-# Programs a batch product should launch at least, in multiprocessors (``matmul_config``): two
-# waves, so that no multiprocessor idles while the slowest programs finish.
-_WAVES = 2
+# Programs a batch product launches at least where its weight allows (``matmul_config``): two
+# waves on the 132 multiprocessors of an H100 or H200, more on smaller cards (a T4's 40, an
+# A10's 72), where narrower programs cost only the activations' reads again, from the cache.
+# A constant rather than the device's count: the choice is traced into compiled steps.
+MIN_PROGRAMS = 256
 
 
-def matmul_config(batch: int, outputs: int = 0, multiprocessors: int = 0) -> MatmulConfig:
+def matmul_config(batch: int, outputs: int = 0) -> MatmulConfig:
     """Tiles for a batch of ``batch`` rows: as few padded rows as the tensor cores allow (16)
     for a decode step, wider tiles that dequantize each slice for more rows as the batch grows;
-    given the weight's ``outputs`` and the GPU's ``multiprocessors``, weight rows per program
-    narrowed (down to the tensor cores' 16) until the grid fills the GPU twice over. A program
-    covers all the inputs of its rows, so at 64 weight rows a program the 7B's output and down
-    projections (4,096 outputs) would run 64 programs on an H100's 132 multiprocessors; each
-    weight is read once whatever the width, so narrower programs cost only the activations'
-    reads again, from the cache."""
+    given the weight's ``outputs``, weight rows per program narrowed (down to the tensor cores'
+    16) until the grid has ``MIN_PROGRAMS``. A program covers all the inputs of its rows, so at
+    64 weight rows a program the 7B's output and down projections (4,096 outputs) ran 64
+    programs on 132 multiprocessors; each weight is read once whatever the width."""
     if batch <= 16:
         chosen = MatmulConfig(16, 64, 128, 4, 3)
     elif batch <= 32:
@@ -182,20 +182,10 @@ def matmul_config(batch: int, outputs: int = 0, multiprocessors: int = 0) -> Mat
         chosen = MatmulConfig(64, 64, 128, 4, 3)
     else:
         chosen = MatmulConfig(128, 128, 64, 8, 3)
-    wanted = _WAVES * multiprocessors
     block_n = chosen.block_n
-    while block_n > 16 and -(-outputs // block_n) < wanted:
+    while block_n > 16 and -(-outputs // block_n) < MIN_PROGRAMS:
         block_n //= 2
     return MatmulConfig(chosen.block_m, block_n, chosen.block_k, chosen.warps, chosen.stages)
-
-
-def multiprocessors(device: torch.device) -> int:
-    """The GPU's multiprocessors (torch keeps each device's properties); 0 off a GPU: no
-    narrowing there."""
-    if device.type != "cuda":
-        return 0
-    count: int = torch.cuda.get_device_properties(device).multi_processor_count
-    return count
 
 
 def rows(x: torch.Tensor, p: Linear, config: MatmulConfig | None = None) -> torch.Tensor:
@@ -203,7 +193,7 @@ def rows(x: torch.Tensor, p: Linear, config: MatmulConfig | None = None) -> torc
     ``[M, N]`` in ``x``'s dtype."""
     batch, inputs = x.shape
     outputs = p.weight.shape[0]
-    chosen = config or matmul_config(batch, outputs, multiprocessors(x.device))
+    chosen = config or matmul_config(batch, outputs)
     tensors, flags = _format(p, inputs)
     x = x.contiguous()
     out = torch.empty(batch, outputs, dtype=x.dtype, device=x.device)
