@@ -167,7 +167,7 @@ class MatmulConfig:
 MIN_PROGRAMS = 256
 
 
-def matmul_config(batch: int, outputs: int = 0) -> MatmulConfig:
+def matmul_config(batch: int, outputs: int | None = None) -> MatmulConfig:
     """Tiles for a batch of ``batch`` rows: as few padded rows as the tensor cores allow (16)
     for a decode step, wider tiles that dequantize each slice for more rows as the batch grows;
     given the weight's ``outputs``, weight rows per program narrowed (down to the tensor cores'
@@ -183,7 +183,7 @@ def matmul_config(batch: int, outputs: int = 0) -> MatmulConfig:
     else:
         chosen = MatmulConfig(128, 128, 64, 8, 3)
     block_n = chosen.block_n
-    while block_n > 16 and -(-outputs // block_n) < MIN_PROGRAMS:
+    while outputs is not None and block_n > 16 and -(-outputs // block_n) < MIN_PROGRAMS:
         block_n //= 2
     return MatmulConfig(chosen.block_m, block_n, chosen.block_k, chosen.warps, chosen.stages)
 
