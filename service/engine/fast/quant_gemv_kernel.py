@@ -88,21 +88,26 @@ def int8_as(values, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
     instruction (``int8_as_float``'s reason): float16's bits built around 1,024 + 128 (an
     integer add, a half subtract); bfloat16's are the top half of the float32's, whose lower
     half is zero for every int8 value."""
+    # One return: Triton compiles what follows a returning branch too, whatever its condition.
     if dtype == tl.float32:
-        return int8_as_float(values)
-    if dtype == tl.float16:
+        result = int8_as_float(values)
+    elif dtype == tl.float16:
         biased = (values.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True)
-        return biased - 1152.0
-    bits = int8_as_float(values).to(tl.int32, bitcast=True) >> 16
-    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        result = biased - 1152.0
+    else:
+        bits = int8_as_float(values).to(tl.int32, bitcast=True) >> 16
+        result = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return result
 
 
-@triton.jit
-def _int8_slice(w_ptr, rows, row_ok, cols, inputs, stride_w):  # type: ignore[no-untyped-def]
-    """``[rows, cols]`` of an int8 weight as float32 values (unscaled)."""
+@triton.jit  # type: ignore[untyped-decorator]
+def _int8_slice(  # type: ignore[no-untyped-def]
+    w_ptr, rows, row_ok, cols, inputs, stride_w, dtype: tl.constexpr
+):
+    """``[rows, cols]`` of an int8 weight as ``dtype`` values (unscaled)."""
     at_w = w_ptr + rows.to(tl.int64)[:, None] * stride_w + cols[None, :]
     values = tl.load(at_w, mask=row_ok[:, None] & (cols < inputs)[None, :], other=0)
-    return int8_as_float(values)
+    return int8_as(values, dtype)
 
 
 @triton.jit
@@ -161,10 +166,12 @@ def quant_gemv(  # type: ignore[no-untyped-def]
         else:
             # int8: the values as they are, each row scaled by its maximum once at the end
             # (as ``quant_matmul`` does), so a weight costs no conversion instruction.
-            acc += _int8_slice(w_ptr, rows, row_ok, cols, inputs, stride_w) * xs[None, :]
+            values = _int8_slice(w_ptr, rows, row_ok, cols, inputs, stride_w, tl.float32)
+            acc += values * xs[None, :]
             if swiglu:
                 up_rows = rows + rows_out
-                acc_up += _int8_slice(w_ptr, up_rows, row_ok, cols, inputs, stride_w) * xs[None, :]
+                up = _int8_slice(w_ptr, up_rows, row_ok, cols, inputs, stride_w, tl.float32)
+                acc_up += up * xs[None, :]
     out = tl.sum(acc, axis=1)
     up_sum = tl.sum(acc_up, axis=1)
     if not four_bit:
@@ -248,12 +255,10 @@ def quant_matmul(  # type: ignore[no-untyped-def]
         else:
             # int8 values are exact in 16 bits, and a row's scale is one number: the product
             # over the values, scaled once at the end (no float work per weight).
-            at_w = w_ptr + rows.to(tl.int64)[:, None] * stride_w + cols[None, :]
-            weights = int8_as(tl.load(at_w, mask=row_ok[:, None] & col_ok, other=0), dtype)
+            weights = _int8_slice(w_ptr, rows, row_ok, cols, inputs, stride_w, dtype)
         acc = tl.dot(xs, tl.trans(weights), acc)
     if not four_bit:
-        row_max = tl.load(maxima_ptr + rows, mask=row_ok, other=0.0)
-        acc = acc * (row_max * 7.874015718698502e-3)[None, :]
+        acc = acc * _int8_step(maxima_ptr, rows, row_ok)[None, :]
     at = out_ptr + lines.to(tl.int64)[:, None] * rows_out + rows[None, :]
     tl.store(at, acc.to(dtype), mask=line_ok[:, None] & row_ok[None, :])
 
