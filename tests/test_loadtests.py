@@ -365,11 +365,16 @@ _SPIN = "import time\nend = time.process_time() + 0.3\nwhile time.process_time()
 def test_cpu_time_counts_a_service_s_processes_by_role() -> None:
     # An engine that started a helper of its own, and a niced worker (the preparation's way):
     # each spins 0.3 s of CPU once told, then waits; the phase counts each where it belongs.
-    helper = _SPIN + "print('spun', flush=True)\nimport sys\nsys.stdin.read()\n"
+    # The helper waits for the engine's word, so that none of its spinning precedes the phase.
+    # Both stay until the test closes the engine's input (an ended process is not counted).
+    helper = "import sys\nsys.stdin.readline()\n" + _SPIN + "print('spun', flush=True)\n"
+    helper += "sys.stdin.read()\n"
     engine_code = (
         "import subprocess, sys\n"
-        f"helper = subprocess.Popen([sys.executable, '-c', {helper!r}])\n"
-        "sys.stdin.readline()\n" + _SPIN + "print('spun', flush=True)\nhelper.wait()\n"
+        f"helper = subprocess.Popen([sys.executable, '-c', {helper!r}], stdin=subprocess.PIPE)\n"
+        "sys.stdin.readline()\nhelper.stdin.write(b'go\\n')\nhelper.stdin.flush()\n"
+        + _SPIN
+        + "print('spun', flush=True)\nsys.stdin.read()\nhelper.stdin.close()\nhelper.wait()\n"
     )
     worker_code = "import sys\nsys.stdin.readline()\n" + _SPIN + "print('spun', flush=True)\n"
     engine, worker = _spawn(engine_code, niced=False), _spawn(worker_code, niced=True)
