@@ -144,7 +144,7 @@ def test_int8_values_become_16_bit_floats_exactly_without_a_conversion(dtype: to
             None,
             quant_gemv.MatmulConfig(16, 32, 64, 4, 2),
             quant_gemv.MatmulConfig(32, 64, 128, 4, 2),
-            quant_gemv.matmul_config(16, 4096),  # narrowed to the tensor cores' 16
+            quant_gemv.matmul_config(128, 4096),  # narrowed to the tensor cores' 16
         ]
     ),
     seed=st.integers(0, 2**16),
@@ -174,14 +174,17 @@ def test_batch_tiles_narrow_until_the_grid_has_enough_programs(batch: int, outpu
         base.block_m, base.block_k, base.warps, base.stages,
     )  # fmt: skip
     assert chosen.block_n in {base.block_n >> shift for shift in range(4)}
-    assert chosen.block_n >= 16
-    # Enough programs, or as narrow as the tensor cores go; never narrower than needed.
+    narrowest = quant_gemv.NARROWEST_SMALL if batch <= 64 else 16
+    assert chosen.block_n >= narrowest
+    # Enough programs, or as narrow as the batch allows; never narrower than needed.
     wanted = quant_gemv.MIN_PROGRAMS
-    assert -(-outputs // chosen.block_n) >= wanted or chosen.block_n == 16
+    assert -(-outputs // chosen.block_n) >= wanted or chosen.block_n == narrowest
     if chosen.block_n < base.block_n:
         assert -(-outputs // (2 * chosen.block_n)) < wanted
-    # The 7B's output projection (4,096 rows): 256 programs of 16 rows, not 64 of 64.
-    assert quant_gemv.matmul_config(16, 4096).block_n == 16
+    # The 7B's output projection (4,096 rows): 128 programs of 32 rows at 16 rows, not 64 of 64;
+    # at 128 rows 256 of 16.
+    assert quant_gemv.matmul_config(16, 4096).block_n == 32
+    assert quant_gemv.matmul_config(128, 4096).block_n == 16
 
 
 @pytest.mark.parametrize("kind", ["nf4", "nf4-nested", "int8"])

@@ -54,10 +54,11 @@ except ImportError:  # no Triton (a CPU build of torch)
     _kernel = _batch_kernel = _dequantize_kernel = _maxima_kernel = None
 
 # int8 batches of more rows than this dequantize the weight once into the activations' dtype and
-# take cuBLAS: past it ``rows``'s tiles of 128 batch rows leave too few programs to keep the
-# GPU's memory busy (an int8 engine's step at 96 and 128 rows measured more than the dequantized
-# products would take), and a wider batch reads the weight again per tile.
-INT8_ROWS = 64
+# take cuBLAS: a wider batch reads the weight again per tile of 128 batch rows. Up to it, with
+# the grid narrowed to enough programs (``matmul_config``), ``rows`` measured faster than the
+# dequantized product (docs/benchmarks.md, run 92); 128 is also the most rows a 16 GiB int8
+# engine runs at once.
+INT8_ROWS = 128
 # The most of a weight dequantized at once, in bytes of 16 bits: a wider one (the output layer's
 # 128,256 rows) is multiplied a slice of its rows at a time.
 SLICE_BYTES = 256 * 2**20
@@ -165,15 +166,19 @@ class MatmulConfig:
 # A10's 72), where narrower programs cost only the activations' reads again, from the cache.
 # A constant rather than the device's count: the choice is traced into compiled steps.
 MIN_PROGRAMS = 256
+# The narrowest program (weight rows) for a batch of up to 64 rows: each program reads all the
+# batch's activations again, and at 16 rows tiles of 16 weight rows measured slower than 32.
+NARROWEST_SMALL = 32
 
 
 def matmul_config(batch: int, outputs: int | None = None) -> MatmulConfig:
     """Tiles for a batch of ``batch`` rows: as few padded rows as the tensor cores allow (16)
     for a decode step, wider tiles that dequantize each slice for more rows as the batch grows;
     given the weight's ``outputs``, weight rows per program narrowed (down to the tensor cores'
-    16) until the grid has ``MIN_PROGRAMS``. A program covers all the inputs of its rows, so at
-    64 weight rows a program the 7B's output and down projections (4,096 outputs) ran 64
-    programs on 132 multiprocessors; each weight is read once whatever the width."""
+    16, or ``NARROWEST_SMALL`` for the batches of up to 64 rows) until the grid has
+    ``MIN_PROGRAMS``. A program covers all the inputs of its rows, so at 64 weight rows a
+    program the 7B's output and down projections (4,096 outputs) ran 64 programs on 132
+    multiprocessors; each weight is read once whatever the width."""
     if batch <= 16:
         chosen = MatmulConfig(16, 64, 128, 4, 3)
     elif batch <= 32:
@@ -183,7 +188,8 @@ def matmul_config(batch: int, outputs: int | None = None) -> MatmulConfig:
     else:
         chosen = MatmulConfig(128, 128, 64, 8, 3)
     block_n = chosen.block_n
-    while outputs is not None and block_n > 16 and -(-outputs // block_n) < MIN_PROGRAMS:
+    narrowest = NARROWEST_SMALL if batch <= 64 else 16
+    while outputs is not None and block_n > narrowest and -(-outputs // block_n) < MIN_PROGRAMS:
         block_n //= 2
     return MatmulConfig(chosen.block_m, block_n, chosen.block_k, chosen.warps, chosen.stages)
 
