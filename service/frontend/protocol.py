@@ -8,9 +8,10 @@ import asyncio
 import functools
 import json
 import math
+import select
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, cast
@@ -299,6 +300,12 @@ class Starts:
     meanwhile, which then queued behind them; their generation takes seconds, so waiting out the
     flood costs them little. A turn without a refusal is no sign that the flood is over: new
     connections come a few at a time, and most turns between them refuse nothing.
+
+    Nor do starts go while connections wait on the listening sockets (``watch``) to be accepted:
+    uvloop accepts one connection a turn, so a turn a start makes longer holds back every
+    connection behind it, refusals and probes among them, and a burst's admitted share, read
+    before the door closed and before any refusal, was started turn by turn ahead of the rest of
+    the burst still in the kernel's queue. Each such wait is one turn: that turn accepts one.
     """
 
     def __init__(
@@ -314,6 +321,18 @@ class Starts:
         self._waiting: deque[tuple[float, Callable[[], None]]] = deque()
         self._seen = 0
         self._last_refusal = -math.inf  # when a refusal was last seen (the loop's time)
+        self._listening: select.poll | None = None
+        self.watched: tuple[int, ...] = ()  # the listening sockets' descriptors (``watch``)
+
+    def watch(self, listening: Iterable[int]) -> None:
+        """The listening sockets (descriptors) whose queue of connections a start waits out."""
+        if not hasattr(select, "poll"):  # not on Windows: starts wait for refusals only
+            return
+        self.watched = tuple(listening)
+        poller = select.poll()
+        for descriptor in self.watched:
+            poller.register(descriptor, select.POLLIN)
+        self._listening = poller
 
     def add(self, loop: asyncio.AbstractEventLoop, start: Callable[[], None]) -> None:
         self._waiting.append((loop.time(), start))
@@ -324,6 +343,10 @@ class Starts:
 
     def _next(self, loop: asyncio.AbstractEventLoop) -> None:
         queued, start = self._waiting[0]
+        listening = self._listening
+        if listening is not None and listening.poll(0) and loop.time() < queued + self.max_wait_s:
+            loop.call_soon(self._next, loop)  # a connection waits: accepted this turn, first
+            return
         if self._refused is not None:
             now = loop.time()
             refused = self._refused()

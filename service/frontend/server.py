@@ -52,6 +52,14 @@ class DrainingServer(uvicorn.Server):
         self._draining = False
         self.exit_code = 0
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if isinstance(self.config, ServiceConfig):
+            # Admitted requests start only once no connection waits to be accepted (``Starts``).
+            self.config.admitting_starts.watch(
+                listening.fileno() for server in self.servers for listening in server.sockets
+            )
+
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         if self._parent_sentinel is not None:

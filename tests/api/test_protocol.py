@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
 from service.frontend.api.middleware import Door, OpenGate, RequestContextMiddleware
-from service.frontend.doorway import ServiceConfig
+from service.frontend.doorway import Doorway, ServiceConfig
 from service.frontend.metrics import Metrics
 from service.frontend.protocol import HeadLimits, ServiceHttpProtocol
+from service.frontend.runtime import Runtime
+from service.frontend.server import DrainingServer
 
 
 class Transport:
@@ -310,6 +313,66 @@ async def test_a_start_waits_for_refusals_no_longer_than_its_bound() -> None:
         assert loop.time() - started < 1
     assert loop.time() - started >= 0.02
     assert turns > 10
+
+
+async def test_no_start_while_connections_wait_to_be_accepted() -> None:
+    """uvloop accepts one connection a turn: a burst's admitted share, started turn by turn
+    before the door closed, held the rest of the burst in the kernel's queue (refusals after
+    tens of milliseconds). Starts wait while a listening socket has a connection to accept."""
+    gate = Gate(full=False)
+    server = Server(Door(Metrics(), gate))
+    starts = server.config.admitting_starts
+    starts.max_wait_s = 5.0
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        starts.watch([listening.fileno()])
+        assert starts.watched == (listening.fileno(),)
+        with socket.create_connection(listening.getsockname()):  # queued, not yet accepted
+            server.connect()[0].data_received(request("/translate"))
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert server.reached == []
+            accepted, _ = listening.accept()
+            with accepted:
+                for _ in range(3):
+                    await asyncio.sleep(0)
+                assert server.reached == ["/translate"]
+
+
+async def test_the_server_has_its_starts_watch_the_sockets_it_listens_on() -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await receive()
+            await send({"type": "lifespan.startup.complete"})
+            await receive()
+            await send({"type": "lifespan.shutdown.complete"})
+
+    config = ServiceConfig(app, door=Door(Metrics()), log_config=None, http=Doorway)
+    server = DrainingServer(config, cast(Runtime, None), 1.0, signals=())
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        serving = asyncio.create_task(server.serve(sockets=[listening]))
+        while not server.started:
+            assert not serving.done()
+            await asyncio.sleep(0.01)
+        assert config.admitting_starts.watched == (listening.fileno(),)
+        server.should_exit = True
+        await serving
+
+
+async def test_a_start_waits_for_the_accept_queue_no_longer_than_its_bound() -> None:
+    gate = Gate(full=False)
+    server = Server(Door(Metrics(), gate))
+    starts = server.config.admitting_starts
+    starts.max_wait_s = 0.02
+    loop = asyncio.get_running_loop()
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        starts.watch([listening.fileno()])
+        with socket.create_connection(listening.getsockname()):  # never accepted
+            began = loop.time()
+            server.connect()[0].data_received(request("/translate"))
+            while not server.reached:
+                await asyncio.sleep(0.001)
+                assert loop.time() - began < 1
+            assert loop.time() - began >= 0.02
 
 
 async def test_a_request_on_its_way_is_not_refused_for_counting_itself() -> None:
