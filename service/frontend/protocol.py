@@ -334,6 +334,13 @@ class Starts:
             poller.register(descriptor, select.POLLIN)
         self._listening = poller
 
+    def _connection_waits(self) -> bool:
+        """Whether a watched socket has a connection to accept (a socket closed at shutdown,
+        ``POLLNVAL``, has none)."""
+        if self._listening is None:
+            return False
+        return any(events & select.POLLIN for _, events in self._listening.poll(0))
+
     def add(self, loop: asyncio.AbstractEventLoop, start: Callable[[], None]) -> None:
         self._waiting.append((loop.time(), start))
         if len(self._waiting) == 1:
@@ -343,9 +350,8 @@ class Starts:
 
     def _next(self, loop: asyncio.AbstractEventLoop) -> None:
         queued, start = self._waiting[0]
-        listening = self._listening
-        if listening is not None and listening.poll(0) and loop.time() < queued + self.max_wait_s:
-            loop.call_soon(self._next, loop)  # a connection waits: accepted this turn, first
+        if self._connection_waits() and loop.time() < queued + self.max_wait_s:
+            loop.call_soon(self._next, loop)  # accepted this turn, first
             return
         if self._refused is not None:
             now = loop.time()

@@ -338,6 +338,21 @@ async def test_no_start_while_connections_wait_to_be_accepted() -> None:
                 assert server.reached == ["/translate"]
 
 
+async def test_a_closed_listening_socket_holds_no_start_back() -> None:
+    # At shutdown the server closes its sockets: a start then goes at once, not after its bound.
+    gate = Gate(full=False)
+    server = Server(Door(Metrics(), gate))
+    starts = server.config.admitting_starts
+    starts.max_wait_s = 5.0
+    listening = socket.create_server(("127.0.0.1", 0))
+    starts.watch([listening.fileno()])
+    listening.close()
+    server.connect()[0].data_received(request("/translate"))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert server.reached == ["/translate"]
+
+
 async def test_the_server_has_its_starts_watch_the_sockets_it_listens_on() -> None:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
