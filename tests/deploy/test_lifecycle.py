@@ -29,6 +29,10 @@ DRAINED = {
     "HYMT_OUTPUT_TOKENS_RATIO": "16",
     "HYMT_FAST_MAX_ROWS": "4",
     "HYMT_DRAIN_TIMEOUT_S": "60",
+    # What is under test is the drain: a deadline no estimate reaches, so that admission never
+    # refuses (its prior is the step time the engine measured at start, which a machine busy
+    # with other work, two test workers in a trial, made slow enough to refuse one of the 12).
+    "HYMT_REQUEST_TIMEOUT_S": "3600",
 }
 
 
