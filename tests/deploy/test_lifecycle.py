@@ -162,7 +162,12 @@ async def test_a_client_that_hangs_up_is_dropped_before_the_model(
                     + f"Content-Length: {len(body)}\r\n\r\n".encode()
                     + body
                 )
-                await asyncio.sleep(0.05)
+                # Hung up once the service holds it (a fixed 50 ms was too short on a busy
+                # machine: the request had not reached admission, and nothing was counted).
+                for _ in range(250):
+                    if metric(service.url, "hymt_in_flight_texts") >= 2:
+                        break
+                    await asyncio.sleep(0.02)
             assert (await held).status_code == 200
         await asyncio.sleep(0.2)
         assert metric(service.url, 'hymt_queue_rejections_total{reason="cancelled"}') == 1
