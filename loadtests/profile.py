@@ -290,6 +290,10 @@ def _step_loop(before: StepTimes, after: StepTimes, wall_s: float) -> dict[str, 
         "reused_tokens_per_prefill": (
             round(delta("reused_tokens") / prefills, 1) if prefills else 0.0
         ),
+        # The host's launching of a prefill (``StepTimes.prefill_launch_s``).
+        "prefill_launch_ms_per_prefill": (
+            round(1000 * delta("prefill_launch_s") / prefills, 3) if prefills else 0.0
+        ),
         "device_prefill_ms_per_prefill": (
             round(1000 * delta("device_prefill_s") / prefills, 3) if prefills else 0.0
         ),
@@ -326,11 +330,17 @@ async def _loaded_window(
 ) -> dict[str, object]:
     """Kernels only, over ``window_s`` seconds from ``after_s`` into the throughput phase: ms per
     decode step by kernel (top 30) and by kind, the steps and prefills the window held, and the
-    kernels' share of the window (the device's busy share, profiling's own cost included)."""
-    await asyncio.sleep(after_s)
+    kernels' share of the window (the device's busy share, profiling's own cost included); and
+    the step loop (``_step_loop``) over the ``window_s`` seconds just before, unprofiled."""
+    # The step loop unprofiled, for as long again just before (the profiler slows the host).
+    await asyncio.sleep(max(after_s - window_s, 0.0))
+    unprofiled = engine.step_times()
+    began = time.perf_counter()
+    await asyncio.sleep(min(after_s, window_s))
+    before = engine.step_times()
+    step_loop = _step_loop(unprofiled, before, time.perf_counter() - began)
     # (Off a GPU the window counts steps and finds no kernels: the tests run it there.)
     trace = profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU])
-    before = engine.step_times()
     trace.start()
     started = time.perf_counter()
     await asyncio.sleep(window_s)
@@ -359,6 +369,7 @@ async def _loaded_window(
         "launches_per_step_by_kernel": {
             e.key[:100]: round(e.count / decodes, 2) for e in kernels[:30]
         },
+        "unprofiled_step_loop": step_loop,
     }
 
 

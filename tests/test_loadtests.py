@@ -95,6 +95,10 @@ async def test_profile_keeps_a_closed_loop_and_says_how_full_the_steps_ran(
     assert window["decode_steps"] > 0
     assert 1 <= float(window["mean_decode_rows"]) <= 2  # type: ignore[arg-type]
     assert window["ms_per_step_by_kind"] == {}
+    # The host's share of the prefills is told apart from the wait for their first tokens.
+    launching = loop["prefill_launch_ms_per_prefill"] * loop["prefill_steps"]
+    assert 0 < launching <= loop["prefill_ms_per_step"] * loop["steps"] + 0.01
+    assert "prefill_launch_ms_per_prefill" in window["unprofiled_step_loop"]  # type: ignore[operator]
 
 
 async def test_fidelity_of_int8_weights_against_their_dequantized_numbers(

@@ -87,21 +87,21 @@ class EngineSettings(Section):
         ge=0,
         le=8192,
         alias="fast_prefill_graph_tokens",
-        description="Prefill steps of up to this many tokens run as CUDA graphs, one per "
-        "power of two from 16: one launch instead of every layer's operations from the host, "
-        "which set a small batch's pace (unset: a quarter of the prefill chunk, at most 512, "
-        "where the decode steps are graphs and the prefill takes the flash kernel; 0: never). "
-        "Set on a CPU, the same shapes run uncaptured.",
+        description="Prefill steps of up to this many tokens (at most 2,048) run as CUDA "
+        "graphs, one per size 64 tokens apart (128 past 1,024): one launch instead of every "
+        "layer's operations from the host, which is slower than a fast card's decode step "
+        "(unset: a quarter of the prefill chunk, at most 2,048, where the decode steps are "
+        "graphs and the prefill takes the flash kernel; 0: never). Set on a CPU, the same "
+        "shapes run uncaptured.",
     )
-    prefill_graph_rows: int = Field(
-        512,
+    prefill_graph_rows: int | None = Field(
+        None,
         ge=1,
         alias="fast_prefill_graph_rows",
         description="A prefill step replays its graph only behind a decode batch of fewer "
-        "rows than this: a wider decode step may outlast the host's launching of the prefill "
-        "layer by layer, which then costs the device nothing, where a bucket's padding "
-        "computes tokens for nothing. Where the decode step is shorter than that launching "
-        "(FP8 weights, a fast card), a larger value keeps the graphs in use at every batch.",
+        "rows than this, and takes the uncaptured prefill behind a wider one, whose decode step "
+        "may outlast the host's launching of the prefill layer by layer while a bucket's "
+        "padding computes tokens for nothing (unset: behind every batch).",
     )
     cuda_graph: Toggle = Field(
         "auto",

@@ -72,7 +72,8 @@ def test_uncompiled_flex_attention_never_goes_into_a_decode_graph(
 
 def test_small_prefill_steps_are_captured_where_the_decode_is_and_the_flash_kernel_runs() -> None:
     # Attention split on the host (no flash kernel: a CPU, float32, a T4) cannot be captured.
-    assert prefill_graph_tokens_for(None, graphs=True, flash=True, chunk=8192) == 512
+    assert prefill_graph_tokens_for(None, graphs=True, flash=True, chunk=8192) == 2048
+    assert prefill_graph_tokens_for(None, graphs=True, flash=True, chunk=16384) == 2048
     assert prefill_graph_tokens_for(None, graphs=True, flash=True, chunk=1024) == 256
     assert prefill_graph_tokens_for(None, graphs=True, flash=False, chunk=8192) == 0
     assert prefill_graph_tokens_for(None, graphs=False, flash=True, chunk=8192) == 0

@@ -93,10 +93,11 @@ def plan_for(
 
 
 # Where nothing else is set, prefill steps of up to a quarter of the chunk (a 16 or 24 GiB
-# card's 2,048: 512), and never more than this, run as graphs: past it a step's kernels outlast
-# its launches from the host, a bucket's activations stay held in the graphs' pool, and the
-# flash kernel's empty blocks (``prefill.prefill_buckets``) grow with the bucket.
-PREFILL_GRAPH_TOKENS = 512
+# card's 2,048: 512), and never more than this, run as graphs: the largest bucket
+# (``prefill.prefill_buckets``), whose activations stay held in the graphs' pool. A steady
+# state's prefills (the prompts that arrived during one decode step) are well under it, and
+# launched layer by layer from the host they outlast an FP8 decode step of 1,024 rows.
+PREFILL_GRAPH_TOKENS = 2048
 
 
 def prefill_graph_tokens_for(

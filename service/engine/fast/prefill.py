@@ -106,12 +106,13 @@ class HostPrefill:
 
     def padded(self, bucket: Bucket) -> np.ndarray:
         """The step in ``bucket``'s fixed shapes, as one int64 array (``Bucket.fields``'s
-        order): the tokens past this step's form one more sequence of their own, at position 0
-        with their keys and values in the scratch slot 0 (page 0 is never given out), so every
-        row the kernels compute stays finite; sequences past it are empty; the logits' rows
-        past this step's read token 0, the copies past its own copy slot 0 onto itself. The
-        keys are always read back from the cache (``key_slots``), which is exact: a piece
-        without a prefix reads the keys it has just written."""
+        order): the tokens past this step's form sequences of their own of at most
+        ``bucket.queries`` tokens each, at position 0 with their keys and values in the scratch
+        slot 0 (page 0 is never given out), so every row the kernels compute stays finite;
+        sequences past them are empty; the logits' rows past this step's read token 0, the
+        copies past its own copy slot 0 onto itself. The keys are always read back from the
+        cache (``key_slots``), which is exact: a piece without a prefix reads the keys it has
+        just written."""
         real, keys = len(self.tokens), len(self.key_slots)
         padding = bucket.tokens - real
         flat = np.zeros(bucket.size, dtype=np.int64)
@@ -121,9 +122,16 @@ class HostPrefill:
         views["slots"][:real] = self.slots
         count = len(self.cu_q)
         views["cu_q"][:count] = self.cu_q
-        views["cu_q"][count:] = bucket.tokens
         views["cu_k"][:count] = self.cu_k
-        views["cu_k"][count:] = keys + padding
+        # The padding's sequences, each at most ``queries`` long: the kernel's grid is sized by
+        # the longest sequence, for every sequence.
+        ends = np.minimum(
+            np.arange(1, _pads(padding, bucket.queries) + 1) * bucket.queries, padding
+        )
+        views["cu_q"][count : count + len(ends)] = real + ends
+        views["cu_q"][count + len(ends) :] = bucket.tokens
+        views["cu_k"][count : count + len(ends)] = keys + ends
+        views["cu_k"][count + len(ends) :] = keys + padding
         views["key_slots"][:keys] = self.key_slots
         views["last"][: len(self.last)] = self.last
         views["copy_from"][: len(self.copy_from)] = self.copy_from
@@ -131,28 +139,41 @@ class HostPrefill:
         return flat
 
     def fits(self, bucket: Bucket) -> bool:
-        """Whether this step goes into ``bucket``'s shapes (its padding sequence included)."""
+        """Whether this step goes into ``bucket``'s shapes (its padding sequences included)."""
         padding = bucket.tokens - len(self.tokens)
         return (
             padding >= 0
-            and len(self.cu_q) + (padding > 0) <= bucket.sequences + 2
+            and len(self.cu_q) + _pads(padding, bucket.queries) <= bucket.bounds
+            and (len(self.tokens) == 0 or self.max_q <= bucket.queries)
             and len(self.key_slots) + padding <= bucket.keys
             and len(self.last) <= bucket.last
             and len(self.copy_from) <= bucket.copies
         )
 
 
+def _pads(padding: int, queries: int) -> int:
+    """The sequences ``padding`` tokens take, at most ``queries`` each."""
+    return -(-padding // queries)
+
+
 @dataclass(frozen=True, slots=True)
 class Bucket:
     """The fixed shapes of a captured prefill step: ``tokens`` packed tokens in at most
-    ``sequences`` sequences (one more: the padding's), ``keys`` key slots read back, ``last``
-    logits' rows and ``copies`` cache-slot copies."""
+    ``sequences`` sequences of at most ``queries`` tokens each (and the padding's, as many as
+    its tokens need), ``keys`` key slots read back, ``last`` logits' rows and ``copies``
+    cache-slot copies."""
 
     tokens: int
     sequences: int
     keys: int
     last: int
     copies: int
+    queries: int
+
+    @property
+    def bounds(self) -> int:
+        """The sequences' cumulative bounds: the step's sequences, the padding's, and 0."""
+        return self.sequences + _pads(self.tokens, self.queries) + 1
 
     fields = (
         "tokens", "positions", "slots", "cu_q", "cu_k", "key_slots", "last", "copy_from", "copy_to",
@@ -161,7 +182,7 @@ class Bucket:
     @property
     def spans(self) -> dict[str, slice]:
         """Where each of ``fields`` lies in the one array of a step of these shapes."""
-        t, cu = self.tokens, self.sequences + 2
+        t, cu = self.tokens, self.bounds
         lengths = (t, t, t, cu, cu, self.keys, self.last, self.copies, self.copies)
         ends = np.cumsum(lengths).tolist()
         return {
@@ -188,7 +209,7 @@ class Bucket:
             slots=views["slots"],
             cu_q=views["cu_q"],
             cu_k=views["cu_k"],
-            max_q=self.tokens,
+            max_q=self.queries,
             max_k=self.keys,
             key_slots=views["key_slots"],
             last=views["last"],
@@ -199,18 +220,21 @@ class Bucket:
 
 
 # The captured prefill steps' token counts: a step is padded to the next one, so past 64 they
-# are 64 apart (a step of 385 tokens computes 63 more, not 127).
-_TOKEN_BUCKETS = (16, 32, 64, 128, 192, 256, 320, 384, 448, 512)
+# are 64 apart (a step of 385 tokens computes 63 more, not 127), and 128 past 1,024.
+_TOKEN_BUCKETS = (16, 32, *range(64, 1024 + 1, 64), *range(1024 + 128, 2048 + 1, 128))
+# The longest sequence a captured step holds: the flash kernel's grid is a block per 128
+# queries of the longest sequence for every sequence and head, the empty ones too, each costing
+# a block's start. A translation's pieces are shorter; a longer one takes the uncaptured prefill.
+_QUERIES = 256
 
 
 def prefill_buckets(largest: int) -> list[Bucket]:
-    """The captured shapes for prefill steps of up to ``largest`` tokens: 16 sequences, 32 from
-    512 tokens (the flash kernel's grid is a block per 128 queries of the longest sequence, the
-    padding's, for every sequence and head: empty ones cost a block's start each, and every
-    prompt costs a row of the output layer at every replay); keys and copies four times the
+    """The captured shapes for prefill steps of up to ``largest`` tokens: 16 sequences, up to 32
+    from 512 tokens (each costs the flash kernel's blocks, and every prompt a row of the output
+    layer, at every replay), of at most ``_QUERIES`` tokens; keys and copies four times the
     tokens."""
     return [
-        Bucket(tokens, sequences, 4 * tokens, sequences, 4 * tokens)
+        Bucket(tokens, sequences, 4 * tokens, sequences, 4 * tokens, min(tokens, _QUERIES))
         for tokens in _TOKEN_BUCKETS
         if tokens <= largest
         for sequences in (min(32, max(16, tokens // 16)),)

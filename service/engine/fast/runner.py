@@ -275,7 +275,7 @@ class ModelRunner:
         started = self.clock.start()
         step = layout(pieces, self.page_size)
         graphs = self._prefill_graphs
-        if self._decoding >= self._prefill_graph_rows:
+        if self._prefill_graph_rows is not None and self._decoding >= self._prefill_graph_rows:
             graphs = None
         bucket = graphs.bucket_for(step) if graphs is not None else None
         if graphs is not None and bucket is not None:

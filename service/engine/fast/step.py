@@ -107,6 +107,11 @@ class StepTimes:
     # Bucket -> (device seconds, decode steps).
     device_decode_by_bucket: dict[int, tuple[float, int]] = field(default_factory=dict)
     prefill_s: float = 0.0
+    # Of ``prefill_s``: the host launching the prefills (laying them out, enqueuing their
+    # kernels or replaying their graphs, the first tokens' sampling), the rest being the
+    # scheduler's planning, the wait for the first tokens and the join. Where a launch outlasts
+    # the decode step in flight, the device waits for the host.
+    prefill_launch_s: float = 0.0
     launch_s: float = 0.0
     wait_s: float = 0.0
     host_s: float = 0.0
@@ -137,7 +142,9 @@ class Stepper(Generic[Step, Firsts]):
             times.prefills += 1
             times.prefill_tokens += sum(chunk.count for chunk in chunks)
             times.reused_tokens += sum(c.reuse.tokens for c in chunks if c.reuse is not None)
+            launching = time.perf_counter()
             pending = device.prefill(chunks)
+            times.prefill_launch_s += time.perf_counter() - launching
         planned = time.perf_counter()
         times.prefill_s += planned - began
         plan = scheduler.schedule_decode()
