@@ -32,6 +32,15 @@ class EngineSettings(Section):
         alias="fast_page_size",
         description="Tokens per KV-cache page (a multiple of 16).",
     )
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        "auto",
+        alias="fast_kv_cache_dtype",
+        description="What the KV cache stores keys and values in: auto = the model's dtype; "
+        "fp8 = 8-bit e4m3 (scale 1, as vLLM's uncalibrated FP8 cache), half the bytes: twice "
+        "the tokens in the same memory and half the reads of a decode step's attention, at "
+        "8-bit precision. On CUDA it needs compute capability 8.9+ and a 16-bit model (the "
+        "Triton decode attention reads it); on a CPU it runs everywhere.",
+    )
     num_pages: int | None = Field(
         None,
         ge=2,

@@ -12,7 +12,7 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from service.engine.fast.attention import FlexDecode, GatherDecode, SmallBatchDecode, TritonDecode
 from service.engine.fast.batch import DeviceRows
-from service.engine.fast.cache import CacheShape, PagedKVCache
+from service.engine.fast.cache import KV_FP8, CacheShape, PagedKVCache, write_kv
 from service.engine.fast.pages import pages_for
 from service.engine.fast.weights import Geometry
 
@@ -118,3 +118,29 @@ def test_small_batches_take_the_kernel_and_larger_ones_flex() -> None:
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="over this kernel"):
         small.prepare(3, 5)
+
+
+def test_an_8_bit_cache_is_read_as_the_gathered_attention_reads_it() -> None:
+    # fast_kv_cache_dtype=fp8: the kernel converts each tile of keys and values to the queries'
+    # dtype, as the gathering attention converts the slots it picks: the same attention.
+    cache, rows = _filled(LENGTHS)
+    fp8 = PagedKVCache(GEOMETRY, 1, cache.shape, KV_FP8, torch.device("cpu"), compute=torch.float32)
+    slots = torch.arange(cache.shape.slots)
+    write_kv(fp8.keys[0], fp8.values[0], slots, cache.keys[0][:, slots].transpose(0, 1),
+             cache.values[0][:, slots].transpose(0, 1))  # fmt: skip
+    assert fp8.keys[0].dtype == KV_FP8
+    batch = len(LENGTHS)
+    query = torch.randn(batch, GEOMETRY.heads, GEOMETRY.head_dim)
+    scale = GEOMETRY.head_dim**-0.5
+    most = max(pages_for(n, PAGE) for n in LENGTHS)
+    gather = GatherDecode(fp8, rows)
+    expected = gather(query, fp8.keys[0], fp8.values[0], gather.prepare(batch, most), scale)
+    exact = gather(query, cache.keys[0], cache.values[0], gather.prepare(batch, most), scale)
+    kernel = TritonDecode(fp8, rows, GEOMETRY, max_batch=batch, splits=4, min_pages=2)
+    out = kernel(query, fp8.keys[0], fp8.values[0], kernel.prepare(batch, most), scale)
+    live = [row for row, n in enumerate(LENGTHS) if n]
+    torch.testing.assert_close(out[live], expected[live], atol=1e-5, rtol=1e-5)
+    # And 8 bits (3 of mantissa: a value within 1/16 of itself) away from the full-precision
+    # cache's attention, not further (outputs of about 1 here: seeded, normal keys and values).
+    assert (out[live] - exact[live]).abs().max() < 0.15
+    assert not torch.equal(out[live], exact[live])

@@ -38,6 +38,7 @@ from service.contract.types import (
 )
 from service.engine.demo import ensure_demo_model
 from service.engine.fast import gemv, rope
+from service.engine.fast.cache import KV_FP8
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.engine import FastEngine
 from service.engine.fast.linear import fp8_linear, linear, quantize_fp8
@@ -731,3 +732,39 @@ async def test_prefill_steps_in_fixed_shapes_equal_generate(
         assert graphs.steps == before
     finally:
         engine.close()
+
+
+async def test_an_8_bit_kv_cache_serves_alone_and_in_a_crowd(
+    data_dir: Path,
+    reference: LoadedModel,
+    prompts: list[tuple[int, ...]],
+    expected: list[list[int]],
+) -> None:
+    # fast_kv_cache_dtype=fp8: keys and values are written to the cache in e4m3 and read back
+    # in the model's dtype by the decode attention and by a prefill reusing kept prefixes (the
+    # crowd's). The model differs from its 8-bit-cached self only in what the cache rounds.
+    config = _config(data_dir, attention="gather", kv_cache_dtype="fp8")
+    engine = RecordingEngine(load_model(config), config)
+    plain = _config(data_dir, attention="gather")
+    default = RecordingEngine(load_model(plain), plain)
+    try:
+        assert engine.plan.kv_cache_dtype == "float8_e4m3fn"
+        assert {t.dtype for t in engine.runner.cache.keys + engine.runner.cache.values} == {KV_FP8}
+        # A page takes a quarter of a float32 cache's bytes.
+        assert engine.runner.cache.page_bytes * 4 == default.runner.cache.page_bytes
+        wanted = _wanted(reference, expected)
+        requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
+        alone = await _alone(engine, requests)
+        # Random weights make near-ties, which 8-bit keys and values tip: some texts part from
+        # generate()'s at some token, most not (here 4 of 6 identical), and the first prompt's
+        # first token, from a prefill that read no cached keys, is generate()'s.
+        assert alone[0][0] == wanted[0][0]
+        assert sum(got == want for got, want in zip(alone, wanted, strict=True)) >= 3
+        crowd = await _generated(engine, requests * 4, "crowd")
+        assert [len(tokens) for tokens in crowd] == [len(tokens) for tokens in alone] * 4
+        assert engine.scheduler.prefixes is not None
+        assert engine.scheduler.prefixes.reused_tokens > 0
+        assert engine.pages.committed == 0
+    finally:
+        engine.close()
+        default.close()

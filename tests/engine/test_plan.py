@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from service.config.engine import EngineSettings
+from service.engine.capability import Capability
 from service.engine.fast import prefill_graphs, quant_gemv
-from service.engine.fast.plan import plan_for, prefill_graph_tokens_for
+from service.engine.fast.cache import KV_FP8
+from service.engine.fast.plan import kv_dtype_for, plan_for, prefill_graph_tokens_for
 from service.engine.fast.runner import prefill_warmups
 
 CUDA = torch.device("cuda")  # only named here: resolving a plan calls nothing on the device
@@ -96,3 +98,16 @@ def test_a_failed_prefill_capture_costs_speed_never_the_start(
     with pytest.raises(RuntimeError, match="capturing"):  # the operator asked for them
         prefill_graphs.capture(lambda packed: packed.tokens, 64, CUDA, True)
     assert prefill_graphs.capture(lambda packed: packed.tokens, 8, CUDA, True) is None  # no bucket
+
+
+def test_an_8_bit_kv_cache_is_taken_only_where_its_attention_reads_it() -> None:
+    hopper, ampere, cpu = Capability(True, (9, 0)), Capability(True, (8, 6)), Capability(False)
+    bf16 = torch.bfloat16
+    assert kv_dtype_for("auto", bf16, hopper, "triton") == bf16  # the model's, by default
+    assert kv_dtype_for("auto", torch.float32, cpu, "gather") == torch.float32
+    assert kv_dtype_for("fp8", bf16, hopper, "triton") == KV_FP8
+    assert kv_dtype_for("fp8", torch.float32, cpu, "gather") == KV_FP8  # tests drive it here
+    # FlexAttention multiplies the cache as it is stored; before 8.9 no FP8 conversions.
+    for capability, attention in ((hopper, "flex"), (ampere, "triton"), (cpu, "flex")):
+        with pytest.raises(RuntimeError, match="fast_kv_cache_dtype=fp8"):
+            kv_dtype_for("fp8", bf16, capability, attention)

@@ -32,7 +32,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask, FlexKernelOptions, flex_attention
 
 from service.engine.fast.batch import DeviceRows
-from service.engine.fast.cache import PagedKVCache
+from service.engine.fast.cache import PagedKVCache, read_slots
 from service.engine.fast.launch import pdl_args
 from service.engine.fast.weights import Geometry
 
@@ -349,8 +349,8 @@ class GatherDecode:
         assert isinstance(meta, _Gathered)
         slots, keep, batch, width = meta.slots, meta.keep, meta.batch, meta.width
         shape = (-1, batch, width, query.shape[-1])
-        picked_keys = keys.index_select(1, slots).view(shape).transpose(0, 1)
-        picked_values = values.index_select(1, slots).view(shape).transpose(0, 1)
+        picked_keys = read_slots(keys, slots, query.dtype).view(shape).transpose(0, 1)
+        picked_values = read_slots(values, slots, query.dtype).view(shape).transpose(0, 1)
         out = torch.nn.functional.scaled_dot_product_attention(
             query[:, :, None, :],
             picked_keys,

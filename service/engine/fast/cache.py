@@ -25,6 +25,35 @@ from service.engine.fast.weights import Geometry
 log = logging.getLogger(__name__)
 
 
+# The KV cache's 8-bit storage (``fast_kv_cache_dtype=fp8``): e4m3, scale 1 (the keys come out
+# of RMS norms and the values of a normed input's product: far inside its range), values past
+# its largest finite number clamped to it, as vLLM's uncalibrated FP8 cache stores them.
+KV_FP8 = torch.float8_e4m3fn
+_FP8_LARGEST = torch.finfo(KV_FP8).max
+
+
+def stored(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` as the cache stores it in ``dtype``."""
+    if x.dtype == dtype:
+        return x
+    if dtype == KV_FP8:
+        x = x.clamp(-_FP8_LARGEST, _FP8_LARGEST)
+    return x.to(dtype)
+
+
+def _bytes(cache: torch.Tensor) -> torch.Tensor:
+    """An 8-bit cache as its bytes, for the slot copies torch has no FP8 kernel for (a CPU's
+    ``index_copy``); a 16- or 32-bit cache as it is."""
+    return cache.view(torch.uint8) if cache.dtype == KV_FP8 else cache
+
+
+def read_slots(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One layer's cached keys or values at ``slots`` (``[kv_heads, len(slots), head_dim]``),
+    in ``dtype``."""
+    picked = _bytes(cache).index_select(1, slots)
+    return picked.view(cache.dtype).to(dtype)
+
+
 def page_bytes(geometry: Geometry, layers: int, page_size: int, dtype: torch.dtype) -> int:
     """Bytes of one page over all layers, keys and values."""
     element = torch.empty(0, dtype=dtype).element_size()
@@ -211,7 +240,8 @@ class CacheShape:
 
 
 class PagedKVCache:
-    """The cache tensors and the ownership tables the decode mask reads."""
+    """The cache tensors and the ownership tables the decode mask reads: keys and values stored
+    in ``dtype``, read in the model's ``compute`` dtype (the same, or 8-bit storage)."""
 
     def __init__(
         self,
@@ -220,9 +250,12 @@ class PagedKVCache:
         shape: CacheShape,
         dtype: torch.dtype,
         device: torch.device,
+        compute: torch.dtype | None = None,
     ) -> None:
         if shape.pages < 2:
             raise ValueError("the KV cache needs at least two pages")
+        self.dtype = dtype
+        self.compute = dtype if compute is None else compute
         self.shape = shape
         self.page_size = shape.page_size
         dims = (geometry.kv_heads, shape.slots, geometry.head_dim)
@@ -237,6 +270,7 @@ class PagedKVCache:
             extra={
                 "pages": shape.pages,
                 "page_size": shape.page_size,
+                "dtype": str(dtype).removeprefix("torch."),
                 "bytes": 2 * layers * self.keys[0].nelement() * self.keys[0].element_size(),
             },
         )
@@ -259,16 +293,18 @@ class PagedKVCache:
             self.owner.index_fill_(0, index, -1)
 
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values at ``slots`` as ``[tokens, kv_heads, head_dim]``."""
-        keys = self.keys[layer].index_select(1, slots).transpose(0, 1)
-        values = self.values[layer].index_select(1, slots).transpose(0, 1)
+        """Keys and values at ``slots`` as ``[tokens, kv_heads, head_dim]``, in the model's
+        dtype."""
+        keys = read_slots(self.keys[layer], slots, self.compute).transpose(0, 1)
+        values = read_slots(self.values[layer], slots, self.compute).transpose(0, 1)
         return keys, values
 
     def copy(self, layer: int, source: torch.Tensor, target: torch.Tensor) -> None:
         """One layer's keys and values at slots ``source`` copied to slots ``target`` (the two
         sets disjoint)."""
         for cache in (self.keys[layer], self.values[layer]):
-            cache.index_copy_(1, target, cache.index_select(1, source))
+            raw = _bytes(cache)
+            raw.index_copy_(1, target, raw.index_select(1, source))
 
 
 def write_kv(
@@ -279,5 +315,8 @@ def write_kv(
     values: torch.Tensor,
 ) -> None:
     """Store ``[tokens, kv_heads, head_dim]`` keys and values of one layer at ``slots``."""
-    key_cache.index_copy_(1, slots, keys.transpose(0, 1))
-    value_cache.index_copy_(1, slots, values.transpose(0, 1))
+    for cache, new in ((key_cache, keys), (value_cache, values)):
+        kept = stored(new, cache.dtype).transpose(0, 1)
+        _bytes(cache).index_copy_(
+            1, slots, kept.view(torch.uint8) if kept.dtype == KV_FP8 else kept
+        )

@@ -82,7 +82,8 @@ def paged_decode(  # type: ignore[no-untyped-def]
             offsets = (step % tiles) * tile + tl.arange(0, tile)
             physical = tl.load(table_ptr + row * stride_tb + logical).to(tl.int64)
             at = kv_head.to(tl.int64) * stride_kh + (physical * page + offsets)[:, None] * stride_ks
-            keys = tl.load(k_ptr + at + d[None, :])
+            # An 8-bit cache's keys and values in the queries' dtype, for the tensor cores.
+            keys = tl.load(k_ptr + at + d[None, :]).to(q_ptr.dtype.element_ty)
             scores = tl.dot(q, tl.trans(keys)) * scale
             valid = logical * page + offsets < length
             scores = tl.where(valid[None, :], scores, float("-inf"))
@@ -90,7 +91,7 @@ def paged_decode(  # type: ignore[no-untyped-def]
             kept = tl.exp(best - new_best)
             weights = tl.exp(scores - new_best[:, None])
             total = total * kept + tl.sum(weights, axis=1)
-            values = tl.load(v_ptr + at + d[None, :])
+            values = tl.load(v_ptr + at + d[None, :]).to(q_ptr.dtype.element_ty)
             acc = acc * kept[:, None] + tl.dot(weights.to(values.dtype), values)
             best = new_best
         if splits == 1:

@@ -15,6 +15,7 @@ from service.config.engine import EngineSettings
 from service.engine.capability import Capability
 from service.engine.fast import gemv, launch, rope
 from service.engine.fast.attention import triton_runs
+from service.engine.fast.cache import KV_FP8
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.loading import LoadedModel
 
@@ -45,6 +46,8 @@ class Plan:
     triton_rows: int = 0
     # The largest prefill step run as a CUDA graph (prefill_graphs.py); 0 where none is.
     prefill_graph_tokens: int = 0
+    # What the KV cache stores keys and values in (``kv_dtype_for``).
+    kv_cache_dtype: str = ""
 
 
 def plan_for(
@@ -115,6 +118,26 @@ def prefill_graph_tokens_for(
     if setting is None:
         setting = min(PREFILL_GRAPH_TOKENS, chunk // 4) if graphs and flash else 0
     return min(setting, chunk)
+
+
+def kv_dtype_for(
+    setting: str, dtype: torch.dtype, capability: Capability, attention: str
+) -> torch.dtype:
+    """What the KV cache stores: the model's ``dtype``, or with ``fp8`` 8-bit e4m3, which the
+    Triton decode attention and the gathering one read (FlexAttention wants the queries' dtype),
+    on CUDA from compute capability 8.9 (the conversions); refused elsewhere."""
+    if setting != "fp8":
+        return dtype
+    if attention == "flex" or (capability.cuda and not capability.fp8):
+        major, minor = capability.version
+        where = f"compute capability {major}.{minor}" if capability.cuda else "a CPU"
+        raise RuntimeError(
+            "fast_kv_cache_dtype=fp8 needs the Triton decode attention (a 16-bit model on "
+            "CUDA) or the gathering one, and on CUDA compute capability 8.9 (Ada, Hopper); "
+            f"this engine has {where}, {str(dtype).removeprefix('torch.')} and {attention} "
+            "attention"
+        )
+    return KV_FP8
 
 
 def flex_in_graphs(graphs: bool, compiled: bool) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from service.engine.fast.cache import KV_FP8
 from service.engine.fast.launch import pdl_args
 from service.engine.fast.weights import Geometry
 
@@ -98,6 +99,7 @@ def rope_and_store(
         qk_norm=normed,
         norm_first=g.norm_before_rope,
         per_program=per_program,
+        fp8_cache=key_cache.dtype == KV_FP8,
         num_warps=1,
         **pdl_args(pdl, qkv.device),
     )

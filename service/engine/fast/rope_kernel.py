@@ -17,6 +17,14 @@ def _rounded(x, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
 
 
 @triton.jit  # type: ignore[untyped-decorator]
+def _cached(x, ptr, fp8: tl.constexpr):  # type: ignore[no-untyped-def]
+    # As the cache stores it: an 8-bit cache's values past its largest clamped (``cache.stored``).
+    if fp8:
+        x = tl.clamp(x.to(tl.float32), -448.0, 448.0)
+    return x.to(ptr.dtype.element_ty)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
 def _norm(  # type: ignore[no-untyped-def]
     x1, x2, w_ptr, lo, half: tl.constexpr, eps: tl.constexpr, dtype: tl.constexpr
 ):
@@ -56,6 +64,7 @@ def rope_store(  # type: ignore[no-untyped-def]
     norm_first: tl.constexpr,
     per_program: tl.constexpr,
     pdl: tl.constexpr,
+    fp8_cache: tl.constexpr,
 ):
     if pdl:  # programmatic dependent launch, as in gemv_kernel.py
         tl.extra.cuda.gdc_wait()
@@ -73,8 +82,8 @@ def rope_store(  # type: ignore[no-untyped-def]
                 # A value head: into its cache slot as it is.
                 value_head = (head - heads - kv_heads).to(tl.int64)
                 at = value_ptr + value_head * stride_cache_head + slot * stride_cache_slot
-                tl.store(at + lo, tl.load(src + lo))
-                tl.store(at + half + lo, tl.load(src + half + lo))
+                tl.store(at + lo, _cached(tl.load(src + lo), value_ptr, fp8_cache))
+                tl.store(at + half + lo, _cached(tl.load(src + half + lo), value_ptr, fp8_cache))
             else:
                 is_query = head < heads
                 norm_ptr = key_norm_ptr
@@ -95,10 +104,13 @@ def rope_store(  # type: ignore[no-untyped-def]
                 y2 = _rounded(_rounded(x2 * c2, dtype) + _rounded(x1 * s2, dtype), dtype)
                 if qk_norm and not norm_first:
                     y1, y2 = _norm(y1, y2, norm_ptr, lo, half, eps, dtype)
+                y1, y2 = y1.to(dtype), y2.to(dtype)
                 if is_query:
                     at = out_ptr + row * stride_ob + head * stride_oh
+                    tl.store(at + lo, y1)
+                    tl.store(at + half + lo, y2)
                 else:
                     key_head = (head - heads).to(tl.int64)
                     at = key_ptr + key_head * stride_cache_head + slot * stride_cache_slot
-                tl.store(at + lo, y1.to(dtype))
-                tl.store(at + half + lo, y2.to(dtype))
+                    tl.store(at + lo, _cached(y1, key_ptr, fp8_cache))
+                    tl.store(at + half + lo, _cached(y2, key_ptr, fp8_cache))

@@ -37,7 +37,7 @@ from service.engine.fast.attention_choice import (
     measured_triton_rows,
 )
 from service.engine.fast.batch import DeviceRows, Joining
-from service.engine.fast.cache import CacheShape, PagedKVCache, fit_rows_and_pages
+from service.engine.fast.cache import KV_FP8, CacheShape, PagedKVCache, fit_rows_and_pages
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.compile_cache import use_compile_cache
 from service.engine.fast.device_clock import DeviceClock
@@ -49,6 +49,7 @@ from service.engine.fast.plan import (
     flex_in_graphs,
     fold_norms_for,
     fused_rope_for,
+    kv_dtype_for,
     one_row_pdl_for,
     pdl_ready,
     plan_for,
@@ -107,6 +108,7 @@ class _Choices:
     # the chunk is fitted to the device: the fit sets its pool aside, the capture takes no more
     # than the fitted chunk.
     prefill_graph_tokens: int
+    kv_dtype: torch.dtype
 
 
 class ModelRunner:
@@ -127,8 +129,9 @@ class ModelRunner:
         layers = len(self.weights.layers)
         self.page_size = fast.page_size
         rows, pages, prefill = _size(self.weights, loaded, fast, choices)
+        shape = CacheShape(pages, fast.page_size)
         self.cache = PagedKVCache(
-            geometry, layers, CacheShape(pages, fast.page_size), loaded.dtype, self.device
+            geometry, layers, shape, choices.kv_dtype, self.device, loaded.dtype
         )
         self._max_pages = pages_for(geometry.max_positions, fast.page_size)
         self.rows = DeviceRows(rows, self._max_pages, geometry.vocab, self.device)
@@ -188,6 +191,7 @@ class ModelRunner:
             one_row_pdl=pdl,
             triton_rows=attention.small_rows if isinstance(attention, SmallBatchDecode) else 0,
             prefill_graph_tokens=self._prefill_graphs.largest if self._prefill_graphs else 0,
+            kv_cache_dtype=str(choices.kv_dtype).removeprefix("torch."),
         )
         self.attention = attention.name
         self.fp8 = choices.fp8 is not None
@@ -201,7 +205,8 @@ class ModelRunner:
         if choices.attention == "flex":
             return flex
         small = fast.triton_attention_rows
-        if not flex_in_graphs(choices.graphs, choices.compiled):
+        # An 8-bit cache only the Triton kernel reads (``plan.kv_dtype_for``).
+        if not flex_in_graphs(choices.graphs, choices.compiled) or self.cache.dtype == KV_FP8:
             small = self.rows.rows
         elif small is None:
             small = min(MEASURED_ABOVE, self.rows.rows)
@@ -526,7 +531,7 @@ def _size(
         geometry,
         layers,
         fast.page_size,
-        loaded.dtype,
+        choices.kv_dtype,
         loaded.device,
         fast.memory_fraction,
         choices.rows,
@@ -568,6 +573,17 @@ def _choose(loaded: LoadedModel, config: EngineConfig) -> _Choices:
     flash = capability.flash_prefill(loaded.dtype)
     cuda = device.type == "cuda"
     graph_tokens = prefill_graph_tokens_for(fast.prefill_graph_tokens, graphs, flash, prefill, cuda)
+    kv_dtype = kv_dtype_for(fast.kv_cache_dtype, loaded.dtype, capability, attention)
     return _Choices(
-        rows, prefill, graphs, compiled, attention, fused_rope, ready, fp8, capability, graph_tokens
+        rows,
+        prefill,
+        graphs,
+        compiled,
+        attention,
+        fused_rope,
+        ready,
+        fp8,
+        capability,
+        graph_tokens,
+        kv_dtype,
     )
