@@ -20,6 +20,7 @@ def policy_config(settings: Settings) -> PolicyConfig:
     return PolicyConfig(
         max_in_flight=settings.limits.max_queue_size,
         processes=settings.server.processes,
+        max_new_tokens=settings.decoding.max_new_tokens,
         request_timeout_s=reliability.request_timeout_s,
         min_request_timeout_s=reliability.min_request_timeout_s,
         stall_timeout_s=reliability.stall_timeout_s,

@@ -111,6 +111,7 @@ class Runtime:
             metrics,
             self.supervisor.availability,
             processes=policy.processes,
+            most_tokens=policy.max_new_tokens,
         )
         self._dispatcher = Dispatcher(self.supervisor, self.admission, metrics)
         self._languages = LanguageTable()

@@ -174,6 +174,24 @@ def test_a_burst_into_an_engine_that_answered_nothing_is_cut_at_what_fits() -> N
         reservation.release()
 
 
+def test_the_prior_never_assumes_more_tokens_than_a_text_may_generate() -> None:
+    # The same burst into a service whose texts generate 8 tokens at most (HYMT_MAX_NEW_TOKENS):
+    # a full batch answers 256 texts per 2 x 0.05 s x 8 tokens, and all 1,000 fit in 60% of
+    # 30 s, where the prior's 128 tokens a text would have cut them at 360.
+    clock = Clock()
+    gate = Admission(4096, Metrics(), lambda: None, clock=clock, most_tokens=8)
+    gate.set_engine(256, {1: 0.005, 256: 0.05})
+    admitted = [gate.reserve(1, clock.now + 30.0) for _ in range(1000)]
+    assert gate.in_flight == 1000
+    assert gate.drain_rate() == pytest.approx(256 / 0.8)
+    for reservation in admitted:
+        reservation.release()
+    # A cap above the prior's 128 leaves the prior as it was.
+    wide = Admission(4096, Metrics(), lambda: None, clock=clock, most_tokens=4096)
+    wide.set_engine(256, {1: 0.005, 256: 0.05})
+    assert wide.drain_rate() == pytest.approx(256 / 12.8)
+
+
 def test_while_a_decode_row_is_free_the_deadline_estimate_refuses_nothing() -> None:
     clock = Clock()
     gate = admission(clock, capacity=8)

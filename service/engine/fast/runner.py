@@ -129,10 +129,8 @@ class ModelRunner:
         layers = len(self.weights.layers)
         self.page_size = fast.page_size
         rows, pages, prefill = _size(self.weights, loaded, fast, choices)
-        shape = CacheShape(pages, fast.page_size)
-        self.cache = PagedKVCache(
-            geometry, layers, shape, choices.kv_dtype, self.device, loaded.dtype
-        )
+        shape, kv = CacheShape(pages, fast.page_size), choices.kv_dtype
+        self.cache = PagedKVCache(geometry, layers, shape, kv, self.device, loaded.dtype)
         self._max_pages = pages_for(geometry.max_positions, fast.page_size)
         self.rows = DeviceRows(rows, self._max_pages, geometry.vocab, self.device)
         self._buckets = buckets_up_to(rows)

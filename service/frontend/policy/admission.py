@@ -23,9 +23,10 @@ texts, and a rate taken from them (three answers after two seconds while a thous
 generate) would predict waits of minutes. Until then, and before any answer, the rate comes
 from what the engine measured about itself at start (``Ready.step_seconds``, one decode step's
 time by batch size): a full batch answers ``capacity`` texts every ``tokens per text`` steps,
-the tokens per text being the answers' own mean once there are a few, ``_PRIOR_TOKENS`` before,
-and the step time doubled (``_PRIOR_MARGIN``) for what the measured step leaves out (prefill,
-the host's work, attention over real contexts).
+the tokens per text being the answers' own mean once there are a few, ``_PRIOR_TOKENS`` before
+(or the most a text may generate, where that is fewer), and the step time doubled
+(``_PRIOR_MARGIN``) for what the measured step leaves out (prefill, the host's work, attention
+over real contexts).
 
 ``retry_after_s`` is the one estimator of Retry-After for every refusal: the time the current
 backlog needs to drain at that rate.
@@ -101,9 +102,14 @@ class Admission:
         availability: Callable[[], ServiceError | None],
         clock: Callable[[], float] = time.monotonic,
         processes: int = 1,
+        most_tokens: int | None = None,
     ) -> None:
-        """``processes``: API processes sharing the engine, each admitting its share."""
+        """``processes``: API processes sharing the engine, each admitting its share;
+        ``most_tokens``: the most a text may generate (the service's ``max_new_tokens``)."""
         self._processes = processes
+        # Before answers say how long texts are, a text is taken to need _PRIOR_TOKENS, never
+        # more than it may generate: a service capped at 8 tokens a text does not wait for 128.
+        self._prior_tokens = min(_PRIOR_TOKENS, float(most_tokens or _PRIOR_TOKENS))
         self._max = max(1, max_in_flight // processes)
         self._metrics = metrics
         self._availability = availability
@@ -278,9 +284,10 @@ class Admission:
         wanted = self._engine_capacity if batch is None else batch
         # The step of the smallest measured batch that holds it, or the largest.
         step = next((t for b, t in self._step_seconds if b >= wanted), self._step_seconds[-1][1])
-        tokens = self._tokens / self._tokened if self._tokened >= _MIN_ANSWERS else _PRIOR_TOKENS
+        prior = self._prior_tokens
+        tokens = self._tokens / self._tokened if self._tokened >= _MIN_ANSWERS else prior
         if at_least_prior:
-            tokens = max(tokens, _PRIOR_TOKENS)
+            tokens = max(tokens, prior)
         return _PRIOR_MARGIN * step * max(1.0, tokens)
 
     def retry_after_s(self) -> float:

@@ -12,6 +12,8 @@ class PolicyConfig:
     # API processes sharing one engine: each admits its share of max_in_flight and of the
     # engine's capacity (connections are spread evenly over the processes by the kernel).
     processes: int = 1
+    # The most tokens a text may generate (admission's estimate never assumes more).
+    max_new_tokens: int = 1024
     # Deadline of a request, and the least a client may ask for with X-Request-Timeout.
     request_timeout_s: float = 100.0
     min_request_timeout_s: float = 0.1
