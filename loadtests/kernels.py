@@ -39,7 +39,7 @@ from torch.nn.attention.flex_attention import FlexKernelOptions
 from service.engine.fast import gemv
 from service.engine.fast.attention import DecodeAttention, FlexDecode, TritonDecode, triton_runs
 from service.engine.fast.batch import DeviceRows
-from service.engine.fast.cache import CacheShape, PagedKVCache
+from service.engine.fast.cache import KV_FP8, CacheShape, PagedKVCache, stored
 from service.engine.fast.kernel_timing import graph_us as timed_us
 from service.engine.fast.linear import fp8_linear, quantize_fp8, row_product
 from service.engine.fast.pages import pages_for
@@ -122,6 +122,21 @@ def attention(
             out = call().float()
             first = reference.setdefault(batch, out)
             results[name][f"rows{batch}_max_abs_diff"] = float((out - first).abs().max())
+    if triton_runs(dtype, device, page):
+        # The same keys and values in an 8-bit cache (``fast_kv_cache_dtype=fp8``): half the
+        # bytes read; its distance from FlexAttention's 16-bit result is the cache's rounding.
+        fp8 = PagedKVCache(geometry, 1, cache.shape, KV_FP8, device, compute=dtype)
+        for target, source in ((fp8.keys[0], cache.keys[0]), (fp8.values[0], cache.values[0])):
+            target.copy_(stored(source, KV_FP8))
+        kernel = TritonDecode(fp8, rows, geometry, most)
+        results["triton-kv-fp8"] = {}
+        for batch, query in queries.items():
+            meta = kernel.prepare(batch, per_row)
+            call = partial(kernel, query, fp8.keys[0], fp8.values[0], meta, dim**-0.5)
+            results["triton-kv-fp8"][f"rows{batch}"] = timed_us(call, repeat, device)
+            out = call().float()
+            diff = float((out - reference[batch]).abs().max())
+            results["triton-kv-fp8"][f"rows{batch}_max_abs_diff"] = diff
     return results
 
 
