@@ -1,11 +1,12 @@
-"""Small prefill steps captured as CUDA graphs, one per token bucket (``prefill.Bucket``).
+"""Prefill steps captured as CUDA graphs, one per token bucket (``prefill.Bucket``).
 
 A prefill launches every layer's operations from the host one at a time. Where the decode step
 is shorter than that launching (a small card's batch; an FP8 step of 1,024 rows on a fast card,
 while the prompts that arrived during the last step are prefilled) the host, not the device,
-sets the pace of the whole step loop; a captured step is one launch. A step of up to the largest bucket's tokens is laid
-out in the smallest bucket it fits (``HostPrefill.padded``), copied in with one host-to-device
-copy and replayed; a step that fits none (more tokens, sequences, keys, logits' rows or copies)
+sets the pace of the whole step loop; a captured step is one launch. A step of up to the
+largest bucket's tokens is laid out in the smallest bucket it fits (``HostPrefill.padded``),
+copied in with one host-to-device copy and replayed; a step that fits none (more tokens,
+sequences, keys, logits' rows or copies, or a prompt piece longer than a bucket's longest)
 takes the uncaptured prefill.
 
 The graphs share a memory pool of their own, apart from the decode graphs': a prefill's logits
