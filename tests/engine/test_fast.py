@@ -38,7 +38,7 @@ from service.contract.types import (
 )
 from service.engine.demo import ensure_demo_model
 from service.engine.fast import gemv, rope
-from service.engine.fast.cache import KV_FP8
+from service.engine.fast.cache import KV_FP8, page_bytes
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.engine import FastEngine
 from service.engine.fast.linear import fp8_linear, linear, quantize_fp8
@@ -745,13 +745,14 @@ async def test_an_8_bit_kv_cache_serves_alone_and_in_a_crowd(
     # crowd's). The model differs from its 8-bit-cached self only in what the cache rounds.
     config = _config(data_dir, attention="gather", kv_cache_dtype="fp8")
     engine = RecordingEngine(load_model(config), config)
-    plain = _config(data_dir, attention="gather")
-    default = RecordingEngine(load_model(plain), plain)
     try:
+        cache = engine.runner.cache
         assert engine.plan.kv_cache_dtype == "float8_e4m3fn"
-        assert {t.dtype for t in engine.runner.cache.keys + engine.runner.cache.values} == {KV_FP8}
-        # A page takes a quarter of a float32 cache's bytes.
-        assert engine.runner.cache.page_bytes * 4 == default.runner.cache.page_bytes
+        assert {t.dtype for t in cache.keys + cache.values} == {KV_FP8}
+        # A page takes a quarter of a float32 cache's bytes (the model's dtype on a CPU).
+        assert cache.compute == reference.dtype == torch.float32
+        geometry, layers = engine.runner.weights.geometry, len(cache.keys)
+        assert cache.page_bytes * 4 == page_bytes(geometry, layers, cache.page_size, torch.float32)
         wanted = _wanted(reference, expected)
         requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts]
         alone = await _alone(engine, requests)
@@ -767,4 +768,19 @@ async def test_an_8_bit_kv_cache_serves_alone_and_in_a_crowd(
         assert engine.pages.committed == 0
     finally:
         engine.close()
-        default.close()
+
+
+def test_an_8_bit_kv_cache_holds_more_pages_in_the_same_budget(data_dir: Path) -> None:
+    # The fit sizes the cache by what a page of it takes: the same HYMT_GPU_MEMORY_GIB holds
+    # about four times the float32 cache's pages (the workspace set aside is the same).
+    pages = {}
+    for kv in ("auto", "fp8"):
+        config = _config(
+            data_dir, num_pages=None, memory_gib=6 / 1024, attention="gather", kv_cache_dtype=kv
+        )
+        engine = FastEngine(load_model(config), config)
+        try:
+            pages[kv] = engine.plan.pages
+        finally:
+            engine.close()
+    assert pages["fp8"] >= 3.5 * pages["auto"]

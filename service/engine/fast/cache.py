@@ -41,10 +41,10 @@ def stored(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype)
 
 
-def _bytes(cache: torch.Tensor) -> torch.Tensor:
-    """An 8-bit cache as its bytes, for the slot copies torch has no FP8 kernel for (a CPU's
-    ``index_copy``); a 16- or 32-bit cache as it is."""
-    return cache.view(torch.uint8) if cache.dtype == KV_FP8 else cache
+def _bytes(x: torch.Tensor) -> torch.Tensor:
+    """8-bit keys or values as their bytes, for the slot copies torch has no FP8 kernel for (a
+    CPU's ``index_copy``); 16- or 32-bit ones as they are."""
+    return x.view(torch.uint8) if x.dtype == KV_FP8 else x
 
 
 def read_slots(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -316,7 +316,4 @@ def write_kv(
 ) -> None:
     """Store ``[tokens, kv_heads, head_dim]`` keys and values of one layer at ``slots``."""
     for cache, new in ((key_cache, keys), (value_cache, values)):
-        kept = stored(new, cache.dtype).transpose(0, 1)
-        _bytes(cache).index_copy_(
-            1, slots, kept.view(torch.uint8) if kept.dtype == KV_FP8 else kept
-        )
+        _bytes(cache).index_copy_(1, slots, _bytes(stored(new, cache.dtype).transpose(0, 1)))
