@@ -1,10 +1,11 @@
 """Every Triton kernel of the engine passes Triton's compiler for a GPU, without one.
 
 Triton's interpreter, which the kernels' other tests run, executes only the branches a launch
-takes and checks no types; the compiler builds every statement. Two kernels that passed their
+takes and checks no types; the compiler builds every statement. Three kernels that passed their
 interpreter tests did not compile on the H100 (a local named like a ``constexpr`` parameter; a
-helper whose untaken branch returned another shape: docs/benchmarks.md, runs 63 and 68). Here each
-wrapper is called as the engine calls it, in 16-bit, with the launch caught instead of run, and
+helper whose untaken branch returned another shape; one name bound to an 8-bit cache's pointer and
+to the queries': docs/benchmarks.md, runs 63, 68 and 101). Here each wrapper is called as the
+engine calls it, in 16-bit (over an 8-bit cache too), with the launch caught instead of run, and
 the launch's arguments become a signature that the compiler turns into Triton IR for a compute
 capability 9.0 target; the kernels that use the tensor cores are compiled the whole way to a
 cubin (Triton ships ptxas), which also says the shared memory their tiles take.
@@ -25,7 +26,7 @@ import torch
 
 from service.engine.fast import attention, gemv, quant_gemv, rope
 from service.engine.fast.batch import DeviceRows
-from service.engine.fast.cache import CacheShape, PagedKVCache
+from service.engine.fast.cache import KV_FP8, CacheShape, PagedKVCache
 from service.engine.fast.gemv import GemvConfig
 from service.engine.fast.linear import Linear
 from service.engine.fast.pages import pages_for
@@ -176,28 +177,40 @@ def test_the_one_row_kernel_compiles(caught: Callable[[Any, str], Caught]) -> No
     _compiles(stand_in)
 
 
-def test_the_rope_kernel_compiles(caught: Callable[[Any, str], Caught]) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "cached"), [(BF16, BF16), (BF16, KV_FP8), (torch.float16, KV_FP8)]
+)
+def test_the_rope_kernel_compiles(
+    dtype: torch.dtype, cached: torch.dtype, caught: Callable[[Any, str], Caught]
+) -> None:
+    # An 8-bit cache's pointers are not the queries': a name bound to both once failed here.
     stand_in = caught(rope, "_kernel")
     g = GEOMETRY
     width = (g.heads + 2 * g.kv_heads) * g.head_dim
-    keys = torch.zeros(g.kv_heads, 64, g.head_dim, dtype=BF16)
-    norm = torch.ones(g.head_dim, dtype=BF16)
+    keys = torch.zeros(g.kv_heads, 64, g.head_dim, dtype=cached)
+    norm = torch.ones(g.head_dim, dtype=dtype)
     for rows in (1, 64):  # one head a program, and several
-        cos = torch.randn(rows, g.head_dim, dtype=BF16)
+        cos = torch.randn(rows, g.head_dim, dtype=dtype)
         slots = torch.arange(rows, dtype=torch.long)
-        qkv = torch.randn(rows, width, dtype=BF16)
+        qkv = torch.randn(rows, width, dtype=dtype)
         rope.rope_and_store(qkv, cos, cos, norm, norm, keys, keys.clone(), slots, g)
         rope.rope_and_store(qkv, cos, cos, None, None, keys, keys.clone(), slots, g)
     _compiles(stand_in)
 
 
-def test_the_decode_attention_compiles(caught: Callable[[Any, str], Caught]) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "cached"), [(BF16, BF16), (BF16, KV_FP8), (torch.float16, KV_FP8)]
+)
+def test_the_decode_attention_compiles(
+    dtype: torch.dtype, cached: torch.dtype, caught: Callable[[Any, str], Caught]
+) -> None:
     stand_in = caught(attention, "_kernel")
     page, batch = 16, 32
-    cache = PagedKVCache(GEOMETRY, 1, CacheShape(4 * batch + 1, page), BF16, torch.device("cpu"))
+    shape = CacheShape(4 * batch + 1, page)
+    cache = PagedKVCache(GEOMETRY, 1, shape, cached, torch.device("cpu"), compute=dtype)
     rows = DeviceRows(batch, pages_for(GEOMETRY.max_positions, page), 16, torch.device("cpu"))
     decode = attention.TritonDecode(cache, rows, GEOMETRY, batch, min_pages=1)
     for wide in (1, batch):  # whole pages, and tiles up to each row's length
-        query = torch.randn(wide, GEOMETRY.heads, GEOMETRY.head_dim, dtype=BF16)
+        query = torch.randn(wide, GEOMETRY.heads, GEOMETRY.head_dim, dtype=dtype)
         decode(query, cache.keys[0], cache.values[0], None, GEOMETRY.head_dim**-0.5)
     _compiles(stand_in, full=True)

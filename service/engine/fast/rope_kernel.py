@@ -81,9 +81,9 @@ def rope_store(  # type: ignore[no-untyped-def]
             if head >= heads + kv_heads:
                 # A value head: into its cache slot as it is.
                 value_head = (head - heads - kv_heads).to(tl.int64)
-                at = value_ptr + value_head * stride_cache_head + slot * stride_cache_slot
-                tl.store(at + lo, _cached(tl.load(src + lo), value_ptr, fp8_cache))
-                tl.store(at + half + lo, _cached(tl.load(src + half + lo), value_ptr, fp8_cache))
+                to = value_ptr + value_head * stride_cache_head + slot * stride_cache_slot
+                tl.store(to + lo, _cached(tl.load(src + lo), value_ptr, fp8_cache))
+                tl.store(to + half + lo, _cached(tl.load(src + half + lo), value_ptr, fp8_cache))
             else:
                 is_query = head < heads
                 norm_ptr = key_norm_ptr
@@ -105,12 +105,14 @@ def rope_store(  # type: ignore[no-untyped-def]
                 if qk_norm and not norm_first:
                     y1, y2 = _norm(y1, y2, norm_ptr, lo, half, eps, dtype)
                 y1, y2 = y1.to(dtype), y2.to(dtype)
+                # Each branch its own pointer: a name bound in both must have one type, and
+                # an 8-bit cache's pointer is not the queries'.
                 if is_query:
-                    at = out_ptr + row * stride_ob + head * stride_oh
-                    tl.store(at + lo, y1)
-                    tl.store(at + half + lo, y2)
+                    to_query = out_ptr + row * stride_ob + head * stride_oh
+                    tl.store(to_query + lo, y1)
+                    tl.store(to_query + half + lo, y2)
                 else:
                     key_head = (head - heads).to(tl.int64)
-                    at = key_ptr + key_head * stride_cache_head + slot * stride_cache_slot
-                    tl.store(at + lo, _cached(y1, key_ptr, fp8_cache))
-                    tl.store(at + half + lo, _cached(y2, key_ptr, fp8_cache))
+                    to_key = key_ptr + key_head * stride_cache_head + slot * stride_cache_slot
+                    tl.store(to_key + lo, _cached(y1, key_ptr, fp8_cache))
+                    tl.store(to_key + half + lo, _cached(y2, key_ptr, fp8_cache))
