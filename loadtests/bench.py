@@ -142,6 +142,7 @@ class RunningSampler:
     def __init__(self, url: str) -> None:
         self._url = url
         self._samples: list[tuple[float, int, int, float | None]] = []
+        self._totals: list[tuple[float, dict[str, float]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -160,7 +161,9 @@ class RunningSampler:
                 running = value_of(text, "hymt_engine_running_texts") or 0
                 in_flight = value_of(text, "hymt_in_flight_texts") or 0
                 busy = value_of(text, "hymt_engine_device_busy_ratio")
-                self._samples.append((time.perf_counter(), int(running), int(in_flight), busy))
+                now = time.perf_counter()
+                self._samples.append((now, int(running), int(in_flight), busy))
+                self._totals.append((now, engine_totals(text)))
                 self._stop.wait(0.2)  # each scrape is work for the loop being measured
 
     def timeline(self, duration_s: float) -> Timeline:
@@ -174,7 +177,19 @@ class RunningSampler:
             [(t - start, running) for t, running, _, _ in kept],
             duration_s,
             [(t - start, busy) for t, _, _, busy in kept if busy is not None],
+            [(t - start, totals) for t, totals in self._totals if t >= start and totals],
         )
+
+
+def engine_totals(text: str) -> dict[str, float]:
+    """The engine's running totals in a /metrics text: its step loop's seconds by part and
+    (``device``) its accelerator's seconds, where it reports them."""
+    found = dict(re.findall(r'^hymt_engine_loop_seconds_total\{part="(\w+)"\} (\S+)$', text, re.M))
+    totals = {part: float(value) for part, value in found.items()}
+    device = value_of(text, "hymt_engine_device_seconds_total")
+    if totals and device:
+        totals["device"] = device
+    return totals
 
 
 def stalls(url: str) -> dict[str, float]:

@@ -67,6 +67,9 @@ class EchoEngine:
     def device_seconds(self) -> float | None:
         return None
 
+    def loop_seconds(self) -> dict[str, float]:
+        return {}
+
     def is_alive(self) -> bool:
         return True
 

@@ -68,7 +68,8 @@ class FakeOptions:
     # What the engine says one decode step takes, by batch size (``Engine.step_seconds``).
     step_seconds: tuple[tuple[int, float], ...] = ()
     # The share of the wall time its accelerator works: ``Engine.device_seconds`` grows at this
-    # rate from the engine's start (None: not timed, as off a GPU).
+    # rate from the engine's start (None: not timed, as off a GPU), and the step loop's waiting
+    # for it (``Engine.loop_seconds``) at the same rate, its host work at the rest.
     device_busy: float | None = None
 
 
@@ -129,6 +130,13 @@ class FakeEngine:
     def device_seconds(self) -> float | None:
         busy = self._options.device_busy
         return None if busy is None else busy * (time.monotonic() - self._started)
+
+    def loop_seconds(self) -> dict[str, float]:
+        busy = self._options.device_busy
+        if busy is None:
+            return {}
+        elapsed = time.monotonic() - self._started
+        return {"wait": busy * elapsed, "host": (1 - busy) * elapsed}
 
     def is_alive(self) -> bool:
         return self._thread.is_alive() and not self._stopping

@@ -36,6 +36,7 @@ from loadtests import (
 )
 from loadtests.stack import free_port
 from loadtests.timeline import summarize
+from service.contract.protocol import Stats
 from service.frontend.metrics import Metrics
 from service.frontend.stalls import StallMonitor
 from tests.conftest import MakeSettings
@@ -177,6 +178,11 @@ def test_the_timeline_finds_the_ramp_and_the_tail() -> None:
     assert timeline.loaded_mean_running == 8.7  # (10 + 10 + 6) / 3: the samples from 1 s to 2 s
     assert timeline.loaded_device_busy == 0.8  # (0.9 + 0.8 + 0.7) / 3, over the same span
     assert summarize(samples, duration_s=3.0).loaded_device_busy is None  # not reported
+    # The engine's running totals: what each gained from 1 s to 2 s, a share of that second.
+    totals = [(t, {"wait": 0.25 * t, "device": t * t / 4}) for t, _ in samples]
+    shares = summarize(samples, duration_s=3.0, totals=totals).loaded_shares
+    assert shares == {"wait": 0.25, "device": 0.75}
+    assert summarize(samples, duration_s=3.0, totals=totals[:2]).loaded_shares == {}
 
 
 async def test_more_requests_than_a_socket_buffers_all_get_answers() -> None:
@@ -201,6 +207,18 @@ async def test_the_bench_reads_the_stall_counters_of_the_service() -> None:
     assert figures["lag_over_0.05"] >= 1
     assert figures["gc2_passes"] >= 1
     assert figures["gc2_seconds"] > 0
+
+
+def test_the_bench_reads_the_engine_s_running_totals_of_the_service() -> None:
+    metrics = Metrics()
+    assert bench.engine_totals(metrics.render().decode()) == {}  # none reported yet
+    loop = {"prefill_launch": 1.0, "wait": 2.5, "host": 0.5}
+    stats = Stats(
+        in_flight=0, running=0, answered=0, generated_tokens=0, memory={}, steps=3,
+        device_seconds=4.0, loop_seconds=loop,
+    )  # fmt: skip
+    metrics.record_engine(stats)
+    assert bench.engine_totals(metrics.render().decode()) == {**loop, "device": 4.0}
 
 
 class _Refusing(http.server.BaseHTTPRequestHandler):

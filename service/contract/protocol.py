@@ -104,6 +104,10 @@ class Stats(msgspec.Struct, tag="stats", array_like=True):
     # the engine's steps (CUDA events around each; None where they are not timed): under load,
     # below 1 the device waited for the host between steps.
     device_busy: float | None = None
+    # Seconds the accelerator worked on the engine's steps since start (None where they are
+    # not timed), and the host's step loop's seconds since start by part (``LOOP_PARTS``).
+    device_seconds: float | None = None
+    loop_seconds: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 # An API process's (requests, results) socket addresses: the engine binds the first and

@@ -137,6 +137,13 @@ class PromptEncoder(Protocol):
         ...
 
 
+# The parts of an engine's step loop, in the order a step runs them (``Engine.loop_seconds``):
+# launching a prefill (its kernels or graph); the rest of a prefill (planning, the wait for its
+# first tokens, their join); launching a decode step; waiting for the step before it (the host
+# idle while the device works); the host's own work on the tokens (rows, finished requests,
+# text, answers).
+LOOP_PARTS = ("prefill_launch", "prefill_other", "decode_launch", "wait", "host")
+
 # Receives (result or error, seconds queued inside the engine, seconds generating).
 Completion = Callable[[GenerationResult | ServiceError, float, float], None]
 # Receives the text generated so far while a streamed request runs: a prefix of the final text
@@ -184,6 +191,12 @@ class Engine(Protocol):
     def device_seconds(self) -> float | None:
         """Seconds the accelerator has worked on the engine's steps since start, None where
         the engine does not time them (off a GPU)."""
+        ...
+
+    def loop_seconds(self) -> dict[str, float]:
+        """Seconds the host's step loop has spent since start, by part (``LOOP_PARTS``; empty
+        where the engine does not time its loop): set beside the wall time and the device's
+        seconds, where a step's time goes and whether the device waits for the host."""
         ...
 
     def submit(

@@ -235,6 +235,8 @@ class EngineHost:
                     memory=engine.memory_bytes() if engine is not None else {},
                     steps=steps or 0,
                     device_busy=busy,
+                    device_seconds=device,
+                    loop_seconds=engine.loop_seconds() if engine is not None else {},
                 )
             )
             await asyncio.sleep(self._config.stats_interval_s)

@@ -78,6 +78,10 @@ class Metrics:
         self._shared_dir = shared_dir
         self.registry = CollectorRegistry(auto_describe=True)
         self._model_labels: tuple[str, ...] | None = None
+        # The engine's running totals at its last report, and its steps then (fewer steps in
+        # a report: a new engine, whose totals start again from zero).
+        self._engine_totals: dict[str, float] = {}
+        self._engine_steps = 0
         self._declare_http(self.registry)
         self._declare_translations(self.registry)
         self._declare_queue(self.registry)
@@ -247,6 +251,24 @@ class Metrics:
             multiprocess_mode="livemax",
             registry=r,
         )
+        self.loop_seconds = Counter(
+            f"{PREFIX}_engine_loop_seconds_total",
+            "Seconds the engine's step loop spent, by part: prefill_launch (launching a "
+            "prefill's kernels or graph), prefill_other (its planning, the wait for its first "
+            "tokens, their join), decode_launch, wait (the host idle while the device works on "
+            "the step before), host (the host's work on the tokens: rows, finished requests, "
+            "text, answers). Absent where the engine does not time its loop.",
+            ["part"],
+            registry=r,
+        )
+        self.device_seconds = Counter(
+            f"{PREFIX}_engine_device_seconds_total",
+            "Seconds the accelerator spent inside the engine's prefills and decode steps (CUDA "
+            "events around each; 0 off a GPU, where nothing is timed): its rate is the "
+            "device's busy share over any window, where hymt_engine_device_busy_ratio is the "
+            "last report's.",
+            registry=r,
+        )
         self.gpu_memory = Gauge(
             f"{PREFIX}_gpu_memory_bytes",
             "Accelerator memory held by the model process, by kind (allocated, reserved, their "
@@ -298,6 +320,21 @@ class Metrics:
         if stats.device_busy is not None:
             device = self._model_labels[3] if self._model_labels else "unknown"
             self.device_busy.labels(device=device).set(stats.device_busy)
+        if stats.steps < self._engine_steps:
+            self._engine_totals = {}
+        self._engine_steps = stats.steps
+        for part, seconds in stats.loop_seconds.items():
+            self._advance(part, seconds, self.loop_seconds.labels(part=part))
+        if stats.device_seconds is not None:
+            self._advance("device", stats.device_seconds, self.device_seconds)
+
+    def _advance(self, total: str, value: float, counter: Counter) -> None:
+        """Adds what the engine's running ``total`` gained since its last report (nothing when
+        it reads lower: the engine reads its parts without a lock, and one may lag a step)."""
+        gained = value - self._engine_totals.get(total, 0.0)
+        if gained > 0:
+            counter.inc(gained)
+            self._engine_totals[total] = value
 
     def record_model(self, labels: tuple[str, str, str, str, str]) -> None:
         """The loaded model's description (model, dtype, quantization, device, engine)."""

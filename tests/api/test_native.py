@@ -333,4 +333,22 @@ async def test_metrics_say_how_busy_the_engine_kept_its_accelerator(
         await asyncio.sleep(0.1)
     assert found is not None
     assert 0.2 <= float(found.group(1)) <= 0.3
-    assert "hymt_engine_device_busy_ratio{" not in (await demo.http.get("/metrics")).text
+    # The running totals behind it, and the step loop's parts, as counters.
+    device = value_of(text, "hymt_engine_device_seconds_total")
+    waited = value_of(text, 'hymt_engine_loop_seconds_total{part="wait"}')
+    worked = value_of(text, 'hymt_engine_loop_seconds_total{part="host"}')
+    assert device is not None
+    assert waited is not None
+    assert worked is not None
+    assert device > 0
+    assert waited > 0
+    assert worked == pytest.approx(3 * waited, rel=0.2)
+    demo_text = (await demo.http.get("/metrics")).text
+    assert "hymt_engine_device_busy_ratio{" not in demo_text
+    assert value_of(demo_text, "hymt_engine_device_seconds_total") == 0
+
+
+def value_of(text: str, sample: str) -> float | None:
+    """The value of ``sample`` (a metric's name with its labels) in a /metrics text."""
+    found = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.M)
+    return None if found is None else float(found.group(1))

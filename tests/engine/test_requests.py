@@ -61,6 +61,9 @@ class ManualEngine:
     def device_seconds(self) -> float | None:
         return None
 
+    def loop_seconds(self) -> dict[str, float]:
+        return {}
+
     def steps(self) -> int | None:
         return None
 

@@ -25,7 +25,7 @@ from service.contract.errors import (
     OutOfMemory,
     ServiceError,
 )
-from service.contract.types import Completion, GenerationRequest, TextSink
+from service.contract.types import LOOP_PARTS, Completion, GenerationRequest, TextSink
 from service.engine.fast.output import Client, OutputProcessor, TokenObserver
 from service.engine.fast.pages import PageManager, pages_for
 from service.engine.fast.prefix_cache import PREFIX_BLOCK, PrefixCache
@@ -169,6 +169,17 @@ class FastEngine(LoadedEngine):
     def device_seconds(self) -> float | None:
         clock = self.runner.clock
         return clock.times.prefill_s + clock.times.decode_s if clock.on else None
+
+    def loop_seconds(self) -> dict[str, float]:
+        t = self._stepper.times  # read without a lock: a part may lag the others by a step
+        parts = (
+            t.prefill_launch_s,
+            t.prefill_s - t.prefill_launch_s,
+            t.launch_s,
+            t.wait_s,
+            t.host_s,
+        )
+        return dict(zip(LOOP_PARTS, parts, strict=True))
 
     def is_alive(self) -> bool:
         return self._thread.is_alive() and not self._stopping
