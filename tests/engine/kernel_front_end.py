@@ -24,7 +24,7 @@ from triton.compiler import ASTSource
 
 def front_end(launch: dict[str, Any]) -> str:
     """``ok`` (``ok shared=N`` after a full compile), or why the launch's kernel does not
-    compile for sm_90."""
+    compile for sm_90, or which of the launch's ``expect`` strings its Triton IR lacks."""
     kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
     names = list(inspect.signature(kernel.fn).parameters)
     values = {(names.index(name),): value for name, value in launch["constexprs"].items()}
@@ -38,7 +38,7 @@ def front_end(launch: dict[str, Any]) -> str:
             )  # fmt: skip
         except Exception as error:  # the compiler's message is the result
             return f"{type(error).__name__}: {error}"
-        return f"ok shared={compiled.metadata.shared}"
+        return _lacking(launch, compiled.asm["ttir"]) or f"ok shared={compiled.metadata.shared}"
     backend = CUDABackend(target)
     options = backend.parse_options(launch_options)
     context = ir.context()
@@ -51,7 +51,14 @@ def front_end(launch: dict[str, Any]) -> str:
         )  # fmt: skip
     except Exception as error:  # the compiler's message is the result
         return f"{type(error).__name__}: {error}"
-    return "ok" if "tt.func" in str(module) else "no function in the IR"
+    text = str(module)
+    return _lacking(launch, text) or ("ok" if "tt.func" in text else "no function in the IR")
+
+
+def _lacking(launch: dict[str, Any], ir: str) -> str:
+    """Which of the launch's ``expect`` strings the IR lacks ("" when none)."""
+    missing = [wanted for wanted in launch.get("expect", []) if wanted not in ir]
+    return f"the IR lacks {missing}" if missing else ""
 
 
 if __name__ == "__main__":

@@ -121,8 +121,10 @@ def test_small_batches_take_the_kernel_and_larger_ones_flex() -> None:
 
 
 def test_an_8_bit_cache_is_read_as_the_gathered_attention_reads_it() -> None:
-    # fast_kv_cache_dtype=fp8: the kernel converts each tile of keys and values to the queries'
-    # dtype, as the gathering attention converts the slots it picks: the same attention.
+    # fast_kv_cache_dtype=fp8: the kernel converts each tile of keys and values, and the
+    # queries, to float16 for the tensor cores (every e4m3 value is exact there), as the
+    # gathering attention converts the slots it picks: the same attention, of float16 queries,
+    # within float16's rounding of the softmax weights.
     cache, rows = _filled(LENGTHS)
     fp8 = PagedKVCache(GEOMETRY, 1, cache.shape, KV_FP8, torch.device("cpu"), compute=torch.float32)
     slots = torch.arange(cache.shape.slots)
@@ -134,12 +136,13 @@ def test_an_8_bit_cache_is_read_as_the_gathered_attention_reads_it() -> None:
     scale = GEOMETRY.head_dim**-0.5
     most = max(pages_for(n, PAGE) for n in LENGTHS)
     gather = GatherDecode(fp8, rows)
-    expected = gather(query, fp8.keys[0], fp8.values[0], gather.prepare(batch, most), scale)
+    meta = gather.prepare(batch, most)
+    expected = gather(query.half().float(), fp8.keys[0], fp8.values[0], meta, scale)
     exact = gather(query, cache.keys[0], cache.values[0], gather.prepare(batch, most), scale)
     kernel = TritonDecode(fp8, rows, GEOMETRY, max_batch=batch, splits=4, min_pages=2)
     out = kernel(query, fp8.keys[0], fp8.values[0], kernel.prepare(batch, most), scale)
     live = [row for row, n in enumerate(LENGTHS) if n]
-    torch.testing.assert_close(out[live], expected[live], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[live], expected[live], atol=2e-3, rtol=2e-3)
     # And 8 bits (3 of mantissa: a value within 1/16 of itself) away from the full-precision
     # cache's attention, not further (outputs of about 1 here: seeded, normal keys and values).
     assert (out[live] - exact[live]).abs().max() < 0.15

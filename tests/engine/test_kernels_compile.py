@@ -73,10 +73,10 @@ class Caught:
 
         return launch
 
-    def described(self, full: bool) -> list[dict[str, Any]]:
+    def described(self, full: bool, expect: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         """Each launch as the compiler takes it: the kernel's module and name, a type per
         argument, the ``constexpr`` values, its warps and stages; ``full``: compiled to a cubin,
-        else to Triton IR only."""
+        else to Triton IR only; ``expect``: strings its Triton IR must contain."""
         parameters = inspect.signature(self.function).parameters
         names = list(parameters)
         constexprs = {n for n, p in parameters.items() if "constexpr" in str(p.annotation)}
@@ -94,6 +94,7 @@ class Caught:
                     "constexprs": {n: bound[n] for n in constexprs},
                     "options": {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs},
                     "full": full,
+                    "expect": list(expect),
                 }
             )
         return described
@@ -125,13 +126,14 @@ def caught(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any, str], Caught]:
 SHARED_MOST = 227 * 1024
 
 
-def _compiles(stand_in: Caught, full: bool = False) -> None:
-    """Every launch compiles (``full``: to a cubin, within the shared memory a block has)."""
+def _compiles(stand_in: Caught, full: bool = False, expect: tuple[str, ...] = ()) -> None:
+    """Every launch compiles (``full``: to a cubin, within the shared memory a block has), to
+    Triton IR that contains every one of ``expect``."""
     assert stand_in.launches, "the wrapper launched nothing"
     environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     finished = subprocess.run(
         [sys.executable, "-m", "tests.engine.kernel_front_end"],
-        input=json.dumps(stand_in.described(full)),
+        input=json.dumps(stand_in.described(full, expect)),
         capture_output=True,
         text=True,
         env=environment,
@@ -213,4 +215,7 @@ def test_the_decode_attention_compiles(
     for wide in (1, batch):  # whole pages, and tiles up to each row's length
         query = torch.randn(wide, GEOMETRY.heads, GEOMETRY.head_dim, dtype=dtype)
         decode(query, cache.keys[0], cache.values[0], None, GEOMETRY.head_dim**-0.5)
-    _compiles(stand_in, full=True)
+    # The tensor cores' operands: the queries' dtype over a 16-bit cache; float16 over an 8-bit
+    # one, which e4m3 becomes in one packed conversion (to bfloat16 it took three).
+    operand = "f16" if cached == KV_FP8 else {BF16: "bf16", torch.float16: "f16"}[dtype]
+    _compiles(stand_in, full=True, expect=(f"x{operand}> * tensor<",))

@@ -32,7 +32,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask, FlexKernelOptions, flex_attention
 
 from service.engine.fast.batch import DeviceRows
-from service.engine.fast.cache import PagedKVCache, read_slots
+from service.engine.fast.cache import KV_FP8, PagedKVCache, read_slots
 from service.engine.fast.launch import pdl_args
 from service.engine.fast.weights import Geometry
 
@@ -266,6 +266,7 @@ class TritonDecode:
             dim=dim,
             page=self._cache.page_size,
             tile=self._cache.page_size if batch <= self._whole_pages_up_to else self._tile,
+            fp8_cache=keys.dtype == KV_FP8,
             **self._launch,
             **pdl_args(pdl, query.device),
         )

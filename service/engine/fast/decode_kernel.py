@@ -11,6 +11,17 @@ import triton.language as tl
 
 
 @triton.jit  # type: ignore[untyped-decorator]
+def _operand(x, fp8: tl.constexpr):  # type: ignore[no-untyped-def]
+    # With an 8-bit cache the tensor cores' operands are float16: e4m3 becomes float16 in one
+    # packed conversion on the GPU, where bfloat16 takes several (over an 8-bit cache the
+    # attention converting to bfloat16 ran slower than over a 16-bit one, at half the bytes:
+    # docs/benchmarks.md, run 101). float16 holds every e4m3 value exactly.
+    if fp8:
+        x = x.to(tl.float16)
+    return x
+
+
+@triton.jit  # type: ignore[untyped-decorator]
 def paged_decode(  # type: ignore[no-untyped-def]
     q_ptr,
     k_ptr,
@@ -38,6 +49,7 @@ def paged_decode(  # type: ignore[no-untyped-def]
     page: tl.constexpr,
     tile: tl.constexpr,
     pdl: tl.constexpr,
+    fp8_cache: tl.constexpr,
 ):
     if pdl:  # programmatic dependent launch, as in gemv_kernel.py
         tl.extra.cuda.gdc_wait()
@@ -69,6 +81,7 @@ def paged_decode(  # type: ignore[no-untyped-def]
             mask=lane_ok[:, None],
             other=0.0,
         )
+        q = _operand(q, fp8_cache)
         best = tl.full([group_pad], float("-inf"), dtype=tl.float32)
         total = tl.zeros([group_pad], dtype=tl.float32)
         acc = tl.zeros([group_pad, dim], dtype=tl.float32)
@@ -82,8 +95,7 @@ def paged_decode(  # type: ignore[no-untyped-def]
             offsets = (step % tiles) * tile + tl.arange(0, tile)
             physical = tl.load(table_ptr + row * stride_tb + logical).to(tl.int64)
             at = kv_head.to(tl.int64) * stride_kh + (physical * page + offsets)[:, None] * stride_ks
-            # An 8-bit cache's keys and values in the queries' dtype, for the tensor cores.
-            keys = tl.load(k_ptr + at + d[None, :]).to(q_ptr.dtype.element_ty)
+            keys = _operand(tl.load(k_ptr + at + d[None, :]), fp8_cache)
             scores = tl.dot(q, tl.trans(keys)) * scale
             valid = logical * page + offsets < length
             scores = tl.where(valid[None, :], scores, float("-inf"))
@@ -91,7 +103,7 @@ def paged_decode(  # type: ignore[no-untyped-def]
             kept = tl.exp(best - new_best)
             weights = tl.exp(scores - new_best[:, None])
             total = total * kept + tl.sum(weights, axis=1)
-            values = tl.load(v_ptr + at + d[None, :]).to(q_ptr.dtype.element_ty)
+            values = _operand(tl.load(v_ptr + at + d[None, :]), fp8_cache)
             acc = acc * kept[:, None] + tl.dot(weights.to(values.dtype), values)
             best = new_best
         if splits == 1:
