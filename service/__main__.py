@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from pydantic import ValidationError
+
 from service.config.settings import Settings
 from service.frontend.server import serve
 from service.launcher import Launcher
@@ -21,7 +23,13 @@ log = logging.getLogger("service")
 
 
 def main(argv: list[str] | None = None) -> None:
-    settings = Settings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
+    try:
+        settings = Settings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
+    except ValidationError as error:
+        # What is wrong and how to set it right, as the log's one JSON line, not a traceback.
+        configure_logging("info", process="api")
+        log.error("invalid settings; the service does not start", extra={"errors": problems(error)})
+        sys.exit(2)
     configure_logging(
         settings.observability.log_level,
         process="launcher" if settings.server.processes > 1 else "api",
@@ -36,6 +44,15 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(
         serve(settings, lambda on_fatal: create_service(settings, on_fatal=on_fatal, tune_gc=True))
     )
+
+
+def problems(error: ValidationError) -> list[str]:
+    """Each invalid setting as ``where: why`` (pydantic's own "Value error, " left out)."""
+    return [
+        f"{'.'.join(str(part) for part in found['loc']) or 'settings'}: "
+        f"{found['msg'].removeprefix('Value error, ')}"
+        for found in error.errors(include_url=False)
+    ]
 
 
 if __name__ == "__main__":

@@ -206,6 +206,7 @@ class Launcher:
 
     def _watch(self) -> int:
         stopping_since: float | None = None
+        killed = False
         passed_on = 0
         while True:
             if len(self._signals) > passed_on:
@@ -214,7 +215,9 @@ class Launcher:
                     stopping_since = time.monotonic()
                     log.info("stopping", extra={"signal": signal.Signals(self._signals[0]).name})
                 self._signal_all(signal.SIGTERM)
-            sentinels = [process.sentinel for process in self._processes.values()]
+            # The live ones only: an ended leader's sentinel stays ready, and would turn this
+            # loop at once while its followers drain.
+            sentinels = [p.sentinel for p in self._processes.values() if p.is_alive()]
             multiprocessing.connection.wait(sentinels, timeout=_POLL_S)
             leader = self._processes[0]
             for index, process in list(self._processes.items()):
@@ -246,9 +249,10 @@ class Launcher:
                     self._reap(leader)
                     code = leader.exitcode
                     return 0 if code == 0 and self._signals else (code or 1)
-            if stopping_since is not None:
+            if stopping_since is not None and not killed:
                 overdue = time.monotonic() - stopping_since
                 if overdue > self._settings.reliability.drain_timeout_s + 2 * _STOP_GRACE_S:
+                    killed = True  # once: the processes may take a moment to go
                     log.error("API processes did not stop in time; killing them")
                     for process in self._processes.values():
                         process.kill()

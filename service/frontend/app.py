@@ -163,10 +163,10 @@ def _lifespan(
         if follow is not None:
             # A follower starts listening only once it serves (uvicorn listens after start-up)
             # and the leader does: until then the kernel hands its share of the connections to
-            # the processes that listen, rather than to one that could only answer 503.
-            await announcing
-            if before_listening is not None:
-                await before_listening()
+            # the processes that listen, rather than to one that could only answer 503. Or
+            # until it is stopped: a leader whose engine could not be started never serves,
+            # and uvicorn stops only once start-up has ended.
+            await runtime.unless_stopping(_serving(announcing, before_listening))
         try:
             yield
         finally:
@@ -177,6 +177,15 @@ def _lifespan(
             parts.glossaries.close()
 
     return lifespan
+
+
+async def _serving(
+    announcing: asyncio.Task[None], before_listening: Callable[[], Awaitable[None]] | None
+) -> None:
+    """Until this process serves (``announcing``) and ``before_listening`` has returned."""
+    await announcing
+    if before_listening is not None:
+        await before_listening()
 
 
 def _install_routes(app: FastAPI, settings: Settings, parts: _Parts) -> None:

@@ -77,6 +77,7 @@ class Runtime:
         self._translation = translation
         self._workers = workers
         self._before_engine_stop = before_engine_stop
+        self._stopping = asyncio.Event()  # set when the drain begins
         # Only where this process is the service (not, say, a test process hosting many apps).
         self._tune_collector = tune_gc
         # Started with the runtime (while the engine loads); configured once the engine says
@@ -176,6 +177,19 @@ class Runtime:
         """Wait until the engine is ready or has failed (for tests and the CLI)."""
         await self.supervisor.wait_settled()
 
+    async def unless_stopping(self, waited: Awaitable[None]) -> None:
+        """Await ``waited`` until it ends or this process starts to drain, whichever is first
+        (what is left of ``waited`` is cancelled)."""
+        job = asyncio.ensure_future(waited)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            done, _ = await asyncio.wait((job, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            job.cancel()
+            stopping.cancel()
+        if job in done:
+            job.result()  # its exception, if it raised one
+
     async def _on_ready(self, ready: Ready) -> None:
         """A (re)started engine reported ready: build or keep the translator, warm up."""
         self.engine_info, self.engine_kind = ready.info, ready.kind
@@ -223,6 +237,7 @@ class Runtime:
         if self.admission.closed:
             return
         self.admission.close()
+        self._stopping.set()
         self.metrics.ready.set(0)
         log.info("draining", extra={"in_flight": self.in_flight, "timeout_s": timeout_s})
         drained = await self.admission.wait_idle(timeout_s)
@@ -236,8 +251,11 @@ class Runtime:
 
     async def stop(self, drain_timeout_s: float) -> None:
         """Drain (if SIGTERM did not already), then stop the engine process."""
+        # An engine that could not be (re)started takes no more work from anyone: nothing to
+        # wait for before stopping it (a leader would wait out its followers' grace).
+        gave_up = self.supervisor.state is EngineState.FAILED
         await self.drain(drain_timeout_s)
-        if self._before_engine_stop is not None:
+        if self._before_engine_stop is not None and not gave_up:
             await self._before_engine_stop()
         await self.supervisor.stop()
         if self._preparer is not None and self._preparer_started is not None:

@@ -9,6 +9,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -225,3 +227,19 @@ def test_a_start_and_a_stop_print_only_json_log_lines(data_dir: Path, tmp_path: 
         assert isinstance(json.loads(line), dict), line
     messages = [json.loads(line)["message"] for line in lines]
     assert "engine process stopped" in messages  # the stop is in the log, as JSON too
+
+
+def test_invalid_settings_are_one_json_line_and_exit_2(tmp_path: Path) -> None:
+    # An operator's typo: what is wrong, as the log's one JSON line, not pydantic's traceback.
+    environment = {**os.environ, "HYMT_DATA_DIR": str(tmp_path), "HYMT_PORT": "eighty"}
+    done = subprocess.run(
+        [sys.executable, "-m", "service"], env=environment, capture_output=True, text=True,
+        timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    record = json.loads(lines[0])
+    assert record["message"] == "invalid settings; the service does not start"
+    assert len(record["errors"]) == 1
+    assert record["errors"][0].startswith("server.port: ")

@@ -13,6 +13,8 @@ import os
 import re
 import resource
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -21,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.deploy.conftest import Process, start_service
+from tests.deploy.conftest import Process, free_port, start_service
 from tests.deploy.test_lifecycle import metric
 
 PROCESSES = 3
@@ -181,3 +183,37 @@ async def drain_during_requests(service: Process) -> tuple[list[int], float]:
         if response.status_code == 503:
             assert response.json()["error"]["code"] == "engine_unavailable"
     return [response.status_code for response in responses], held
+
+
+def test_a_group_whose_engine_cannot_be_loaded_exits_1_at_once(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    # A model that is not there: the engine fails to load and the leader gives up. Before the
+    # fix the leader waited out its followers' grace (45 s) for work they never sent, and the
+    # followers, still waiting in their start-up for a leader that would never serve, ignored
+    # SIGTERM until the launcher killed them a minute later, logging that hundreds of times.
+    log = tmp_path / "service.log"
+    environment = {
+        **os.environ,
+        "HYMT_DATA_DIR": str(data_dir),
+        "HYMT_HOST": "127.0.0.1",
+        "HYMT_PORT": str(free_port()),
+        "HYMT_API_PROCESSES": "2",
+        "HYMT_MODEL_ID": str(tmp_path / "no-such-model"),
+        "HYMT_MODEL_FAMILY": "hunyuan-mt",
+    }
+    with log.open("wb") as out:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "service"], env=environment, stdout=out,
+            stderr=subprocess.STDOUT, cwd=tmp_path,
+        )  # fmt: skip
+    try:
+        assert popen.wait(timeout=60) == 1, log.read_text()[-3000:]
+    finally:
+        if popen.poll() is None:
+            popen.kill()
+            popen.wait()
+    messages = [record.get("message") for record in records(log)]
+    assert "the engine cannot be started; giving up" in messages
+    assert "followers still running; stopping the engine anyway" not in messages
+    assert "API processes did not stop in time; killing them" not in messages
