@@ -96,3 +96,26 @@ def configure_logging(level: str, *, process: str = "api") -> None:
     for name in ("uvicorn", "uvicorn.error"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+
+
+def route_library_logs() -> None:
+    """transformers and torch log through stderr handlers of their own, in their own formats
+    (torch's like glog's: inductor's and dynamo's warnings), and transformers draws tqdm bars:
+    their records go through ours instead, one JSON line each. Call it where the model is
+    loaded (it imports torch, whose import attaches the handlers)."""
+    import torch  # noqa: F401
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_default_handler()
+    hf_logging.enable_propagation()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    for name, found in list(logging.Logger.manager.loggerDict.items()):
+        if not name.startswith("torch") or not isinstance(found, logging.Logger):
+            continue
+        # Only the plain stderr handlers torch._logging attached (its trace artifacts' handler
+        # stays where it writes).
+        printing = [h for h in found.handlers if type(h) is logging.StreamHandler]
+        for handler in printing:
+            found.removeHandler(handler)
+        if printing:
+            found.propagate = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from service.config.engine import EngineConfig, EngineLoader
 from service.contract.types import Engine
+from service.logs import route_library_logs
 
 __all__ = ["EngineLoader", "load_engine"]
 
@@ -19,4 +20,5 @@ def load_engine(config: EngineConfig) -> Engine:
     from service.engine.fast.engine import FastEngine
     from service.engine.loading import load_model
 
+    route_library_logs()  # before the load: transformers' and torch's records as JSON lines
     return FastEngine(load_model(config), config)

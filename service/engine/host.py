@@ -66,7 +66,6 @@ def run_engine(
     """Entry point of the engine process (an ``EngineEntry``); ``peers[0]`` is the API process
     that started it; ``loader`` builds the engine (tests give fakes)."""
     configure_logging(config.log_level, process="engine")
-    _route_transformers_logs()
     # Ctrl-C, and SIGTERM sent to the whole process group (systemd's default stop, kill --
     # -PGID, timeout), reach the engine too: the API process decides when it stops (after its
     # drain: a Shutdown message, else SIGKILL), so requests being drained still finish.
@@ -263,16 +262,6 @@ class EngineHost:
         outboxes = self._outboxes if peer is None else [self._outboxes[peer]]
         for outbox in outboxes:
             await outbox.send(payload, copy=False)
-
-
-def _route_transformers_logs() -> None:
-    """transformers logs through its own stderr handler and draws tqdm bars; route its records
-    into ours instead (the engine logs its own load stages with times)."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_default_handler()
-    hf_logging.enable_propagation()
-    hf_logging.disable_progress_bar()
 
 
 def busy_share(
