@@ -86,6 +86,7 @@ class Metrics:
         self._declare_translations(self.registry)
         self._declare_queue(self.registry)
         self._declare_engine(self.registry)
+        self._declare_engine_work(self.registry)
         self._declare_process(self.registry)
 
     def _declare_http(self, r: CollectorRegistry) -> None:
@@ -241,6 +242,9 @@ class Metrics:
             multiprocess_mode="livemax",
             registry=r,
         )
+
+    def _declare_engine_work(self, r: CollectorRegistry) -> None:
+        """Where the engine's time and the accelerator's memory go."""
         self.device_busy = Gauge(
             f"{PREFIX}_engine_device_busy_ratio",
             "Share of the engine's last report interval that the accelerator spent inside its "
