@@ -223,8 +223,7 @@ class EngineHost:
             steps = engine.steps() if engine is not None else None
             device = engine.device_seconds() if engine is not None else None
             now = time.monotonic()
-            busy = busy_share(self._device_at, device, now)
-            self._device_at = None if device is None else (device, now)
+            busy, self._device_at = busy_share(self._device_at, device, now)
             await self._send(
                 Stats(
                     in_flight=len(self._tasks),
@@ -266,10 +265,20 @@ class EngineHost:
 
 def busy_share(
     before: tuple[float, float] | None, device_s: float | None, now: float
-) -> float | None:
-    """The share of the wall time from ``before`` (the accelerator's seconds then, and the
-    clock) to ``now`` that the accelerator worked, given its seconds now: None without both
-    readings or time between them. At most 1 (its clock and the host's are read apart)."""
-    if before is None or device_s is None or now <= before[1]:
-        return None
-    return round(min(1.0, max(0.0, device_s - before[0]) / (now - before[1])), 3)
+) -> tuple[float | None, tuple[float, float] | None]:
+    """The share of the wall time from ``before`` (the accelerator's seconds credited so far,
+    and the clock then) to ``now`` that the accelerator worked, given its seconds now (None
+    without both readings or time between them), and what the next report starts from. At
+    most 1: the device's times arrive a step late (an event is read once it has passed), so a
+    report may see more than its own interval's work; what is over 1 is carried to the next
+    report, so that the shares average to the device's own share (the mean of shares cut at 1
+    undercounted it: docs/benchmarks.md, run 102)."""
+    if device_s is None:
+        return None, None
+    if before is None:
+        return None, (device_s, now)
+    if now <= before[1]:
+        return None, before
+    elapsed = now - before[1]
+    share = min(1.0, max(0.0, device_s - before[0]) / elapsed)
+    return round(share, 3), (before[0] + share * elapsed, now)

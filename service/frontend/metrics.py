@@ -249,8 +249,9 @@ class Metrics:
             f"{PREFIX}_engine_device_busy_ratio",
             "Share of the engine's last report interval that the accelerator spent inside its "
             "prefills and decode steps (CUDA events around each; a wait inside one for the "
-            "host's launches counts as busy; absent off a GPU): under load, below 1 the device "
-            "waited for the host between them.",
+            "host's launches counts as busy; work read after its interval is counted in the "
+            "next; absent off a GPU): under load, below 1 the device waited for the host "
+            "between them.",
             ["device"],
             multiprocess_mode="livemax",
             registry=r,
