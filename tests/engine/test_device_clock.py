@@ -97,8 +97,8 @@ def test_work_that_arrives_late_is_carried_not_lost(
     # Each report interval: its length, the share of it the device worked, and the part of
     # that work whose events the engine reads only by the next report. The shares, weighted by
     # their intervals, add up to the device's seconds as read, less at most what one interval
-    # holds (a busy device read late once showed shares over 1 cut to 1, and averaged 0.903
-    # where its seconds said 0.992: docs/benchmarks.md, run 102).
+    # holds (shares over 1 were once cut to 1, and their mean undercounted a busy device:
+    # docs/benchmarks.md, run 102).
     now, done, late = 0.0, 0.0, 0.0
     _, at = busy_share(None, 0.0, now)
     credited = 0.0
