@@ -91,3 +91,10 @@ def test_only_the_30b_a3b_has_its_think_blocks_taken_out() -> None:
     assert think(model_family="hy-mt2", model_size="30b-a3b")
     assert not think(model_family="hy-mt2", model_size="7b")
     assert not think()
+
+
+def test_the_default_queue_holds_a_full_engine_and_its_next_requests() -> None:
+    # Admitting fewer texts than the engine's decode rows would leave rows idle under load.
+    from service.engine.fast.plan import DEFAULT_CUDA_ROWS
+
+    assert Settings(_env_file=None).limits.max_queue_size >= 2 * DEFAULT_CUDA_ROWS

@@ -79,7 +79,7 @@ class EngineSettings(Section):
         ge=1,
         le=4096,
         alias="fast_max_rows",
-        description="Most requests decoding at once (unset: 1,024 on CUDA, halved until the KV "
+        description="Most requests decoding at once (unset: 2,048 on CUDA, halved until the KV "
         "cache holds 128 tokens a row, after the prefill chunk; 64 elsewhere); more wait inside "
         "the engine.",
     )

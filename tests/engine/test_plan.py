@@ -111,3 +111,13 @@ def test_an_8_bit_kv_cache_is_taken_only_where_its_attention_reads_it() -> None:
     for capability, attention in ((hopper, "flex"), (ampere, "triton"), (cpu, "flex")):
         with pytest.raises(RuntimeError, match="fast_kv_cache_dtype=fp8"):
             kv_dtype_for("fp8", bf16, capability, attention)
+
+
+def test_cuda_decodes_2048_rows_unless_told_otherwise() -> None:
+    # A full round of 2,048 rows yields more tokens a second than one of 1,024; the operator's
+    # figure stands, and a CPU keeps its 64.
+    config = EngineSettings(attention="flex")
+    assert plan_for(config, CUDA, torch.bfloat16, False)[0] == 2048
+    assert plan_for(config, torch.device("cpu"), torch.float32, False)[0] == 64
+    told = EngineSettings(attention="flex", fast_max_rows=1024)
+    assert plan_for(told, CUDA, torch.bfloat16, False)[0] == 1024

@@ -50,13 +50,20 @@ class Plan:
     kv_cache_dtype: str = ""
 
 
+# Decode rows on CUDA where the operator sets none (``plan_for``).
+DEFAULT_CUDA_ROWS = 2048
+
+
 def plan_for(
     config: EngineSettings, device: torch.device, dtype: torch.dtype, moe: bool
 ) -> tuple[int, int, bool, bool, str]:
     """Rows, prefill chunk, graphs, compile and the attention backend on ``device``, for a
     model with mixture-of-experts blocks where ``moe``."""
     cuda = device.type == "cuda"
-    rows = config.max_rows or (1024 if cuda else 64)
+    # On CUDA a full FP8 round of 2,048 rows yields more tokens a second than one of 1,024
+    # (docs/benchmarks.md): the round's prefill multiplies twice the tokens at once too. The
+    # fit halves the rows where the cache could not fill them.
+    rows = config.max_rows or (DEFAULT_CUDA_ROWS if cuda else 64)
     prefill = config.prefill_tokens or (8192 if cuda else 512)
     # The experts' grouped GEMM has a CUDA kernel for bf16 only; in another dtype torch (and
     # transformers' own fallback) loops over the experts with their row counts read back to
