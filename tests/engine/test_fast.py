@@ -734,6 +734,33 @@ async def test_prefill_steps_in_fixed_shapes_equal_generate(
         engine.close()
 
 
+async def test_prefill_slot_moves_by_the_engines_kernels_equal_generate(
+    data_dir: Path,
+    reference: LoadedModel,
+    prompts: list[tuple[int, ...]],
+    expected: list[list[int]],
+) -> None:
+    # With the fused RoPE kernel (a GPU's 16-bit path; Triton's interpreter here) a prefill
+    # writes its keys and values by that kernel, copies kept prefixes in and reads every
+    # sequence's keys back by its own (slots.py), in fixed shapes and not: a crowd that sees
+    # three prompts three times each (a block is kept at its second sighting, copied out to
+    # the kept pages, and copied in at its third).
+    config = _config(
+        data_dir, attention="gather", fused_rope="on", prefill_tokens=32, prefill_graph_tokens=32
+    )
+    engine = RecordingEngine(load_model(config), config)
+    try:
+        assert engine.plan.fused_rope
+        requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts[-3:]]
+        wanted = _wanted(reference, expected)[-3:]
+        assert await _generated(engine, requests * 3, "crowd") == wanted * 3
+        assert engine.scheduler.prefixes is not None
+        assert engine.scheduler.prefixes.reused_tokens > 0
+        assert engine.step_times().graph_prefills > 0
+    finally:
+        engine.close()
+
+
 async def test_an_8_bit_kv_cache_serves_alone_and_in_a_crowd(
     data_dir: Path,
     reference: LoadedModel,

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 
-from service.engine.fast import attention, gemv, quant_gemv, rope
+from service.engine.fast import attention, gemv, quant_gemv, rope, slots
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import KV_FP8, CacheShape, PagedKVCache
 from service.engine.fast.gemv import GemvConfig
@@ -219,3 +219,18 @@ def test_the_decode_attention_compiles(
     # one, which e4m3 becomes in one packed conversion (to bfloat16 it took three).
     operand = "f16" if cached == KV_FP8 else {BF16: "bf16", torch.float16: "f16"}[dtype]
     _compiles(stand_in, full=True, expect=(f"x{operand}> * tensor<",))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "cached"), [(BF16, BF16), (BF16, KV_FP8), (torch.float16, KV_FP8)]
+)
+def test_the_slot_kernels_compile(
+    dtype: torch.dtype, cached: torch.dtype, caught: Callable[[Any, str], Caught]
+) -> None:
+    copied, read = caught(slots, "_copy"), caught(slots, "_read")
+    keys = torch.zeros(GEOMETRY.kv_heads, 64, GEOMETRY.head_dim, dtype=cached)
+    picked = torch.arange(8, dtype=torch.long)
+    slots.copy_slots(keys, keys.clone(), picked, picked + 8)
+    slots.read_slots(keys, keys.clone(), picked, dtype)
+    _compiles(copied)
+    _compiles(read)

@@ -119,5 +119,5 @@ def test_cuda_decodes_2048_rows_unless_told_otherwise() -> None:
     config = EngineSettings(attention="flex")
     assert plan_for(config, CUDA, torch.bfloat16, False)[0] == 2048
     assert plan_for(config, torch.device("cpu"), torch.float32, False)[0] == 64
-    told = EngineSettings(attention="flex", fast_max_rows=1024)
+    told = EngineSettings.model_validate({"attention": "flex", "fast_max_rows": 1024})
     assert plan_for(told, CUDA, torch.bfloat16, False)[0] == 1024

@@ -39,6 +39,7 @@ from service.engine.fast.prefill import PackedPrefill
 from service.engine.fast.prefill_attention import packed_causal_attention
 from service.engine.fast.projections import gated_product, product, project, rms_norm
 from service.engine.fast.rope import rope_and_store
+from service.engine.fast.slots import copy_slots, read_slots
 from service.engine.fast.weights import Geometry, LayerWeights, ModelWeights
 
 
@@ -180,6 +181,7 @@ class Transformer:
         self._stack: Callable[..., torch.Tensor] = self._decode_stack
         self._inputs: Callable[[int], tuple[torch.Tensor, ...]] = self._step_inputs
         self._prefill_in: Callable[..., tuple[torch.Tensor, ...]] = attention_inputs
+        self._prefill_qkv: Callable[..., torch.Tensor] = qkv_projection
         self._prefill_out: Callable[..., torch.Tensor] = attention_output
         # The prefill's token count stays dynamic whatever the decode does: prompt lengths vary.
         decode_dynamic = False if static_decode else None
@@ -192,6 +194,7 @@ class Transformer:
             # layer: the token count becomes dynamic at its second size (the engine runs the
             # sizes before it is ready).
             self._prefill_in = torch.compile(attention_inputs, fullgraph=True, dynamic=None)
+            self._prefill_qkv = torch.compile(qkv_projection, fullgraph=True, dynamic=None)
             self._prefill_out = torch.compile(attention_output, fullgraph=True, dynamic=None)
         if compile_scope == "step":
             self._stack = torch.compile(self._decode_stack, fullgraph=True, dynamic=decode_dynamic)
@@ -214,12 +217,7 @@ class Transformer:
         x = torch.nn.functional.embedding(p.tokens, w.embed)
         cos, sin = w.rope(p.positions)
         for index, layer in enumerate(w.layers):
-            q, k, v = self._prefill_in(x, layer, cos, sin, g)
-            write_kv(self.cache.keys[index], self.cache.values[index], p.slots, k, v)
-            if p.copy_from is not None and p.copy_to is not None:
-                self.cache.copy(index, p.copy_from, p.copy_to)
-            if p.key_slots is not None:
-                k, v = self.cache.gather(index, p.key_slots)
+            q, k, v = self._prefill_attention_inputs(index, x, layer, cos, sin, p)
             attended = packed_causal_attention(
                 q,
                 k,
@@ -234,6 +232,42 @@ class Transformer:
             )
             x = self._prefill_out(x, attended, layer, g)
         return self.logits(x.index_select(0, p.last))
+
+    def _prefill_attention_inputs(
+        self,
+        index: int,
+        x: torch.Tensor,
+        layer: LayerWeights,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        p: PackedPrefill,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer ``index``'s queries of a prefill step, and the keys and values they attend to:
+        the step's own written to their slots and the kept prefixes copied into place first,
+        then every sequence's read back where a piece has a prefix. With ``fused_rope`` the
+        engine's own kernels do the writes, the copies and the reads (rope.py, slots.py)."""
+        g, cache = self.weights.geometry, self.cache
+        keys, values = cache.keys[index], cache.values[index]
+        copy_from, copy_to = p.copy_from, p.copy_to
+        if not self._fused_rope:
+            q, k, v = self._prefill_in(x, layer, cos, sin, g)
+            write_kv(keys, values, p.slots, k, v)
+            if copy_from is not None and copy_to is not None:
+                cache.copy(index, copy_from, copy_to)
+            if p.key_slots is not None:
+                k, v = cache.gather(index, p.key_slots)
+            return q, k, v
+        qkv = self._prefill_qkv(x, layer, g)
+        q = rope_and_store(
+            qkv, cos, sin, layer.query_norm, layer.key_norm, keys, values, p.slots, g
+        )
+        if copy_from is not None and copy_to is not None:
+            copy_slots(keys, values, copy_from, copy_to)
+        # The step's own keys read back too where no piece has a prefix: the kernel above
+        # wrote them to the cache only.
+        read = p.slots if p.key_slots is None else p.key_slots
+        k, v = read_slots(keys, values, read, cache.compute)
+        return q, k, v
 
     def decode(self, batch: int, pages: int) -> torch.Tensor:
         """The last layer's output ``[batch, hidden]`` for the tokens in the first ``batch`` rows
