@@ -52,7 +52,14 @@ from service.engine.fast import projections, quant_gemv
 from service.engine.fast.gemv import GemvConfig
 from service.engine.fast.kernel_timing import graph_us
 from service.engine.fast.linear import GROUP as NESTED_GROUP
-from service.engine.fast.linear import Linear, NestedMaxima, dequantize, linear
+from service.engine.fast.linear import (
+    Linear,
+    NestedMaxima,
+    dequantize,
+    fp8_linear,
+    linear,
+    quantize_fp8,
+)
 
 # NF4's 16 values (bitsandbytes' table).
 NF4 = (
@@ -156,6 +163,10 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
             formats[name] = _Format(lambda x, p: quant_gemv.rows(x, p), [], [])
         for name in ("nf4-dequantized", "int8-dequantized"):
             formats[name] = _Format(_dequantized_product, [], [])
+    if cuda and torch.cuda.get_device_capability(device) >= (8, 9):
+        # The FP8 weights' batch product, with and without the tensor cores' fast accumulation.
+        formats["fp8"] = _Format(fp8_linear, [], [])
+        formats["fp8-fast-accum"] = _Format(partial(fp8_linear, fast_accum=True), [], [])
     if cuda and not smoke:
         import bitsandbytes  # noqa: F401  (its operators, which the engine's NF4 row calls)
 
@@ -178,6 +189,10 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
             "int8": ((int8, row_max), dequantize(int8, row_max, None, torch.float32)),
             "int4-reduction": ((q4, scales, zeros), int4_exact),
         }
+        if "fp8" in formats:
+            fp8 = quantize_fp8(weight)
+            exact = fp8.weight.float() * fp8.scale
+            parts["fp8"] = parts["fp8-fast-accum"] = ((fp8.weight, fp8.scale), exact)
         if "nf4-gemv" in formats:
             parts["nf4-gemv"] = ((Linear(codes, maxima, table),), parts["nf4"][1])
             parts["int8-gemv"] = ((Linear(int8, row_max),), parts["int8"][1])
@@ -405,6 +420,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--gemv-sweep", action="store_true", help="also the one-row kernel's block sizes (GPU)"
     )
+    parser.add_argument("--formats", help="only these formats, comma-separated (default: all)")
     parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.smoke else "cuda")
@@ -413,6 +429,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = [int(r) for r in args.rows.split(",")]
     with timing_context():
         formats = _formats(device, dtype, args.smoke)  # the weights, made once for both
+        if args.formats:
+            wanted = args.formats.split(",")
+            formats = {name: held for name, held in formats.items() if name in wanted}
         report = header(device) | {
             "dtype": str(dtype),
             "products_us": products(formats, rows, device, dtype, args.repeat, args.smoke),

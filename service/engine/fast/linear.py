@@ -166,8 +166,11 @@ def row_product(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | Non
     return product.to(x.dtype)
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Row-wise FP8 GEMM: each token's activations get their own scale."""
+def fp8_linear(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, fast_accum: bool = False
+) -> torch.Tensor:
+    """Row-wise FP8 GEMM: each token's activations get their own scale (``fast_accum``: the
+    tensor cores' own accumulator throughout, never promoted to float32 along the way)."""
     rows = x.shape[0]
     # _scaled_mm wants the row count a multiple of 16; decode buckets usually are.
     padded = (-rows) % 16
@@ -175,7 +178,14 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
         x = torch.nn.functional.pad(x, (0, 0, 0, padded))
     x_scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / _FP8_MAX
     x_fp8 = (x.float() / x_scale).clamp(-_FP8_MAX, _FP8_MAX).to(FP8)
-    out = torch._scaled_mm(x_fp8, weight.t(), scale_a=x_scale, scale_b=scale.t(), out_dtype=x.dtype)
+    out = torch._scaled_mm(
+        x_fp8,
+        weight.t(),
+        scale_a=x_scale,
+        scale_b=scale.t(),
+        out_dtype=x.dtype,
+        use_fast_accum=fast_accum,
+    )
     return out[:rows] if padded else out
 
 
