@@ -191,6 +191,7 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
         }
         if "fp8" in formats:
             fp8 = quantize_fp8(weight)
+            assert fp8.scale is not None
             exact = fp8.weight.float() * fp8.scale
             parts["fp8"] = parts["fp8-fast-accum"] = ((fp8.weight, fp8.scale), exact)
         if "nf4-gemv" in formats:
