@@ -88,6 +88,8 @@ class Linear:
     # With ``nested``: the maxima dequantized with the rest of its layer's (views of the same
     # codes and scales as ``scale`` and ``nested``, so not counted again in ``nbytes``).
     maxima: MaximaSlice | None = None
+    # An FP8 weight's batch product in the tensor cores' fast accumulation (``fp8_linear``).
+    fast_accum: bool = False
 
     @property
     def out_features(self) -> int:
@@ -115,11 +117,13 @@ def linear(
     scale: torch.Tensor | None,
     code: torch.Tensor | None = None,
     nested: NestedMaxima | None = None,
+    fast_accum: bool = False,
 ) -> torch.Tensor:
     """``x @ weight.T`` for a plain, an FP8 or a bitsandbytes weight (written as a function so
-    torch.compile sees plain tensors). A single 16-bit row on CUDA never gets here
-    (``projections.py`` gives it the one-row kernel); an FP8 or bitsandbytes weight at a single
-    row under ``torch.compile`` takes ``row_product``, which reads the weight in its own format."""
+    torch.compile sees plain tensors; ``fast_accum`` as ``fp8_linear`` takes it). A single
+    16-bit row on CUDA never gets here (``projections.py`` gives it the one-row kernel); an FP8
+    or bitsandbytes weight at a single row under ``torch.compile`` takes ``row_product``, which
+    reads the weight in its own format."""
     if is_bitsandbytes(weight):
         assert scale is not None, "a bitsandbytes weight has its scales"
         dequantized = dequantize(weight, scale, code, x.dtype, nested)
@@ -130,7 +134,7 @@ def linear(
         return row_product(x, weight, scale)
     if scale is None:
         return torch.nn.functional.linear(x, weight)
-    return fp8_linear(x, weight, scale)
+    return fp8_linear(x, weight, scale, fast_accum)
 
 
 def dequantize(

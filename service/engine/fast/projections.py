@@ -101,7 +101,7 @@ def product(x: torch.Tensor, p: Linear) -> torch.Tensor:
     its kernels run (16-bit rows on CUDA), everything else by ``linear``."""
     if p.bitsandbytes and quant_gemv.available(x):
         return quant_gemv.product(x, p)
-    return linear(x, p.weight, p.scale, p.code, p.nested)
+    return linear(x, p.weight, p.scale, p.code, p.nested, p.fast_accum)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:

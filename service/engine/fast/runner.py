@@ -123,7 +123,11 @@ class ModelRunner:
             fast.fold_norms, loaded, not is_dense(loaded.model), choices.fp8, choices.pdl_ready
         )
         self.weights: ModelWeights = take_weights(
-            loaded.model, config.model.quantization, choices.fp8, fold_norms=fold
+            loaded.model,
+            config.model.quantization,
+            choices.fp8,
+            fold_norms=fold,
+            fp8_fast_accum=fast.fp8_fast_accumulation,
         )
         geometry = self.weights.geometry
         layers = len(self.weights.layers)

@@ -173,11 +173,13 @@ def take_weights(
     quantization: str,
     fp8: Fp8Source | None = None,
     fold_norms: bool = False,
+    fp8_fast_accum: bool = False,
 ) -> ModelWeights:
     """Move ``model``'s weights into a ``ModelWeights``, emptying its layers on the way; the
     projections come from ``fp8`` (an FP8 checkpoint) where it has them. ``fold_norms`` folds
     each norm's weight into the projection after it where that projection is not a checkpoint's
-    FP8 (a mixture-of-experts block keeps its norm: the router and experts read it)."""
+    FP8 (a mixture-of-experts block keeps its norm: the router and experts read it);
+    ``fp8_fast_accum`` marks FP8 projections for the fast accumulation (``linear.fp8_linear``)."""
     reason = unsupported_reason(model)
     if reason is not None:
         raise RuntimeError(reason)
@@ -187,7 +189,7 @@ def take_weights(
     geometry = geometry_of(config)
     embed = inner.embed_tokens.weight.data
     cos, sin = _rope_tables(inner, geometry, embed)
-    projector = _Projector(quantization, fp8)
+    projector = _Projector(quantization, fp8, fp8_fast_accum)
     layers = _share_layer_maxima(
         tuple(
             _layer_weights(layer, index, projector, config, fold_norms)
@@ -227,9 +229,10 @@ class _Projector:
     checkpoint where it has them, else the model's weights, a norm folded in on request,
     quantized to FP8 when asked."""
 
-    def __init__(self, quantization: str, fp8: Fp8Source | None) -> None:
+    def __init__(self, quantization: str, fp8: Fp8Source | None, fast_accum: bool) -> None:
         self.quantization = quantization
         self.fp8 = fp8
+        self.fast_accum = fast_accum
 
     def from_checkpoint(self, index: int, prefix: str, name: str) -> bool:
         return self.fp8 is not None and self.fp8.has(f"model.layers.{index}.{prefix}.{name}")
@@ -256,11 +259,12 @@ class _Projector:
         for module in modules:
             module.weight = nn.Parameter(weight.new_empty(0), requires_grad=False)
         if self.fp8 is not None and self.fp8.has(full_names[0]):
-            return self.fp8.projection(full_names, weight.device)
+            taken = self.fp8.projection(full_names, weight.device)
+            return dataclasses.replace(taken, fast_accum=self.fast_accum)
         if norm is not None:
             weight = (weight.float() * norm.float()).to(weight.dtype)
         if self.quantization == "fp8":
-            return quantize_fp8(weight)
+            return dataclasses.replace(quantize_fp8(weight), fast_accum=self.fast_accum)
         return Linear(weight.contiguous())
 
 
