@@ -598,10 +598,9 @@ async def test_compressed_tensors_fp8_checkpoint_runs_as_fp8_quantized_at_load(
     outputs = []
     # Both sources' projections marked for the tensor cores' fast accumulation when it is
     # asked for (which a CPU's product does not have: the same numbers here).
-    fast = {"fp8_fast_accumulation": True}
     for config in (
-        _with(_config(data_dir, **fast), model_id=str(folder)),
-        _with(_config(data_dir, **fast), quantization="fp8"),
+        _with(_config(data_dir, fp8_fast_accumulation=True), model_id=str(folder)),
+        _with(_config(data_dir, fp8_fast_accumulation=True), quantization="fp8"),
     ):
         engine = RecordingEngine(load_model(config), config)
         try:
