@@ -746,21 +746,20 @@ async def test_prefill_slot_moves_by_the_engines_kernels_equal_generate(
 ) -> None:
     # With the fused RoPE kernel (a GPU's 16-bit path; Triton's interpreter here) a prefill
     # writes its keys and values by that kernel, copies kept prefixes in and reads every
-    # sequence's keys back by its own (slots.py), in fixed shapes and not: a crowd that sees
-    # three prompts three times each (a block is kept at its second sighting, copied out to
-    # the kept pages, and copied in at its third).
-    config = _config(
-        data_dir, attention="gather", fused_rope="on", prefill_tokens=32, prefill_graph_tokens=32
-    )
+    # sequence's keys back by its own (slots.py; a captured step's padding, a slot copied onto
+    # itself, is test_slots.py's): a crowd that sees two prompts three times each (a block
+    # is kept at its second sighting, copied out to the kept pages, and copied in at its third).
+    config = _config(data_dir, attention="gather", fused_rope="on")
     engine = RecordingEngine(load_model(config), config)
     try:
         assert engine.plan.fused_rope
-        requests = [GenerationRequest(p, MAX_NEW, GREEDY) for p in prompts[-3:]]
-        wanted = _wanted(reference, expected)[-3:]
+        # Three tokens each (the interpreter is slow): the first is the prefill's, the rest
+        # read the copied keys through the decode.
+        requests = [GenerationRequest(p, 3, GREEDY) for p in prompts[:2]]
+        wanted = [tokens[:3] for tokens in _wanted(reference, expected)[:2]]
         assert await _generated(engine, requests * 3, "crowd") == wanted * 3
         assert engine.scheduler.prefixes is not None
         assert engine.scheduler.prefixes.reused_tokens > 0
-        assert engine.step_times().graph_prefills > 0
     finally:
         engine.close()
 
