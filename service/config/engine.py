@@ -145,6 +145,14 @@ class EngineSettings(Section):
         "cache as one kernel each: auto where it runs (bf16 or fp16 on CUDA); on forces it "
         "(refusing to start without Triton); off keeps the compiled torch code.",
     )
+    topk_two_stage_rows: int | None = Field(
+        None,
+        ge=1,
+        alias="fast_topk_two_stage_rows",
+        description="Decode batches of at least this many rows take each row's top 64 logits "
+        "in two stages (the top 64 of every 1,024, then of those) instead of one selection over "
+        "the whole vocabulary. Unset: never; its speed at large batches is not measured yet.",
+    )
     fp8_fast_accumulation: bool = Field(
         False,
         alias="fast_fp8_fast_accumulation",

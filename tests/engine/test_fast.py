@@ -16,6 +16,7 @@ import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -37,7 +38,8 @@ from service.contract.types import (
     GenerationResult,
 )
 from service.engine.demo import ensure_demo_model
-from service.engine.fast import gemv, rope
+from service.engine.fast import gemv, rope, sampler
+from service.engine.fast import runner as runner_module
 from service.engine.fast.cache import KV_FP8, page_bytes
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.engine import FastEngine
@@ -814,3 +816,29 @@ def test_an_8_bit_kv_cache_holds_more_pages_in_the_same_budget(data_dir: Path) -
         finally:
             engine.close()
     assert pages["fp8"] >= 3.5 * pages["auto"]
+
+
+async def test_wide_batches_take_the_two_stage_top_k_when_asked(
+    data_dir: Path, prompts: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # fast_topk_two_stage_rows: batches of at least that many rows sample through the
+    # two-stage selection, narrower ones through the one selection.
+    taken: list[tuple[int, bool]] = []
+    real = sampler.sample_rows
+
+    def recording(logits: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if "two_stage" in kwargs:  # a decode step's (a prefill's first tokens are not asked)
+            taken.append((logits.shape[0], kwargs["two_stage"]))
+        return real(logits, *args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "sample_rows", recording)
+    config = _config(data_dir, topk_two_stage_rows=2)
+    engine = RecordingEngine(load_model(config), config)
+    try:
+        requests = [GenerationRequest(p, MAX_NEW, MODEL_CARD_DECODING) for p in prompts]
+        await _generated(engine, requests[:1], "alone")
+        await _generated(engine, requests, "crowd")
+    finally:
+        engine.close()
+    assert {two_stage for rows, two_stage in taken if rows >= 2} == {True}
+    assert {two_stage for rows, two_stage in taken if rows < 2} == {False}

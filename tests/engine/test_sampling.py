@@ -14,7 +14,7 @@ from service.contract.types import (
     MIN_TEMPERATURE,
     Decoding,
 )
-from service.engine.fast.sampler import RowSampling, sample
+from service.engine.fast.sampler import RowSampling, sample, top_candidates
 from service.engine.fast.sequence import RowParameters
 
 
@@ -52,3 +52,52 @@ def test_any_sampling_values_are_clamped_where_the_arithmetic_is_defined(
         assert 0 <= token < 4
         # The largest logit can never lose to the smallest once penalized either way.
         assert token != 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 4),
+    width=st.integers(1, 300),
+    chunk=st.sampled_from([8, 16, 32]),
+    k=st.integers(1, 64),
+    masked=st.integers(0, 300),
+    seed=st.integers(0, 2**16),
+)
+def test_the_two_stage_top_k_picks_what_one_selection_picks(
+    rows: int, width: int, chunk: int, k: int, masked: int, seed: int
+) -> None:
+    # Distinct values, so that the order is defined; a row's masked tokens (-inf) as many as
+    # the test asks, even all but none of the row's.
+    k = min(k, width, chunk)
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.stack([torch.randperm(width, generator=generator) for _ in range(rows)]).float()
+    values[0, : min(masked, width)] = -torch.inf
+    wanted, wanted_at = torch.topk(values, k, dim=-1)
+    got, got_at = top_candidates(values, k, two_stage=True, chunk=chunk)
+    assert torch.equal(got, wanted)
+    finite = wanted.isfinite()
+    assert torch.equal(got_at[finite], wanted_at[finite])
+    # A masked place may name any index (the padding's, clamped): inside the row, never drawn.
+    assert int(got_at.max()) < width
+    assert torch.equal(values.gather(-1, got_at)[finite], got[finite])
+
+
+def test_two_stage_sampling_draws_the_same_tokens() -> None:
+    # The same logits and the race's same draws: the same token, for the model card's sampling
+    # and for greedy rows, over a vocabulary the chunks do not divide.
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 5000, generator=generator) * 4
+    card = RowParameters.of(Decoding(False, 0.7, 20, 0.6, 1.05))
+    rows = RowSampling(
+        greedy=torch.tensor([False, False, False, False, True, False]),
+        temperature=torch.full((6,), card.temperature),
+        top_k=torch.tensor([card.top_k, 1, 64, 5, 20, 20]),
+        top_p=torch.tensor([card.top_p, 1.0, 1.0, 0.9, 0.6, 1.0]),
+        penalty=torch.full((6,), card.penalty),
+        seen=torch.rand(6, 5000, generator=generator) < 0.01,
+    )
+    for _ in range(20):
+        noise = torch.empty(6, 64).exponential_(generator=generator)
+        one = sample(logits, rows, False, noise)
+        two = sample(logits, rows, False, noise, two_stage=True)
+        assert torch.equal(one, two)

@@ -132,6 +132,7 @@ class ModelRunner:
         geometry = self.weights.geometry
         layers = len(self.weights.layers)
         self.page_size = fast.page_size
+        self._two_stage_rows = fast.topk_two_stage_rows
         rows, pages, prefill = _size(self.weights, loaded, fast, choices)
         shape, kv = CacheShape(pages, fast.page_size), choices.kv_dtype
         self.cache = PagedKVCache(geometry, layers, shape, kv, self.device, loaded.dtype)
@@ -463,7 +464,9 @@ class ModelRunner:
         the engine, some sixty small eager kernels become a few fused ones."""
         rows = self.rows
         at_once = full_sort_rows(rows.rows)
-        tokens = sample_rows(self.model.logits(hidden), rows.rows_of(batch), full, noise, at_once)
+        wide = self._two_stage_rows is not None and batch >= self._two_stage_rows
+        logits = self.model.logits(hidden)
+        tokens = sample_rows(logits, rows.rows_of(batch), full, noise, at_once, two_stage=wide)
         rows.sampled[:batch] = tokens
         rows.tokens[:batch] = tokens
         rows.sampling.seen[:batch].scatter_(1, tokens[:, None], True)

@@ -14,7 +14,10 @@ row costs more than the rest of a small step, so where every sampled row's top-k
 top-k (or a larger one) use the full sort, ``full_sort_rows`` rows at a time (``sample_rows``):
 its buffers (values, order, probabilities and their sums over the whole vocabulary) are a few
 times the logits', and a wide batch sorted at once would need gigabytes set aside for a mode few
-requests ask for.
+requests ask for. In a wide batch the top ``TOP_K_CAP`` can be taken in two stages instead
+(``top_candidates``): the top of each chunk of the vocabulary, then the top of those, each a
+selection over a short slice per block, where torch's selection over a whole row of a wide batch
+makes several passes over every row.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from service.engine.fast.sequence import TOP_K_CAP
 # requests ask for: at 128 rows over a 128,256-token vocabulary, sorting all of them at once
 # would hold 1.58 GB of a 16 GiB card.
 FULL_SORT_ROWS = 128
+# The vocabulary's chunks of the two-stage top-k (``top_candidates``).
+TOP_K_CHUNK = 1024
 
 
 def full_sort_rows(rows: int) -> int:
@@ -81,12 +86,13 @@ def sample_rows(
     full_sort: bool,
     noise: torch.Tensor | None = None,
     at_once: int = FULL_SORT_ROWS,
+    two_stage: bool = False,
 ) -> torch.Tensor:
     """``sample`` of every row; with ``full_sort``, ``at_once`` rows at a time (each slice
     draws its own noise where none is given)."""
     count = logits.shape[0]
     if not full_sort or count <= at_once:
-        return sample(logits, rows, full_sort, noise)
+        return sample(logits, rows, full_sort, noise, two_stage)
     parts = []
     for start in range(0, count, at_once):
         end = min(start + at_once, count)
@@ -100,16 +106,18 @@ def sample(
     rows: RowSampling,
     full_sort: bool,
     noise: torch.Tensor | None = None,
+    two_stage: bool = False,
 ) -> torch.Tensor:
     """The next token of every row of float32 ``logits`` ``[rows, vocab]`` (``noise``: the race's
-    draws from ``race_noise``, drawn here when not given)."""
+    draws from ``race_noise``, drawn here when not given; ``two_stage``: the top logits taken
+    by ``top_candidates``' two stages)."""
     logits = penalize(logits, rows.penalty, rows.seen)
     greedy = first_argmax(logits)
     scaled = logits / rows.temperature[:, None]
     if full_sort:
         ordered, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
     else:
-        ordered, order = torch.topk(scaled, min(TOP_K_CAP, scaled.shape[-1]), dim=-1)
+        ordered, order = top_candidates(scaled, min(TOP_K_CAP, scaled.shape[-1]), two_stage)
     width = ordered.shape[-1]
     ranks = torch.arange(width, device=logits.device)
     limit = torch.where(rows.top_k > 0, rows.top_k, width)
@@ -125,6 +133,24 @@ def sample(
     choice = race.argmax(dim=-1, keepdim=True)
     drawn = order.gather(-1, choice).squeeze(-1)
     return torch.where(rows.greedy, greedy, drawn)
+
+
+def top_candidates(
+    values: torch.Tensor, k: int, two_stage: bool, chunk: int = TOP_K_CHUNK
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest of each row of ``values`` ``[rows, width]`` and their indices, largest
+    first, as ``torch.topk`` gives them (but for the order of equal values); with
+    ``two_stage``, the ``k`` largest of each ``chunk`` first, then the ``k`` largest of those."""
+    if not two_stage or k > chunk or values.shape[-1] <= chunk:
+        return torch.topk(values, k, dim=-1)
+    chunks = _chunks(values, chunk)
+    best, within = torch.topk(chunks, k, dim=-1)
+    starts = torch.arange(chunks.shape[1], device=values.device) * chunk
+    places = (within + starts[:, None]).flatten(1)
+    ordered, picked = torch.topk(best.flatten(1), k, dim=-1)
+    # The padding's -inf is picked only by a row with fewer than ``k`` finite values, in a
+    # place whose -inf no draw takes: its index is clamped into the vocabulary all the same.
+    return ordered, places.gather(-1, picked).clamp(max=values.shape[-1] - 1)
 
 
 def first_argmax(values: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
