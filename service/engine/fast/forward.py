@@ -18,9 +18,11 @@ Two entry points:
   decode function compiles once per batch size it is run at (the engine's buckets), with kernels
   specialised to that size; otherwise the batch size turns symbolic at the second size, and
   every later bucket shares that graph. With ``fused_rope`` a decode layer's RoPE, query/key
-  norms and cache writes are one kernel (``rope.py``); with every norm folded into a dense
-  model's projections, a lone request's step passes each norm's sum of squares from the
-  one-row projection that writes its row to the one that reads it (``_norm_sums``).
+  norms and cache writes are one kernel (``rope.py``), a prefill layer's too, with its copies
+  of kept prefixes and its reads of the cache one kernel each (``slots.py``); with every norm
+  folded into a dense model's projections, a lone request's step passes each norm's sum of
+  squares from the one-row projection that writes its row to the one that reads it
+  (``_norm_sums``).
 """
 
 from __future__ import annotations

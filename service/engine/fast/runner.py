@@ -111,6 +111,21 @@ class _Choices:
     kv_dtype: torch.dtype
 
 
+def _weights(loaded: LoadedModel, config: EngineConfig, choices: _Choices) -> ModelWeights:
+    """The model's weights taken over in the engine's layout, norms folded where they fold."""
+    fast = config.fast
+    fold = fold_norms_for(
+        fast.fold_norms, loaded, not is_dense(loaded.model), choices.fp8, choices.pdl_ready
+    )
+    return take_weights(
+        loaded.model,
+        config.model.quantization,
+        choices.fp8,
+        fold_norms=fold,
+        fp8_fast_accum=fast.fp8_fast_accumulation,
+    )
+
+
 class ModelRunner:
     """The device side of the fast engine for ``loaded`` under ``config``."""
 
@@ -119,16 +134,7 @@ class ModelRunner:
         self.device = loaded.device
         self.clock = DeviceClock(self.device)
         choices = _choose(loaded, config)
-        fold = fold_norms_for(
-            fast.fold_norms, loaded, not is_dense(loaded.model), choices.fp8, choices.pdl_ready
-        )
-        self.weights: ModelWeights = take_weights(
-            loaded.model,
-            config.model.quantization,
-            choices.fp8,
-            fold_norms=fold,
-            fp8_fast_accum=fast.fp8_fast_accumulation,
-        )
+        self.weights: ModelWeights = _weights(loaded, config, choices)
         geometry = self.weights.geometry
         layers = len(self.weights.layers)
         self.page_size = fast.page_size
