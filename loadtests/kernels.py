@@ -112,16 +112,20 @@ def attention(
     queries = {b: torch.randn(b, heads, dim, dtype=dtype, device=device) for b in rows_list}
     results: dict[str, dict[str, float]] = {}
     reference: dict[int, torch.Tensor] = {}
-    for name, backend in backends.items():
+
+    def measure(name: str, backend: DecodeAttention, over: PagedKVCache) -> None:
         results[name] = {}
         for batch, query in queries.items():
             meta = backend.prepare(batch, per_row)
-            call = partial(backend, query, cache.keys[0], cache.values[0], meta, dim**-0.5)
+            call = partial(backend, query, over.keys[0], over.values[0], meta, dim**-0.5)
             results[name][f"rows{batch}"] = timed_us(call, repeat, device)
             # How far each backend's output is from FlexAttention's default kernel.
             out = call().float()
             first = reference.setdefault(batch, out)
             results[name][f"rows{batch}_max_abs_diff"] = float((out - first).abs().max())
+
+    for name, backend in backends.items():
+        measure(name, backend, cache)
     if triton_runs(dtype, device, page):
         # The same keys and values in an 8-bit cache (``fast_kv_cache_dtype=fp8``): half the
         # bytes read; its distance from FlexAttention's 16-bit result is the cache's rounding.
@@ -139,15 +143,7 @@ def attention(
         }
         for suffix, options in shapes.items():
             kernel = TritonDecode(fp8, rows, geometry, most, **options)
-            name = f"triton-kv-fp8{suffix}"
-            results[name] = {}
-            for batch, query in queries.items():
-                meta = kernel.prepare(batch, per_row)
-                call = partial(kernel, query, fp8.keys[0], fp8.values[0], meta, dim**-0.5)
-                results[name][f"rows{batch}"] = timed_us(call, repeat, device)
-                out = call().float()
-                diff = float((out - reference[batch]).abs().max())
-                results[name][f"rows{batch}_max_abs_diff"] = diff
+            measure(f"triton-kv-fp8{suffix}", kernel, fp8)
     return results
 
 
