@@ -231,6 +231,6 @@ def test_the_slot_kernels_compile(
     keys = torch.zeros(GEOMETRY.kv_heads, 64, GEOMETRY.head_dim, dtype=cached)
     picked = torch.arange(8, dtype=torch.long)
     slots.copy_slots(keys, keys.clone(), picked, picked + 8)
-    slots.read_slots(keys, keys.clone(), picked, dtype)
+    slots.gather_kv(keys, keys.clone(), picked, dtype)
     _compiles(copied)
     _compiles(read)

@@ -57,7 +57,7 @@ def test_the_kernels_move_what_torch_moves(
     for mine, wanted in ((ours.keys[0], theirs.keys[0]), (ours.values[0], theirs.values[0])):
         assert torch.equal(mine.view(torch.uint8), wanted.view(torch.uint8))
     picked = torch.tensor(read, dtype=torch.long)
-    keys, values = slots.read_slots(ours.keys[0], ours.values[0], picked, compute)
+    keys, values = slots.gather_kv(ours.keys[0], ours.values[0], picked, compute)
     want_keys, want_values = theirs.gather(0, picked)
     assert keys.dtype == compute
     assert torch.equal(keys, want_keys)

@@ -41,7 +41,7 @@ from service.engine.fast.prefill import PackedPrefill
 from service.engine.fast.prefill_attention import packed_causal_attention
 from service.engine.fast.projections import gated_product, product, project, rms_norm
 from service.engine.fast.rope import rope_and_store
-from service.engine.fast.slots import copy_slots, read_slots
+from service.engine.fast.slots import copy_slots, gather_kv
 from service.engine.fast.weights import Geometry, LayerWeights, ModelWeights
 
 
@@ -268,7 +268,7 @@ class Transformer:
         # The step's own keys read back too where no piece has a prefix: the kernel above
         # wrote them to the cache only.
         read = p.slots if p.key_slots is None else p.key_slots
-        k, v = read_slots(keys, values, read, cache.compute)
+        k, v = gather_kv(keys, values, read, cache.compute)
         return q, k, v
 
     def decode(self, batch: int, pages: int) -> torch.Tensor:

@@ -6,7 +6,7 @@ own slots (and its freshly written blocks out to the kept pages), then reads eve
 keys and values back for the varlen attention (``prefill.PackedPrefill``). In torch each is an
 ``index_select`` and an ``index_copy_`` per kind per layer; in a captured step, padded to its
 bucket's shapes, those small indexing kernels took a good part of a steady state's prefill.
-``copy_slots`` and ``read_slots`` do the same in one launch each, a program a slot.
+``copy_slots`` and ``gather_kv`` do the same in one launch each, a program a slot.
 
 The kernels are in ``slots_kernel.py``; the engine takes them where it takes the fused RoPE
 kernel (``rope.runs``, ``HYMT_FAST_FUSED_ROPE``), which writes the step's keys and values
@@ -57,7 +57,7 @@ def copy_slots(
         _copy[(len(source),)](keys, values, source, target, **_shape(keys), num_warps=1)
 
 
-def read_slots(
+def gather_kv(
     key_cache: torch.Tensor, value_cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer's keys and values at ``slots``, ``[len(slots), kv_heads, head_dim]`` each, in

@@ -1,4 +1,4 @@
-"""The Triton kernels behind ``slots.copy_slots`` and ``slots.read_slots`` (``slots.py`` says
+"""The Triton kernels behind ``slots.copy_slots`` and ``slots.gather_kv`` (``slots.py`` says
 what they do).
 
 Their own module, so that ``slots.py`` imports where there is no Triton (a CPU build of torch
