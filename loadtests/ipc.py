@@ -45,6 +45,7 @@ class EchoEngine:
         request: GenerationRequest,
         on_done: Completion,
         on_text: TextSink | None = None,
+        deadline: float | None = None,
     ) -> None:
         result = GenerationResult("ok", len(request.prompt_ids), 1, "stop")
         asyncio.get_running_loop().call_soon(on_done, result, 0.0, 0.0)

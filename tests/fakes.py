@@ -22,7 +22,7 @@ from pathlib import Path
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
 from service.config.engine import EngineConfig, EngineLoader
-from service.contract.errors import GenerationFailed, OutOfMemory, ServiceError
+from service.contract.errors import DeadlineExceeded, GenerationFailed, OutOfMemory, ServiceError
 from service.contract.tokenizer import TokenizerSpec
 from service.contract.types import (
     Completion,
@@ -81,6 +81,7 @@ class _Held:
     on_text: TextSink | None
     loop: asyncio.AbstractEventLoop
     submitted: float
+    deadline: float | None = None
     cancelled: bool = False
 
 
@@ -152,10 +153,10 @@ class FakeEngine:
         request: GenerationRequest,
         on_done: Completion,
         on_text: TextSink | None = None,
+        deadline: float | None = None,
     ) -> None:
-        held = _Held(
-            request_id, request, on_done, on_text, asyncio.get_running_loop(), time.monotonic()
-        )
+        loop = asyncio.get_running_loop()
+        held = _Held(request_id, request, on_done, on_text, loop, time.monotonic(), deadline)
         with self._lock:
             self._waiting.append(held)
             self._by_id[request_id] = held
@@ -172,7 +173,7 @@ class FakeEngine:
             with self._lock:
                 count = min(len(self._waiting), self._options.capacity)
                 step = [self._waiting.popleft() for _ in range(count)]
-            step = [held for held in step if not held.cancelled]
+            step = [held for held in step if not held.cancelled and not self._expired(held)]
             if not step:
                 self._wake.wait(0.05)
                 self._wake.clear()
@@ -196,6 +197,17 @@ class FakeEngine:
                 held.loop.call_soon_threadsafe(
                     held.on_done, outcome, started - held.submitted, ended - started
                 )
+
+    def _expired(self, held: _Held) -> bool:
+        """As the fast engine's scheduler: a request whose deadline passed while it waited is
+        answered ``DeadlineExceeded`` and never reaches the model."""
+        if held.deadline is None or held.deadline > time.monotonic():
+            return False
+        with self._lock:
+            self._by_id.pop(held.request_id, None)
+        passed = DeadlineExceeded("the request's deadline passed while it waited")
+        held.loop.call_soon_threadsafe(held.on_done, passed, 0.0, 0.0)
+        return True
 
     def _run(self, step: list[GenerationRequest]) -> list[GenerationResult | ServiceError]:
         options = self._options

@@ -4,7 +4,7 @@ msgpack through msgspec: typed structs, tagged so one decoder reads every kind, 
 (a message can never run code). Requests flow API -> engine on one ZeroMQ PUSH/PULL pair,
 answers and reports flow engine -> API on another. Ids are integers the API process assigns.
 
-API -> engine: ``Submit`` (a prompt to generate from, with the seconds left to its deadline),
+API -> engine: ``Submit`` (a prompt to generate from, with its deadline),
 ``Cancel`` (the caller went away or gave up), ``Shutdown``, ``Hello`` (a follower API process
 started after the engine: it is sent the engine's ``Ready`` again).
 Engine -> API: ``Ready`` (loaded and warm enough to take work: what the model is and the
@@ -26,8 +26,11 @@ class Submit(msgspec.Struct, tag="submit", array_like=True):
     prompt_ids: list[int]
     max_new_tokens: int
     decoding: Decoding
-    # Seconds left to the deadline when sent (clocks of two processes are not compared).
-    timeout_s: float | None = None
+    # The deadline, a ``time.monotonic()`` instant: the engine is a process of the API's own
+    # host (the sockets are ``ipc://``), where CLOCK_MONOTONIC is one clock for every process,
+    # so it drops a request whose deadline passed before the model sees it, even before the
+    # API's cancel arrives.
+    deadline: float | None = None
     # The engine (its ``Ready.incarnation``) the request was meant for; another drops it: a
     # follower's socket may still hold requests for an engine that has since been restarted.
     # 0: whichever engine receives it (the leader's sockets live as long as one engine).

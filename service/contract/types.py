@@ -205,8 +205,11 @@ class Engine(Protocol):
         request: GenerationRequest,
         on_done: Completion,
         on_text: TextSink | None = None,
+        deadline: float | None = None,
     ) -> None:
-        """``on_text``: stream the text as it grows (an engine that cannot leaves it unused)."""
+        """``on_text``: stream the text as it grows (an engine that cannot leaves it unused).
+        ``deadline`` (``time.monotonic()``): a request still waiting when it passes is answered
+        ``DeadlineExceeded`` and never reaches the model."""
         ...
 
     def cancel(self, request_id: str) -> None: ...

@@ -187,11 +187,10 @@ class EngineHost:
             max_new_tokens=message.max_new_tokens,
             decoding=message.decoding,
         )
-        deadline = None if message.timeout_s is None else time.monotonic() + message.timeout_s
         answer: Finished | Failed
         try:
             on_text = self._streamer(peer, message.id) if message.stream else None
-            scheduled = await self._scheduler.submit(request, deadline, on_text)
+            scheduled = await self._scheduler.submit(request, message.deadline, on_text)
             self._generated += scheduled.result.completion_tokens
             answer = Finished(
                 id=message.id,

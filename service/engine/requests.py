@@ -77,7 +77,7 @@ class PendingRequests:
                 future.set_result(Scheduled(outcome, queue_s, run_s))
 
         request_id = f"hymt-{next(self._ids)}"
-        self._engine.submit(request_id, request, done, on_text)
+        self._engine.submit(request_id, request, done, on_text, deadline)
         self._futures[request_id] = future
         self._enter()
         try:

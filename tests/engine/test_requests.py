@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -27,6 +28,7 @@ class ManualEngine:
 
     def __init__(self) -> None:
         self.submitted: dict[str, Completion] = {}
+        self.deadlines: dict[str, float | None] = {}
         self.cancelled: list[str] = []
         self.info = EngineInfo("manual", None, "float32", "none", "cpu", 0.0, 0)
 
@@ -39,8 +41,10 @@ class ManualEngine:
         request: GenerationRequest,
         on_done: Completion,
         on_text: TextSink | None = None,
+        deadline: float | None = None,
     ) -> None:
         self.submitted[request_id] = on_done
+        self.deadlines[request_id] = deadline
 
     def cancel(self, request_id: str) -> None:
         self.cancelled.append(request_id)
@@ -92,6 +96,20 @@ async def test_results_reach_their_callers_with_timings() -> None:
     assert scheduled.result.text == "hello"
     assert (scheduled.queue_s, scheduled.inference_s) == (0.01, 0.02)
     assert scheduler.running == 0
+
+
+async def test_the_engine_gets_the_requests_deadline_to_drop_it_while_it_waits() -> None:
+    # The engine's scheduler, not only this layer's timer, must know the deadline: a request
+    # that reaches its turn after the deadline (its caller answered 504, the cancel still on
+    # its way) must not reach the model.
+    engine = ManualEngine()
+    scheduler = PendingRequests(engine)
+    deadline = time.monotonic() + 30
+    task = asyncio.ensure_future(scheduler.submit(request(), deadline))
+    await asyncio.sleep(0)
+    assert list(engine.deadlines.values()) == [deadline]
+    engine.finish(next(iter(engine.submitted)))
+    await task
 
 
 async def test_a_caller_leaving_cancels_its_request_in_the_engine() -> None:

@@ -9,6 +9,7 @@ read a step out of order produces wrong texts here, as it would on a GPU.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.contract.errors import InvalidInput, OutOfMemory, ServiceError
+from service.contract.errors import DeadlineExceeded, InvalidInput, OutOfMemory, ServiceError
 from service.engine.fast.pages import PageManager
 from service.engine.fast.scheduler import (
     Chunk,
@@ -156,7 +157,13 @@ def scheduler(rows: int = 4, prefill: int = 16, pages: int = 64, max_new: int = 
     )
 
 
-def request(name: str, prompt: int, max_new: int = 8, streams: bool = False) -> Sequence:
+def request(
+    name: str,
+    prompt: int,
+    max_new: int = 8,
+    streams: bool = False,
+    deadline: float | None = None,
+) -> Sequence:
     return Sequence(
         request_id=name,
         prompt=tuple(range(1, prompt + 1)),
@@ -164,6 +171,7 @@ def request(name: str, prompt: int, max_new: int = 8, streams: bool = False) -> 
         parameters=GREEDY,
         streams=streams,
         submitted=0.0,
+        deadline=deadline,
     )
 
 
@@ -197,6 +205,25 @@ def test_admission_stops_at_the_rows() -> None:
     assert s.waiting == 2
     assert s.running == 2
     assert not s.schedule_prefill()  # no row is free
+
+
+def test_a_request_whose_deadline_passed_while_it_waited_never_reaches_the_model() -> None:
+    # One row: "held" runs while "late" (its deadline about to pass) and "patient" wait.
+    s = scheduler(rows=1)
+    outcomes, device = Outcomes(), FakeDevice({})
+    stepper = Stepper(s, device, outcomes)
+    s.add(request("held", 3, max_new=4))
+    stepper.step()
+    late = request("late", 3, deadline=time.monotonic() + 0.05)
+    s.add(late)
+    s.add(request("patient", 3, max_new=2, deadline=time.monotonic() + 3600))
+    time.sleep(0.06)  # the deadline passes; no cancel comes (the API's is still on its way)
+    run(stepper)
+    assert "late" not in device.prefilled
+    assert isinstance(outcomes.failed["late"], DeadlineExceeded)
+    assert set(outcomes.finished) == {"held", "patient"}
+    assert s.pages.committed == 0
+    assert not s.take_expired()
 
 
 def test_admission_waits_for_pages_and_takes_them_when_one_finishes() -> None:

@@ -113,6 +113,7 @@ class FastEngine(LoadedEngine):
         request: GenerationRequest,
         on_done: Completion,
         on_text: TextSink | None = None,
+        deadline: float | None = None,
     ) -> None:
         if not self.is_alive():
             raise EngineUnavailable("the generation thread is not running")
@@ -123,6 +124,7 @@ class FastEngine(LoadedEngine):
             parameters=RowParameters.of(request.decoding),
             streams=on_text is not None,
             submitted=time.monotonic(),
+            deadline=deadline,
         )
         client = Client(loop=asyncio.get_running_loop(), on_done=on_done, on_text=on_text)
         self._inbox.append((sequence, client))

@@ -12,8 +12,10 @@ request always completes; a request waits while the rows or the cache are full. 
 takes whole prompts, or a chunk of a long one, up to ``prefill_tokens`` tokens, so that a long
 prompt never holds the running decodes back for more than a chunk. A prompt that starts with
 kept prefix blocks (``prefix_cache.py``) is prefilled from the end of them, their keys and values
-copied in. Rows ``0..n-1`` hold the running requests; when some finish, the last rows move into
-their places.
+copied in. A request whose deadline passed while it waited is dropped when its turn comes
+(``take_expired``): its caller has been answered, so it must not cost the model anything.
+Rows ``0..n-1`` hold the running requests; when some finish, the last rows move into their
+places.
 """
 
 from __future__ import annotations
@@ -151,6 +153,7 @@ class Scheduler:
         self._prefilling: collections.deque[Sequence] = collections.deque()
         self._by_id: dict[str, Sequence] = {}
         self._cancelled_rows = False
+        self._expired: list[Sequence] = []
 
     # --- state ---------------------------------------------------------------------------
 
@@ -224,6 +227,8 @@ class Scheduler:
             reuse = None
             if self._prefilling and (not chunks or chunks[-1].sequence is not self._prefilling[0]):
                 sequence = self._prefilling[0]
+            elif self._waiting and self._expires(self._waiting[0]):
+                continue
             elif self._waiting and self._admit(self._waiting[0], completing):
                 sequence = self._waiting.popleft()
                 self._prefilling.append(sequence)
@@ -246,6 +251,23 @@ class Scheduler:
             self._prefilling.popleft()
             completing += 1
         return chunks
+
+    def take_expired(self) -> list[Sequence]:
+        """Waiting requests dropped since the last call because their deadline passed first,
+        to be answered ``DeadlineExceeded``."""
+        expired, self._expired = self._expired, []
+        return expired
+
+    def _expires(self, sequence: Sequence) -> bool:
+        """Drop the first waiting request if its deadline has passed: checked at its admission,
+        so that none reaches the model after its caller was answered (the API's cancel may
+        still be on its way)."""
+        if sequence.deadline is None or sequence.deadline > time.monotonic():
+            return False
+        self._waiting.popleft()
+        del self._by_id[sequence.request_id]
+        self._expired.append(sequence)
+        return True
 
     def _admit(self, sequence: Sequence, completing: int) -> bool:
         if self._n + len(self._prefilling) + completing >= self._max_rows:

@@ -58,6 +58,8 @@ class Sequence:
     parameters: RowParameters
     streams: bool
     submitted: float
+    # Past it (``time.monotonic()``), a request still waiting is dropped before the model.
+    deadline: float | None = None
     started: float = 0.0
     pages: list[int] = field(default_factory=list)
     committed: int = 0

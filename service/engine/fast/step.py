@@ -25,7 +25,7 @@ from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
-from service.contract.errors import ServiceError
+from service.contract.errors import DeadlineExceeded, ServiceError
 from service.engine.fast.scheduler import (
     Chunk,
     DecodePlan,
@@ -137,6 +137,10 @@ class Stepper(Generic[Step, Firsts]):
         began = time.perf_counter()
         times.steps += 1
         chunks = scheduler.schedule_prefill()
+        expired = scheduler.take_expired()
+        if expired:
+            passed = DeadlineExceeded("the request's deadline passed while it waited")
+            self._output.fail(expired, passed)
         pending = None
         if chunks:
             times.prefills += 1

@@ -63,7 +63,7 @@ class EngineChannel:
     def submit(
         self,
         request: GenerationRequest,
-        timeout_s: float | None,
+        deadline: float | None,
         incarnation: int = 0,
         on_text: TextSink | None = None,
     ) -> tuple[int, asyncio.Future[Scheduled]]:
@@ -80,7 +80,7 @@ class EngineChannel:
                 prompt_ids=list(request.prompt_ids),
                 max_new_tokens=request.max_new_tokens,
                 decoding=request.decoding,
-                timeout_s=timeout_s,
+                deadline=deadline,
                 incarnation=incarnation,
                 stream=on_text is not None,
             )

@@ -101,13 +101,13 @@ class EngineClient:
         return await asyncio.shield(self._ready)
 
     def submit(
-        self, request: GenerationRequest, timeout_s: float | None, on_text: TextSink | None = None
+        self, request: GenerationRequest, deadline: float | None, on_text: TextSink | None = None
     ) -> tuple[int, asyncio.Future[Scheduled]]:
         """Send ``request``; the future resolves with its answer or the error of its failure.
         ``on_text`` gets each piece of text the engine streams before its answer."""
         if self.exited:
             raise EngineDied("the engine process is not running")
-        return self._channel.submit(request, timeout_s, on_text=on_text)
+        return self._channel.submit(request, deadline, on_text=on_text)
 
     def cancel(self, request_id: int) -> None:
         """Tell the engine to drop ``request_id`` (its caller is gone); no answer will come."""

@@ -74,12 +74,12 @@ class EngineFollower:
             self.fail_all(EngineUnavailable("the engine stopped answering"))
 
     def submit(
-        self, request: GenerationRequest, timeout_s: float | None, on_text: TextSink | None = None
+        self, request: GenerationRequest, deadline: float | None, on_text: TextSink | None = None
     ) -> tuple[int, asyncio.Future[Scheduled]]:
         ready = self.ready
         if ready is None or not self.available:
             raise EngineUnavailable("the engine is not running")
-        return self._channel.submit(request, timeout_s, ready.incarnation, on_text)
+        return self._channel.submit(request, deadline, ready.incarnation, on_text)
 
     def cancel(self, request_id: int) -> None:
         if self._channel.forget(request_id):

@@ -43,7 +43,7 @@ class Dispatcher:
         if timeout is not None and timeout <= 0:
             self._metrics.queue_rejections.labels(reason="deadline").inc()
             raise DeadlineExceeded("the request's deadline passed before it reached the engine")
-        request_id, future = client.submit(request, timeout, on_text)
+        request_id, future = client.submit(request, deadline, on_text)
         try:
             answer = await (future if timeout is None else asyncio.wait_for(future, timeout))
         except TimeoutError:
