@@ -120,12 +120,16 @@ def test_small_batches_take_the_kernel_and_larger_ones_flex() -> None:
         small.prepare(3, 5)
 
 
-def test_an_8_bit_cache_is_read_as_the_gathered_attention_reads_it() -> None:
+@pytest.mark.parametrize(("page", "whole_pages_up_to"), [(PAGE, 16), (128, 0)])
+def test_an_8_bit_cache_is_read_as_the_gathered_attention_reads_it(
+    page: int, whole_pages_up_to: int
+) -> None:
     # fast_kv_cache_dtype=fp8: the kernel converts each tile of keys and values, and the
     # queries, to float16 for the tensor cores (every e4m3 value is exact there), as the
     # gathering attention converts the slots it picks: the same attention, of float16 queries,
-    # within float16's rounding of the softmax weights.
-    cache, rows = _filled(LENGTHS)
+    # within float16's rounding of the softmax weights. Whole pages, and pages of 128 read in
+    # the 8-bit cache's default tiles of 64 slots as far as each row is written.
+    cache, rows = _filled(LENGTHS, page=page)
     fp8 = PagedKVCache(GEOMETRY, 1, cache.shape, KV_FP8, torch.device("cpu"), compute=torch.float32)
     slots = torch.arange(cache.shape.slots)
     write_kv(fp8.keys[0], fp8.values[0], slots, cache.keys[0][:, slots].transpose(0, 1),
@@ -134,12 +138,14 @@ def test_an_8_bit_cache_is_read_as_the_gathered_attention_reads_it() -> None:
     batch = len(LENGTHS)
     query = torch.randn(batch, GEOMETRY.heads, GEOMETRY.head_dim)
     scale = GEOMETRY.head_dim**-0.5
-    most = max(pages_for(n, PAGE) for n in LENGTHS)
+    most = max(pages_for(n, page) for n in LENGTHS)
     gather = GatherDecode(fp8, rows)
     meta = gather.prepare(batch, most)
     expected = gather(query.half().float(), fp8.keys[0], fp8.values[0], meta, scale)
     exact = gather(query, cache.keys[0], cache.values[0], gather.prepare(batch, most), scale)
-    kernel = TritonDecode(fp8, rows, GEOMETRY, max_batch=batch, splits=4, min_pages=2)
+    kernel = TritonDecode(
+        fp8, rows, GEOMETRY, batch, splits=4, min_pages=1, whole_pages_up_to=whole_pages_up_to
+    )
     out = kernel(query, fp8.keys[0], fp8.values[0], kernel.prepare(batch, most), scale)
     live = [row for row, n in enumerate(LENGTHS) if n]
     torch.testing.assert_close(out[live], expected[live], atol=2e-3, rtol=2e-3)

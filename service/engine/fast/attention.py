@@ -181,7 +181,7 @@ class TritonDecode:
         row_splits: int = 512,
         warps: int = 4,
         stages: int | None = None,
-        tile: int = 16,
+        tile: int | None = None,
         whole_pages_up_to: int = 16,
     ) -> None:
         if _kernel is None:
@@ -199,9 +199,12 @@ class TritonDecode:
         self._min_pages = min_pages
         # Slots read per iteration in batches wider than ``whole_pages_up_to`` rows: a row's
         # last page is read only up to its length, in tiles (a translation's context of some
-        # 140 tokens in pages of 128 reads 144 slots, not 256; tiles of 16 measured faster
-        # than 32 or 64 at 256 and 1,024 rows); narrower batches read whole pages, fewer and
-        # longer iterations for a lone row's latency.
+        # 140 tokens in pages of 128 reads 144 slots, not 256); narrower batches read whole
+        # pages, fewer and longer iterations for a lone row's latency. By default 16 slots
+        # over a 16-bit cache and 64 over an 8-bit one, whose slots are half the bytes: each
+        # measured the faster at 1,024 and 2,048 rows (docs/benchmarks.md).
+        if tile is None:
+            tile = 64 if cache.dtype == KV_FP8 else 16
         self._tile = min(tile, cache.page_size)
         self._whole_pages_up_to = whole_pages_up_to
         if not _tiles(self._tile) or cache.page_size % self._tile:
