@@ -26,7 +26,12 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
   (``projections.project``'s choice: at one row of NF4 bitsandbytes' GEMV, of int8 the
   one-row kernel, in a CUDA graph as the engine replays it), NF4's maxima in bitsandbytes' double
   quantization as the engine loads them: the four projections' side by side, written by one
-  kernel before the first.
+  kernel before the first;
+- ``fp8``, ``fp8-fast-accum``, ``fp8-compiled``, ``fp8-gemm`` (compute capability 8.9+): the
+  FP8 weights' product with each token's activations scaled and cast first (``linear.fp8_linear``)
+  run eagerly, with the tensor cores' fast accumulation, compiled as the engine's step is (the
+  scaling fused into the kernels around the product), and cuBLAS's product alone on activations
+  cast beforehand.
 
 Weights are random (speed does not depend on the values); each variant's result is compared with
 the product over its own dequantized weight. On a CPU (``--smoke``) the engine's variants run once
@@ -167,6 +172,12 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
         # The FP8 weights' batch product, with and without the tensor cores' fast accumulation.
         formats["fp8"] = _Format(fp8_linear, [], [])
         formats["fp8-fast-accum"] = _Format(partial(fp8_linear, fast_accum=True), [], [])
+        # Compiled, as the engine's step is: the activations' scaling and cast fuse into the
+        # kernels around the product (eager, they are kernels of their own: "fp8").
+        formats["fp8-compiled"] = _Format(fp8_linear, [], [])
+        # cuBLAS's product alone, on activations scaled and cast beforehand: the floor that
+        # the two above spend their extra time over.
+        formats["fp8-gemm"] = _Format(_Prequantized(), [], [])
     if cuda and not smoke:
         import bitsandbytes  # noqa: F401  (its operators, which the engine's NF4 row calls)
 
@@ -194,6 +205,7 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
             assert fp8.scale is not None
             exact = fp8.weight.float() * fp8.scale
             parts["fp8"] = parts["fp8-fast-accum"] = ((fp8.weight, fp8.scale), exact)
+            parts["fp8-compiled"] = parts["fp8-gemm"] = parts["fp8"]
         if "nf4-gemv" in formats:
             parts["nf4-gemv"] = ((Linear(codes, maxima, table),), parts["nf4"][1])
             parts["int8-gemv"] = ((Linear(int8, row_max),), parts["int8"][1])
@@ -217,6 +229,27 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
     if "nf4-engine" in formats:
         formats["nf4-engine"].weights[:] = _layer_maxima_shared(formats["nf4-engine"].weights)
     return formats
+
+
+class _Prequantized:
+    """``fp8_linear``'s product without its activations' quantization: each input is scaled
+    and cast once, at its first call (the warm-up before the timed graph), and reused."""
+
+    def __init__(self) -> None:
+        self._inputs: dict[tuple[int, tuple[int, ...]], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        key = (x.data_ptr(), tuple(x.shape))
+        if key not in self._inputs:
+            x_scale = (
+                x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
+                / torch.finfo(weight.dtype).max
+            )
+            self._inputs[key] = ((x.float() / x_scale).to(weight.dtype), x_scale)
+        x_fp8, x_scale = self._inputs[key]
+        return torch._scaled_mm(
+            x_fp8, weight.t(), scale_a=x_scale, scale_b=scale.t(), out_dtype=x.dtype
+        )
 
 
 def _layer_maxima_shared(weights: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -256,8 +289,10 @@ def products(
             if name in ("int4-reduction", "nf4-gemv", "int8-gemv") and rows > 1:
                 continue  # one-row forms only
             layer = held.layer
-            if cuda and rows == 1 and name in ("nf4", "int8", "int4-reduction"):
-                # The engine compiles a lone row's step: the dequantization joins the reduction.
+            one_row_compiled = rows == 1 and name in ("nf4", "int8", "int4-reduction")
+            if cuda and (one_row_compiled or name == "fp8-compiled"):
+                # The engine compiles its steps: a lone row's dequantization joins the
+                # reduction, a batch's activation scaling the kernels around the product.
                 layer = compiled.setdefault(
                     name, torch.compile(held.layer, fullgraph=True, dynamic=False)
                 )
