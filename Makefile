@@ -61,6 +61,6 @@ $(NODE_CLIENTS)/node_modules/.package-lock.json: $(NODE_CLIENTS)/package-lock.js
 	npm ci --prefix $(NODE_CLIENTS) --no-audit --no-fund --loglevel=error
 
 unit: dev system-deps $(NODE_CLIENTS)/node_modules/.package-lock.json
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist loadfile
 
 test: lint typecheck unit

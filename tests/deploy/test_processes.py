@@ -144,6 +144,9 @@ async def test_sigterm_drains_every_process_and_stops_the_engine_last(
         HYMT_OUTPUT_TOKENS_RATIO="16",
         HYMT_FAST_MAX_ROWS="2",
         HYMT_DRAIN_TIMEOUT_S="60",
+        # Far past what 16 requests take even on a machine slowed by other work: admission
+        # must not refuse any on its deadline estimate (a 429), which is not what this tests.
+        HYMT_REQUEST_TIMEOUT_S="600",
     )
     try:
         statuses, held = await drain_during_requests(service)
