@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 
-from service.engine.fast import attention, gemv, quant_gemv, rope, slots
+from service.engine.fast import attention, gemv, quant_gemv, rope, slots, swiglu_fp8
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import KV_FP8, CacheShape, PagedKVCache
 from service.engine.fast.gemv import GemvConfig
@@ -234,3 +234,13 @@ def test_the_slot_kernels_compile(
     slots.gather_kv(keys, keys.clone(), picked, dtype)
     _compiles(copied)
     _compiles(read)
+
+
+@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+def test_the_fp8_swiglu_kernel_compiles(
+    dtype: torch.dtype, caught: Callable[[Any, str], Caught]
+) -> None:
+    # The 7B's intermediate width (14,336: one program holds a row's 16,384-wide block).
+    stand_in = caught(swiglu_fp8, "_kernel")
+    swiglu_fp8.quantized(torch.zeros(20, 2 * 14336, dtype=dtype))
+    _compiles(stand_in, full=True)

@@ -32,14 +32,14 @@ from collections.abc import Callable
 
 import torch
 
-from service.engine.fast import gemv
+from service.engine.fast import gemv, swiglu_fp8
 from service.engine.fast.attention import DecodeAttention
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import PagedKVCache, write_kv
 from service.engine.fast.moe import moe_block
 from service.engine.fast.prefill import PackedPrefill
 from service.engine.fast.prefill_attention import packed_causal_attention
-from service.engine.fast.projections import gated_product, product, project, rms_norm
+from service.engine.fast.projections import gated_down, gated_product, product, project, rms_norm
 from service.engine.fast.rope import rope_and_store
 from service.engine.fast.slots import copy_slots, gather_kv
 from service.engine.fast.weights import Geometry, LayerWeights, ModelWeights
@@ -140,6 +140,11 @@ def attention_output(
         return x + moe_block(rms_norm(x, layer.post_norm, g.eps), layer.moe)
     assert layer.gate_up is not None
     assert layer.down is not None
+    if swiglu_fp8.runs(x, layer.down):  # FP8 rows on a GPU: the activation cast by one kernel
+        if layer.post_norm is None:  # folded into the gate/up weights
+            return gated_down(x, layer.gate_up, layer.down, x, g.eps)
+        normed = rms_norm(x, layer.post_norm, g.eps)
+        return gated_down(normed, layer.gate_up, layer.down, x)
     if layer.post_norm is None:  # folded into the gate/up weights
         norm_sum = None if sums is None else sums[1:2]
         activated = gated_product(x, layer.gate_up, g.eps, norm_sum, pdl)

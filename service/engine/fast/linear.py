@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 FP8 = torch.float8_e4m3fn
-_FP8_MAX = float(torch.finfo(FP8).max)
+FP8_MAX = float(torch.finfo(FP8).max)
 # bitsandbytes' int8 step (1 / 127), the float32 constant its dequantization multiplies by.
 _INT8_STEP = 7.874015718698502e-3
 
@@ -180,21 +180,35 @@ def fp8_linear(
     padded = (-rows) % 16
     if padded:
         x = torch.nn.functional.pad(x, (0, 0, 0, padded))
-    x_scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / _FP8_MAX
-    x_fp8 = (x.float() / x_scale).clamp(-_FP8_MAX, _FP8_MAX).to(FP8)
+    x_scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
+    x_fp8 = (x.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return scaled_product(x_fp8, x_scale, weight, scale, x.dtype, rows, fast_accum)
+
+
+def scaled_product(
+    x_fp8: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    dtype: torch.dtype,
+    rows: int,
+    fast_accum: bool = False,
+) -> torch.Tensor:
+    """The first ``rows`` rows of the product of activations already cast to FP8 (rows padded to
+    a multiple of 16, each with its scale) and an FP8 weight, in ``dtype``."""
     out = torch._scaled_mm(
         x_fp8,
         weight.t(),
         scale_a=x_scale,
         scale_b=scale.t(),
-        out_dtype=x.dtype,
+        out_dtype=dtype,
         use_fast_accum=fast_accum,
     )
-    return out[:rows] if padded else out
+    return out[:rows] if out.shape[0] != rows else out
 
 
 def quantize_fp8(weight: torch.Tensor) -> Linear:
     """A row-wise FP8 copy of ``weight`` (``[out, in]``)."""
-    scale = weight.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / _FP8_MAX
-    quantized = (weight.float() / scale).clamp(-_FP8_MAX, _FP8_MAX).to(FP8)
+    scale = weight.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
+    quantized = (weight.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return Linear(quantized.contiguous(), scale.contiguous())

@@ -6,15 +6,16 @@ and FP8 weights ``gemv.py``'s, bitsandbytes' int8 weights ``quant_gemv.py``'s. E
 (prefill, batches, 4-bit codes, a CPU, float32) takes ``product`` (bitsandbytes' formats on CUDA
 by ``quant_gemv.product``, which picks the kernel for the shape; else ``linear``: cuBLAS,
 ``_scaled_mm`` for FP8, bitsandbytes' formats dequantized first) with the same operations
-written out around it, as transformers runs them.
+written out around it, as transformers runs them; rows of FP8 weights on a GPU have their
+SwiGLU cast for the down projection by the engine's own kernel (``gated_down``, ``swiglu_fp8.py``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from service.engine.fast import gemv, quant_gemv
-from service.engine.fast.linear import Linear, linear
+from service.engine.fast import gemv, quant_gemv, swiglu_fp8
+from service.engine.fast.linear import Linear, linear, scaled_product
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -94,6 +95,24 @@ def gated_product(
         )
     h = x if norm_eps is None else rms_norm(x, None, norm_eps)
     return swiglu(product(h, gate_up))
+
+
+def gated_down(
+    x: torch.Tensor,
+    gate_up: Linear,
+    down: Linear,
+    residual: torch.Tensor,
+    norm_eps: float | None = None,
+) -> torch.Tensor:
+    """``down`` of ``gated_product(x, gate_up, norm_eps)``, plus ``residual``, for rows of FP8
+    weights on a GPU (``swiglu_fp8.runs``): the activation scaled and cast to FP8 for ``down`` by
+    the engine's own kernel, in one pass over the gate/up product."""
+    assert down.scale is not None, "an FP8 weight has its scales"
+    h = x if norm_eps is None else rms_norm(x, None, norm_eps)
+    values, scales = swiglu_fp8.quantized(product(h, gate_up))
+    rows = x.shape[0]
+    out = scaled_product(values, scales, down.weight, down.scale, x.dtype, rows, down.fast_accum)
+    return residual + out
 
 
 def product(x: torch.Tensor, p: Linear) -> torch.Tensor:
