@@ -64,6 +64,8 @@ from service.engine.fast.linear import (
     fp8_linear,
     linear,
     quantize_fp8,
+    quantize_rows,
+    scaled_product,
 )
 
 # NF4's 16 values (bitsandbytes' table).
@@ -241,15 +243,9 @@ class _Prequantized:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         key = (x.data_ptr(), tuple(x.shape))
         if key not in self._inputs:
-            x_scale = (
-                x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
-                / torch.finfo(weight.dtype).max
-            )
-            self._inputs[key] = ((x.float() / x_scale).to(weight.dtype), x_scale)
+            self._inputs[key] = quantize_rows(x)
         x_fp8, x_scale = self._inputs[key]
-        return torch._scaled_mm(
-            x_fp8, weight.t(), scale_a=x_scale, scale_b=scale.t(), out_dtype=x.dtype
-        )
+        return scaled_product(x_fp8, x_scale, weight, scale, x.dtype, x.shape[0])
 
 
 def _layer_maxima_shared(weights: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:

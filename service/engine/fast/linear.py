@@ -180,9 +180,15 @@ def fp8_linear(
     padded = (-rows) % 16
     if padded:
         x = torch.nn.functional.pad(x, (0, 0, 0, padded))
-    x_scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
-    x_fp8 = (x.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    x_fp8, x_scale = quantize_rows(x)
     return scaled_product(x_fp8, x_scale, weight, scale, x.dtype, rows, fast_accum)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of ``x`` (``[rows, width]``) in e4m3 with its float32 scale ``[rows, 1]``: the
+    row's absolute maximum over e4m3's largest value."""
+    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
 def scaled_product(
@@ -209,6 +215,5 @@ def scaled_product(
 
 def quantize_fp8(weight: torch.Tensor) -> Linear:
     """A row-wise FP8 copy of ``weight`` (``[out, in]``)."""
-    scale = weight.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
-    quantized = (weight.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    quantized, scale = quantize_rows(weight)
     return Linear(quantized.contiguous(), scale.contiguous())
