@@ -3,15 +3,20 @@ whose requests the kernel spreads over the processes gets exactly its allowance.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import tempfile
+import time
 from pathlib import Path
+
+import pytest
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from limits import parse
 from limits.strategies import SlidingWindowCounterRateLimiter
 
+from service.contract.errors import QuotaExceeded
 from service.frontend.access import AccessConfig, AccessControl, Client
 from service.frontend.local_limits import SharedFileStorage
 
@@ -40,17 +45,66 @@ def test_processes_sharing_the_file_grant_exactly_the_allowance(
             storage.close()
 
 
-def test_quotas_of_two_processes_count_together(tmp_path: Path) -> None:
+async def test_quotas_of_two_processes_count_together(tmp_path: Path) -> None:
     config = AccessConfig(char_quota="100/day")
     first, second = (
         AccessControl(config, local=SharedFileStorage(tmp_path / "limits.sqlite3"))
         for _ in range(2)
     )
     client = Client("someone")
-    first.charge(client, 60)
-    assert second.character_usage(client) == (60, 100)
-    second.charge(client, 40)
-    assert first.character_usage(client) == (100, 100)
+    await first.charge(client, 60)
+    assert await second.character_usage(client) == (60, 100)
+    await second.charge(client, 40)
+    assert await first.character_usage(client) == (100, 100)
+    with pytest.raises(QuotaExceeded):
+        await second.charge(client, 1)
+    first.close()
+    second.close()
+
+
+class _Contended(SharedFileStorage):
+    """The file's counters while another process holds the write lock for ``hold_s``."""
+
+    def __init__(self, path: Path, hold_s: float) -> None:
+        super().__init__(path)
+        self.hold_s = hold_s
+
+    def incr(self, key: str, expiry: int, amount: int = 1) -> int:
+        time.sleep(self.hold_s)  # as SQLite's busy handler sleeps until the lock is free
+        return super().incr(key, expiry, amount)
+
+
+@pytest.mark.parametrize("quota", [None, "1000/day"])
+async def test_a_count_waiting_for_the_files_lock_leaves_the_event_loop_free(
+    tmp_path: Path, quota: str | None
+) -> None:
+    """While a charge waits for the counters' lock, the event loop goes on (other requests
+    are read and refused meanwhile); without a quota the request does not wait at all, and a
+    usage read after it still counts it."""
+    access = AccessControl(
+        AccessConfig(char_quota=quota), local=_Contended(tmp_path / "limits.sqlite3", 0.3)
+    )
+    client = Client("someone")
+    ticks = 0
+
+    async def ticking() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(ticking())
+    started = time.monotonic()
+    charging = asyncio.create_task(access.charge(client, 7))
+    await asyncio.sleep(0.1)
+    assert ticks >= 5  # the loop ran while the count waited
+    assert charging.done() == (quota is None)  # only a quota makes the request wait for it
+    await charging
+    used, _ = await access.character_usage(client)
+    assert used == 7
+    assert time.monotonic() - started >= 0.3
+    ticker.cancel()
+    access.close()
 
 
 def test_expired_counters_read_as_zero_and_start_again(tmp_path: Path) -> None:

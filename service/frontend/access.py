@@ -8,14 +8,22 @@ own allowance. With Redis (``frontend.shared``) the counters are shared by every
 process, so a client spread over them gets exactly its allowance. Without Redis the API
 processes of one host share a file of counters (``local_limits``), with the same effect on one
 host; while Redis is away a replica counts on its own host, and shares again when it is back.
+
+Characters are counted on a thread of their own (``AccessControl.charge``): the counters live in
+a file or in Redis shared with other processes, whose statements wait for each other's locks (a
+file's contended write sleeps a millisecond or more), and on the event loop that wait would hold
+up every request the process reads meanwhile, the refusals of a flood among them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
 import math
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from limits import RateLimitItem, parse
@@ -29,6 +37,8 @@ from service.frontend.shared import Redis
 
 # The bound of the counting window when no quota is set: never reached.
 _UNLIMITED = 10**15
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +88,9 @@ class AccessControl:
         # Without a quota, characters are still counted (DeepL's /v2/usage reports them), in a
         # window of DeepL's billing period.
         self._usage: RateLimitItem = self._chars or parse(f"{_UNLIMITED}/month")
+        # One thread, so counts are made in the order they were asked for: a usage read after
+        # a charge sees it.
+        self._counting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hymt-counting")
 
     @property
     def requires_keys(self) -> bool:
@@ -103,21 +116,31 @@ class AccessControl:
         if self._rate is not None:
             self._spend(self._rate, client, 1, "request rate")
 
-    def charge(self, client: Client, characters: int) -> None:
-        """Count characters against the client's quota; ``RateLimited`` when it is spent."""
+    async def charge(self, client: Client, characters: int) -> None:
+        """Count characters against the client's quota on the counting thread;
+        ``QuotaExceeded`` when it is spent. Without a quota nothing can refuse them, so they
+        are counted (for ``character_usage``) without the request waiting."""
         if characters <= 0:
             return
-        if self._chars is not None:
-            self._spend(self._chars, client, characters, "character quota")
-        else:
-            self._hit(self._usage, client, characters)
+        if self._chars is None:
+            self._counting.submit(self._hit, self._usage, client, characters).add_done_callback(
+                _report_failure
+            )
+            return
+        await asyncio.wrap_future(
+            self._counting.submit(self._spend, self._chars, client, characters, "character quota")
+        )
 
-    def character_usage(self, client: Client) -> tuple[int, int | None]:
-        """Characters used in the current window (the quota's, else a month) and the quota
-        (None: unlimited)."""
-        stats = self._stats(self._usage, client)
+    async def character_usage(self, client: Client) -> tuple[int, int | None]:
+        """Characters used in the current window (the quota's, else a month), every charge made
+        before counted, and the quota (None: unlimited)."""
+        stats = await asyncio.wrap_future(self._counting.submit(self._stats, self._usage, client))
         used = self._usage.amount - stats.remaining
         return used, self._chars.amount if self._chars is not None else None
+
+    def close(self) -> None:
+        """Wait for the counts asked for, then let the counting thread go."""
+        self._counting.shutdown(wait=True)
 
     def _hit(self, item: RateLimitItem, client: Client, cost: int) -> bool:
         """Spend ``cost`` of ``item`` in the shared counters, or the local ones while Redis
@@ -152,3 +175,10 @@ class AccessControl:
             f"{what} of {item} spent for this client",
             retry_after_s=max(1.0, math.ceil(reset - time.time())),
         )
+
+
+def _report_failure(counted: Future[bool]) -> None:
+    """A count nobody waits for: its failure (the counters' storage unreadable) is logged."""
+    error = counted.exception()
+    if error is not None:
+        _log.warning("characters not counted", exc_info=error)

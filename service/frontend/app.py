@@ -175,6 +175,7 @@ def _lifespan(
             await parts.documents.close()
             await runtime.stop(settings.reliability.drain_timeout_s)
             parts.glossaries.close()
+            await asyncio.to_thread(parts.access.close)
 
     return lifespan
 

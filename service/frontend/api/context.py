@@ -48,9 +48,9 @@ class RequestContext:
         one shared owner of an open service."""
         return self.client.identity if self.client.identity.startswith("key:") else "open"
 
-    def charge(self, characters: int) -> None:
+    async def charge(self, characters: int) -> None:
         """Count ``characters`` against the caller's quota (``QuotaExceeded`` when spent)."""
-        self.access.charge(self.client, characters)
+        await self.access.charge(self.client, characters)
 
 
 def deadline_of(request: Request, runtime: Runtime) -> float:

@@ -201,7 +201,7 @@ async def _translate(
         raise InvalidInput("Parameter 'target_lang' not specified.")
     source = language_of(languages, params.source_lang, "source_lang", source_codes(languages))
     wanted = await translation_options(params, context, glossaries, source, target)
-    context.charge(sum(len(text) for text in params.text))
+    await context.charge(sum(len(text) for text in params.text))
     source_code = source.code if source is not None else None
     if params.tag_handling or params.ignore_tags:
         # Inline elements do not split a sentence: HTML's formatting elements by default,
@@ -287,7 +287,7 @@ def create_deepl_app(
 
     async def usage(request: Request) -> JSONResponse:
         context = deepl_context(request, await read_params(request))
-        used, limit = access.character_usage(context.client)
+        used, limit = await access.character_usage(context.client)
         return JSONResponse(
             {"character_count": used, "character_limit": limit if limit is not None else 10**12}
         )

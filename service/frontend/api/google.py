@@ -188,7 +188,7 @@ async def _translated(
 ) -> list[Translation]:
     """The texts translated through the one pipeline (admission, cache, deadline), charged."""
     translator = context.translator
-    context.charge(sum(len(text) for text in texts))
+    await context.charge(sum(len(text) for text in texts))
     source_code = source.code if source is not None else None
     if html:
         outcomes = await translator.translate_markup(
@@ -259,7 +259,7 @@ async def _detect_v2(request: Request) -> JSONResponse:
     params = await read_params(request)
     context = google_context(request)
     body = parse_google(DetectV2, params)
-    context.charge(sum(len(text) for text in body.q))
+    await context.charge(sum(len(text) for text in body.q))
     found = await context.translator.detect(body.q)
     detections = [
         [{"language": google_code(d.language), "isReliable": False, "confidence": d.confidence}]
@@ -347,7 +347,7 @@ async def _detect_v3(request: Request) -> JSONResponse:
     params = await read_params(request)
     context = google_context(request)
     body = parse_google(DetectV3, params)
-    context.charge(len(body.content))
+    await context.charge(len(body.content))
     (found,) = await context.translator.detect([body.content])
     language = {"languageCode": google_code(found.language), "confidence": found.confidence}
     return JSONResponse({"languages": [language]})

@@ -93,7 +93,7 @@ def create_libretranslate_app(
         params = await read_params(request)
         body = parse(DetectBody, params)
         context = libretranslate_context(request, params)
-        context.charge(len(body.q))
+        await context.charge(len(body.q))
         (detection,) = await context.translator.detect([body.q])
         return JSONResponse(
             [
@@ -153,7 +153,7 @@ async def _translate(body: TranslateBody, context: RequestContext) -> dict[str, 
     q = body.q
     texts = [q] if isinstance(q, str) else q
     source = body.source
-    context.charge(sum(len(text) for text in texts))
+    await context.charge(sum(len(text) for text in texts))
     translator = context.translator
     if body.format == "html":
         outcomes = await translator.translate_markup(

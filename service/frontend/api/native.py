@@ -81,7 +81,7 @@ async def translate(
 ) -> TranslationOut:
     """Translate one text."""
     options = await _options(body, context, request)
-    context.charge(len(body.text))
+    await context.charge(len(body.text))
     translation = await context.translator.translate(
         body.text,
         body.target_lang,
@@ -114,7 +114,7 @@ async def translate_stream(
     translation as the engine generates them, then the whole answer. Refusals and bad input
     before the stream starts are ordinary JSON errors; leaving early cancels the generation."""
     options = await _options(body, context, request)
-    context.charge(len(body.text))
+    await context.charge(len(body.text))
     items = context.translator.stream_translation(
         body.text, body.target_lang, body.source_lang, deadline=context.deadline, options=options
     )
@@ -183,7 +183,7 @@ async def translate_get(
     service, ``private`` when keys are required (a shared cache must not hand one key's answers
     to a caller without it).
     """
-    context.charge(len(text))
+    await context.charge(len(text))
     translation = await context.translator.translate(
         text, target_lang, source_lang, deadline=context.deadline
     )
@@ -215,7 +215,7 @@ async def batch_translate(
     others succeed; when every text failed, the request fails with the first text's error.
     """
     options = await _options(body, context, request)
-    context.charge(sum(len(text) for text in body.texts))
+    await context.charge(sum(len(text) for text in body.texts))
     outcomes = await context.translator.translate_batch(
         body.texts,
         body.target_lang,
@@ -249,7 +249,7 @@ async def detect(body: DetectRequest, context: ContextDep) -> list[DetectionOut]
     translator = context.translator
     if len(body.texts) > translator.max_batch_items:
         raise BatchTooLarge(f"texts: at most {translator.max_batch_items} per request")
-    context.charge(sum(len(text) for text in body.texts))
+    await context.charge(sum(len(text) for text in body.texts))
     return [
         DetectionOut(language=d.language.code, confidence=d.confidence, uncertain=d.uncertain)
         for d in await translator.detect(body.texts)

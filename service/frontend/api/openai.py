@@ -156,7 +156,7 @@ def create_openai_app(runtime: Runtime, access: AccessControl) -> FastAPI:
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if len(stops) > _MAX_STOPS or not all(stops):
             raise InvalidInput(f"stop: at most {_MAX_STOPS} non-empty strings")
-        context.charge(len(content))
+        await context.charge(len(content))
         ident = f"chatcmpl-{request.scope.get('state', {}).get('request_id', '')}"
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from service.contract.errors import InvalidInput, PayloadTooLarge, TextTooLong
@@ -55,7 +55,7 @@ class Documents:
         target_lang: str,
         source_lang: str | None,
         options: TranslationOptions = PLAIN,
-        charge: Callable[[int], None] = lambda characters: None,
+        charge: Callable[[int], Awaitable[None]] | None = None,
     ) -> Job:
         """A job for the file, translating in the background; the file is refused (4xx) before
         any job exists when it is too large, of an unknown type, or cannot be read, or when
@@ -75,7 +75,8 @@ class Documents:
             raise TextTooLong(
                 f"file: {characters} characters to translate, at most {self._config.max_file_chars}"
             )
-        charge(characters)
+        if charge is not None:
+            await charge(characters)
         job = await asyncio.to_thread(
             self._store.create,
             owner,
