@@ -10,13 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from limits import parse
 from limits.strategies import SlidingWindowCounterRateLimiter
 
-from service.contract.errors import QuotaExceeded
+from service.contract.errors import QuotaExceeded, RateLimited
 from service.frontend.access import AccessConfig, AccessControl, Client
 from service.frontend.local_limits import SharedFileStorage
 
@@ -114,3 +113,22 @@ def test_expired_counters_read_as_zero_and_start_again(tmp_path: Path) -> None:
         db.execute("UPDATE counters SET expires = 0")
     assert storage.get("k") == 0
     assert storage.incr("k", expiry=60) == 1
+
+
+async def test_a_rate_check_waiting_for_the_files_lock_leaves_the_event_loop_free(
+    tmp_path: Path,
+) -> None:
+    access = AccessControl(
+        AccessConfig(rate_limit="1/minute"), local=_Contended(tmp_path / "limits.sqlite3", 0.3)
+    )
+    client = Client("someone")
+    admitting = asyncio.create_task(access.admit(client))
+    ticks = 0
+    while not admitting.done():
+        await asyncio.sleep(0.01)
+        ticks += 1
+    await admitting
+    assert ticks >= 10  # the loop ran the whole time the check waited
+    with pytest.raises(RateLimited):
+        await access.admit(client)
+    access.close()

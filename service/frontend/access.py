@@ -111,10 +111,13 @@ class AccessControl:
             raise Forbidden("the API key is not valid")
         return Client(identity="key:" + hashlib.sha256(candidate).hexdigest()[:12])
 
-    def admit(self, client: Client) -> None:
-        """Count one request against the client's rate; ``RateLimited`` when it is spent."""
+    async def admit(self, client: Client) -> None:
+        """Count one request against the client's rate, on the counting thread; ``RateLimited``
+        when it is spent."""
         if self._rate is not None:
-            self._spend(self._rate, client, 1, "request rate")
+            await asyncio.wrap_future(
+                self._counting.submit(self._spend, self._rate, client, 1, "request rate")
+            )
 
     async def charge(self, client: Client, characters: int) -> None:
         """Count characters against the client's quota on the counting thread;

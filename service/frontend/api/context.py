@@ -32,14 +32,14 @@ class RequestContext:
     access: AccessControl
 
     @classmethod
-    def build(cls, request: Request, authorization: str | None) -> RequestContext:
+    async def build(cls, request: Request, authorization: str | None) -> RequestContext:
         """The context of ``request``; raises the typed error that refuses it."""
         runtime: Runtime = request.app.state.runtime
         access: AccessControl = request.app.state.access
         deadline = deadline_of(request, runtime)
         address = request.client.host if request.client else "unknown"
         client = access.authenticate(authorization, address)
-        access.admit(client)
+        await access.admit(client)
         return cls(client=client, deadline=deadline, translator=runtime.translator, access=access)
 
     @property

@@ -116,7 +116,7 @@ def deepl_code(language: Language) -> str:
     return "ZH" if language.code == "zh-Hant" else language.code.upper()
 
 
-def deepl_context(request: Request, params: Params) -> RequestContext:
+async def deepl_context(request: Request, params: Params) -> RequestContext:
     """The caller, from the ``Authorization`` header or the legacy ``auth_key`` parameter."""
     header = request.headers.get("authorization")
     if header is not None:
@@ -129,7 +129,7 @@ def deepl_context(request: Request, params: Params) -> RequestContext:
         except ValueError:
             key = ""
     try:
-        return RequestContext.build(request, f"Bearer {key.strip()}" if key else None)
+        return await RequestContext.build(request, f"Bearer {key.strip()}" if key else None)
     except Unauthenticated:
         raise Unauthenticated(
             "Authorization failure: send the key as Authorization: DeepL-Auth-Key <key>"
@@ -275,18 +275,18 @@ def create_deepl_app(
         if len(await request.body()) > MAX_REQUEST_BYTES:
             raise PayloadTooLarge("Request Entity Too Large")
         raw = await read_params(request)
-        context = deepl_context(request, raw)
+        context = await deepl_context(request, raw)
         params = parse_deepl(TranslateParams, raw)
         outcomes = await _translate(params, context, glossaries)
         return JSONResponse(await _answer(params, context, outcomes))
 
     async def list_languages(request: Request) -> JSONResponse:
         raw = await read_params(request)
-        context = deepl_context(request, raw)
+        context = await deepl_context(request, raw)
         return JSONResponse(_languages(parse_deepl(LanguagesParams, raw), context))
 
     async def usage(request: Request) -> JSONResponse:
-        context = deepl_context(request, await read_params(request))
+        context = await deepl_context(request, await read_params(request))
         used, limit = await access.character_usage(context.client)
         return JSONResponse(
             {"character_count": used, "character_limit": limit if limit is not None else 10**12}

@@ -33,7 +33,7 @@ async def get_context(
 ) -> RequestContext:
     """The caller, its deadline and the ready translator (``X-Request-Timeout`` is read by
     ``RequestContext.build``; declared here for the OpenAPI document)."""
-    return RequestContext.build(request, authorization)
+    return await RequestContext.build(request, authorization)
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]

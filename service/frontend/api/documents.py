@@ -33,7 +33,7 @@ from service.frontend.documents.service import Documents
 from service.frontend.translation.languages import Language
 from service.frontend.translation.prompts import TranslationOptions
 
-ContextOf = Callable[[Request, Params], RequestContext]
+ContextOf = Callable[[Request, Params], Awaitable[RequestContext]]
 # (the code given or None, the parameter's name) -> the language it names, or None when absent.
 LanguageOf = Callable[[str | None, str], Language | None]
 OptionsOf = Callable[
@@ -92,7 +92,7 @@ def install_deepl_document_routes(
 
     async def upload(request: Request) -> JSONResponse:
         params, filename, data = await read_upload(request)
-        context = context_of(request, params)
+        context = await context_of(request, params)
         wanted = parse_deepl(DocumentParams, params)
         target = target_of(wanted.target_lang, "target_lang")
         if target is None:
@@ -117,7 +117,7 @@ def install_deepl_document_routes(
 
     async def status(request: Request, document_id: str) -> JSONResponse:
         params = await read_params(request)
-        context = context_of(request, params)
+        context = await context_of(request, params)
         job = await documents.status(context.owner, document_id, key_of(params))
         return JSONResponse(deepl_status(job, time.time()))
 
@@ -125,7 +125,7 @@ def install_deepl_document_routes(
 
     async def result(request: Request, document_id: str) -> Response:
         params = await read_params(request)
-        context = context_of(request, params)
+        context = await context_of(request, params)
         job, data = await documents.result(context.owner, document_id, key_of(params))
         return _file(job, data, documents)
 
@@ -133,7 +133,7 @@ def install_deepl_document_routes(
 
     async def delete(request: Request, document_id: str) -> Response:
         params = await read_params(request)
-        context = context_of(request, params)
+        context = await context_of(request, params)
         await documents.delete(context.owner, document_id, key_of(params))
         return Response(status_code=204)
 
@@ -145,7 +145,7 @@ def install_libretranslate_file_routes(
 ) -> None:
     async def translate_file(request: Request) -> JSONResponse:
         params, filename, data = await read_upload(request)
-        context = context_of(request, params)
+        context = await context_of(request, params)
         target = params.get("target")
         if not isinstance(target, str) or not target:
             raise InvalidInput("Invalid request: missing target parameter")

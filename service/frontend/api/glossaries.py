@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -40,7 +40,7 @@ from service.frontend.glossaries import (
 )
 from service.frontend.translation.languages import Language
 
-ContextOf = Callable[[Request, Params], RequestContext]
+ContextOf = Callable[[Request, Params], Awaitable[RequestContext]]
 # (the code given or None, the parameter's name) -> the language it names, or None when absent.
 LanguageOf = Callable[[str | None, str], Language | None]
 
@@ -120,7 +120,7 @@ def install_glossary_routes(
     pairs = _Pairs(language_of)
 
     async def language_pairs(request: Request) -> JSONResponse:
-        context = context_of(request, await read_params(request))
+        context = await context_of(request, await read_params(request))
         translator = context.translator
         if "glossary" not in translator.options:
             return JSONResponse({"supported_languages": []})
@@ -130,7 +130,7 @@ def install_glossary_routes(
 
     async def create(request: Request) -> JSONResponse:
         params = await read_params(request)
-        context = context_of(request, params)
+        context = await context_of(request, params)
         wanted = parse_deepl(GlossaryParams, params)
         if wanted.name is None:
             raise InvalidInput("Parameter 'name' not specified.")
@@ -146,23 +146,23 @@ def install_glossary_routes(
         return JSONResponse(glossary_json(glossary), status_code=201)
 
     async def listed(request: Request) -> JSONResponse:
-        context = context_of(request, await read_params(request))
+        context = await context_of(request, await read_params(request))
         glossaries = await asyncio.to_thread(store.owned, context.owner)
         shown = [glossary_json(g) for g in glossaries if len(g.dictionaries) == 1]
         return JSONResponse({"glossaries": shown})
 
     async def info(request: Request, glossary_id: str) -> JSONResponse:
-        context = context_of(request, await read_params(request))
+        context = await context_of(request, await read_params(request))
         glossary = await asyncio.to_thread(store.get, context.owner, glossary_id)
         return JSONResponse(glossary_json(_single(glossary)))
 
     async def delete(request: Request, glossary_id: str) -> Response:
-        context = context_of(request, await read_params(request))
+        context = await context_of(request, await read_params(request))
         await asyncio.to_thread(store.delete, context.owner, glossary_id)
         return Response(status_code=204)
 
     async def entries(request: Request, glossary_id: str) -> PlainTextResponse:
-        context = context_of(request, await read_params(request))
+        context = await context_of(request, await read_params(request))
         glossary = _single(await asyncio.to_thread(store.get, context.owner, glossary_id))
         (only,) = glossary.dictionaries
         _, terms = await asyncio.to_thread(
@@ -209,7 +209,7 @@ class _MultilingualRoutes:
 
     async def _read(self, request: Request) -> tuple[Params, RequestContext]:
         params = await read_params(request)
-        return params, self._context_of(request, params)
+        return params, await self._context_of(request, params)
 
     async def create(self, request: Request) -> JSONResponse:
         params, context = await self._read(request)

@@ -155,12 +155,12 @@ def parse_google(model: type[M], params: Params) -> M:
     )
 
 
-def google_context(request: Request) -> RequestContext:
+async def google_context(request: Request) -> RequestContext:
     """The caller, from ``key`` in the query, ``X-Goog-Api-Key`` or ``Authorization``."""
     key = request.query_params.get("key") or request.headers.get("x-goog-api-key")
     header = f"Bearer {key}" if key else request.headers.get("authorization")
     try:
-        return RequestContext.build(request, header)
+        return await RequestContext.build(request, header)
     except errors.Unauthenticated:
         raise errors.Unauthenticated(
             "The request is missing a valid API key: send it as ?key= or X-Goog-Api-Key."
@@ -241,7 +241,7 @@ def _entries(
 
 async def _translate_v2(request: Request) -> JSONResponse:
     params = await read_params(request)
-    context = google_context(request)
+    context = await google_context(request)
     body = parse_google(TranslateV2, params)
     if body.cid:
         raise Unsupported("cid: custom models are not served")
@@ -257,7 +257,7 @@ async def _translate_v2(request: Request) -> JSONResponse:
 
 async def _detect_v2(request: Request) -> JSONResponse:
     params = await read_params(request)
-    context = google_context(request)
+    context = await google_context(request)
     body = parse_google(DetectV2, params)
     await context.charge(sum(len(text) for text in body.q))
     found = await context.translator.detect(body.q)
@@ -280,7 +280,7 @@ def _languages(table: LanguageTable, display: str | None) -> list[tuple[Language
 
 async def _languages_v2(request: Request) -> JSONResponse:
     params = await read_params(request)
-    context = google_context(request)
+    context = await google_context(request)
     body = parse_google(LanguagesV2, params)
     entries: list[dict[str, str]] = []
     for language, name in _languages(context.translator.languages, body.target):
@@ -313,7 +313,7 @@ def _glossary_id(name: str) -> str:
 
 async def _translate_v3(request: Request, glossaries: GlossaryStore) -> JSONResponse:
     params = await read_params(request)
-    context = google_context(request)
+    context = await google_context(request)
     body = parse_google(TranslateV3, params)
     if body.transliteration_config:
         raise Unsupported("transliterationConfig: transliteration is not served")
@@ -345,7 +345,7 @@ async def _translate_v3(request: Request, glossaries: GlossaryStore) -> JSONResp
 
 async def _detect_v3(request: Request) -> JSONResponse:
     params = await read_params(request)
-    context = google_context(request)
+    context = await google_context(request)
     body = parse_google(DetectV3, params)
     await context.charge(len(body.content))
     (found,) = await context.translator.detect([body.content])
@@ -355,7 +355,7 @@ async def _detect_v3(request: Request) -> JSONResponse:
 
 async def _languages_v3(request: Request) -> JSONResponse:
     params = await read_params(request)
-    context = google_context(request)
+    context = await google_context(request)
     body = parse_google(LanguagesV3, params)
     entries: list[dict[str, object]] = []
     for language, name in _languages(context.translator.languages, body.display_language_code):

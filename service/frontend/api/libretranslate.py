@@ -84,7 +84,7 @@ def create_libretranslate_app(
     async def translate(request: Request) -> JSONResponse:
         params = await read_params(request)
         body = parse(TranslateBody, params)
-        return JSONResponse(await _translate(body, libretranslate_context(request, params)))
+        return JSONResponse(await _translate(body, await libretranslate_context(request, params)))
 
     install_libretranslate_file_routes(app, documents, libretranslate_context)
 
@@ -92,7 +92,7 @@ def create_libretranslate_app(
     async def detect(request: Request) -> JSONResponse:
         params = await read_params(request)
         body = parse(DetectBody, params)
-        context = libretranslate_context(request, params)
+        context = await libretranslate_context(request, params)
         await context.charge(len(body.q))
         (detection,) = await context.translator.detect([body.q])
         return JSONResponse(
@@ -138,13 +138,13 @@ def create_libretranslate_app(
     return app
 
 
-def libretranslate_context(request: Request, params: Params) -> RequestContext:
+async def libretranslate_context(request: Request, params: Params) -> RequestContext:
     """The caller, from the ``Authorization`` header or LibreTranslate's ``api_key``."""
     key = params.get("api_key")
     header = request.headers.get("authorization") or (
         f"Bearer {key}" if isinstance(key, str) and key else None
     )
-    return RequestContext.build(request, header)
+    return await RequestContext.build(request, header)
 
 
 async def _translate(body: TranslateBody, context: RequestContext) -> dict[str, Any]:

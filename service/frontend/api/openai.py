@@ -127,12 +127,12 @@ def create_openai_app(runtime: Runtime, access: AccessControl) -> FastAPI:
 
     @app.get("/models")
     async def models(request: Request) -> JSONResponse:
-        RequestContext.build(request, request.headers.get("authorization"))
+        await RequestContext.build(request, request.headers.get("authorization"))
         return JSONResponse({"object": "list", "data": [model_entry()]})
 
     @app.get("/models/{name:path}")
     async def model(request: Request, name: str) -> JSONResponse:
-        RequestContext.build(request, request.headers.get("authorization"))
+        await RequestContext.build(request, request.headers.get("authorization"))
         if name != model_id():
             raise NotFound(f"The model `{name}` does not exist.")
         return JSONResponse(model_entry())
@@ -140,7 +140,7 @@ def create_openai_app(runtime: Runtime, access: AccessControl) -> FastAPI:
     @app.post("/chat/completions", response_model=None)
     async def chat(request: Request) -> JSONResponse | StreamingResponse:
         # The key first, as OpenAI does: a caller without one learns nothing about bodies.
-        context = RequestContext.build(request, request.headers.get("authorization"))
+        context = await RequestContext.build(request, request.headers.get("authorization"))
         params = await read_params(request)
         body = parse(ChatRequest, params)
         _refuse_unsupported(body, params)
