@@ -9,10 +9,11 @@ process, so a client spread over them gets exactly its allowance. Without Redis 
 processes of one host share a file of counters (``local_limits``), with the same effect on one
 host; while Redis is away a replica counts on its own host, and shares again when it is back.
 
-Characters are counted on a thread of their own (``AccessControl.charge``): the counters live in
-a file or in Redis shared with other processes, whose statements wait for each other's locks (a
-file's contended write sleeps a millisecond or more), and on the event loop that wait would hold
-up every request the process reads meanwhile, the refusals of a flood among them.
+Requests and characters are counted on a thread of their own (``AccessControl.admit``,
+``charge``): the counters live in a file or in Redis shared with other processes, whose
+statements wait for each other's locks (a file's contended write sleeps a millisecond or more),
+and on the event loop that wait would hold up every request the process reads meanwhile, the
+refusals of a flood among them.
 """
 
 from __future__ import annotations
