@@ -23,7 +23,7 @@ import torch._inductor.config
 
 from service.config.engine import EngineConfig, EngineSettings
 from service.engine.capability import Capability
-from service.engine.fast import quant_gemv
+from service.engine.fast import quant_gemv, waits
 from service.engine.fast.attention import (
     DecodeAttention,
     FlexDecode,
@@ -71,13 +71,6 @@ log = logging.getLogger(__name__)
 _TYPICAL_CONTEXT = 256
 # A timed step is repeated only while it is this cheap.
 _RETIME_BELOW_S = 0.05
-# The step loop waits for a decode step of at least this many rows, or a prefill of this many
-# tokens or launched beside such a step, asleep in the driver rather than spinning: such waits
-# last tens of milliseconds, and a spinning wait holds a core that the API processes need under
-# load (a flood's refusals among them). A lone request's short steps keep the spinning wait,
-# whose wake-up is the quickest.
-_SLEEP_FROM_ROWS = 64
-_SLEEP_FROM_TOKENS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,7 +308,7 @@ class ModelRunner:
         ready = None
         if self.device.type == "cuda":
             tokens = sum(c.count for c in chunks)
-            ready = _ready_event(tokens >= _SLEEP_FROM_TOKENS or self._decoding >= _SLEEP_FROM_ROWS)
+            ready = waits.ready_event(waits.sleeps_for_prefill(tokens, self._decoding))
         self.clock.stop(started)
         return Firsts(host, ready)
 
@@ -405,7 +398,9 @@ class ModelRunner:
         buffer = self._host_tokens[self._flip]
         self._flip ^= 1
         buffer[:n].copy_(self.rows.sampled[:n], non_blocking=True)
-        ready = _ready_event(n >= _SLEEP_FROM_ROWS) if self.device.type == "cuda" else None
+        ready = (
+            waits.ready_event(waits.sleeps_for_decode(n)) if self.device.type == "cuda" else None
+        )
         return Launched(rows=n, tokens=buffer, ready=ready)
 
     def collect(self, step: Launched) -> np.ndarray:
@@ -602,12 +597,3 @@ def _choose(loaded: LoadedModel, config: EngineConfig) -> _Choices:
         graph_tokens,
         kv_dtype,
     )
-
-
-def _ready_event(sleep: bool) -> torch.cuda.Event:
-    """An event recorded now, whose ``synchronize`` sleeps in the driver until it passes when
-    ``sleep``, and otherwise spins on a core: the quickest wake-up, for a lone request's short
-    steps."""
-    event = torch.cuda.Event(blocking=sleep)
-    event.record()
-    return event
