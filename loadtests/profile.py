@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -355,7 +356,15 @@ async def _loaded_window(
         kind = next((k for k, pattern in _KINDS if pattern.search(event.key)), "other")
         kinds[kind] = kinds.get(kind, 0.0) + event.self_device_time_total
     busy_us = sum(kinds.values())
+    if after.decodes == before.decodes:
+        # Nothing in it: the throughput phase ended first (too few requests for the window).
+        print(
+            f"the loaded window ({after_s} s into the throughput phase) found no decode step: "
+            "more --requests or an earlier --window-after",
+            file=sys.stderr,
+        )
     return {
+        "missed": after.decodes == before.decodes,
         "seconds": round(wall, 3),
         "decode_steps": after.decodes - before.decodes,
         "prefills": after.prefills - before.prefills,

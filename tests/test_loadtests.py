@@ -94,12 +94,27 @@ async def test_profile_keeps_a_closed_loop_and_says_how_full_the_steps_ran(
     window = report.loaded_window
     assert isinstance(window["decode_steps"], int)
     assert window["decode_steps"] > 0
+    assert window["missed"] is False
     assert 1 <= float(window["mean_decode_rows"]) <= 2  # type: ignore[arg-type]
     assert window["ms_per_step_by_kind"] == {}
     # The host's share of the prefills is told apart from the wait for their first tokens.
     launching = loop["prefill_launch_ms_per_prefill"] * loop["prefill_steps"]
     assert 0 < launching <= loop["prefill_ms_per_step"] * loop["steps"] + 0.01
     assert "prefill_launch_ms_per_prefill" in window["unprofiled_step_loop"]  # type: ignore[operator]
+
+
+async def test_a_loaded_window_after_the_load_ended_says_it_missed(
+    make_settings: MakeSettings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A window that begins after the throughput phase has nothing to profile: it says so (a
+    GPU run that asked for too few requests got a report of zeros, read as a result)."""
+    settings = make_settings(max_new_tokens=4)
+    report = await profile.run(
+        settings, requests=2, lone=0, seed=0, concurrency=2, window=(3.0, 0.1)
+    )
+    assert report.loaded_window["missed"] is True
+    assert report.loaded_window["decode_steps"] == 0
+    assert "found no decode step" in capsys.readouterr().err
 
 
 async def test_fidelity_of_int8_weights_against_their_dequantized_numbers(

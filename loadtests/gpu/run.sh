@@ -16,7 +16,7 @@
 # FLOOD_CPUS=CLIENT:SERVICE, e.g. 0-7:8-15, keeps the clients off the servers' cores, and the
 # service then picks its API processes from the cores it is given); fast (the fast engine through HTTP, plus the naive baseline), fast-fp8 (its FP8 weights),
 # fast-profile / fast-profile-fp8 / fast-profile-nf4-16g (loadtests.profile on the fast engine, the
-# last in nf4-16g's configuration; WINDOW_AFTER=S profiles
+# last in nf4-16g's configuration, with SERVICE_ENV's settings too; WINDOW_AFTER=S profiles
 # the loaded steps' kernels for 2 s from S s into its throughput phase), fidelity-float32 /
 # fidelity-bfloat16, fidelity-nf4, fidelity-int8 (loadtests.fidelity: TEXTS texts alone and in a CROWD,
 # against generate() on the same weights; nf4 and int8 in float16, as issue 37 asks; FIDELITY_ARGS=
@@ -77,7 +77,7 @@ for variant in "$@"; do
     quant=none; [ "$variant" = fast-profile-fp8 ] && quant=fp8
     small=(); [ "$variant" = fast-profile-nf4-16g ] && quant=nf4 && small=(HYMT_QUANTIZE_LM_HEAD=true
       HYMT_DTYPE=float16 HYMT_GPU_MEMORY_GIB=16)  # nf4-16g's configuration, the engine alone
-    env "${small[@]}" HYMT_ENGINE=fast HYMT_QUANTIZATION=$quant HYMT_LOAD_FORMAT=dummy HYMT_DATA_DIR="$work/data" timeout "${VARIANT_TIMEOUT:-280}" \
+    env ${SERVICE_ENV:-} "${small[@]}" HYMT_ENGINE=fast HYMT_QUANTIZATION=$quant HYMT_LOAD_FORMAT=dummy HYMT_DATA_DIR="$work/data" timeout "${VARIANT_TIMEOUT:-280}" \
       python3 -m loadtests.profile --requests "$requests" --concurrency "${CONCURRENCY:-0}" --lone "${LONE:-6}" --report "$work/$variant.json" --trace "$work/$variant.kernels.json" \
       ${WINDOW_AFTER:+--window-after "$WINDOW_AFTER"} \
       > "$work/$variant.out" 2>&1
