@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from loadtests import (
     baseline,
     bench,
+    counting,
     cpu_time,
     fidelity,
     ipc,
@@ -445,3 +446,12 @@ def _spawn(code: str, niced: bool) -> subprocess.Popen[str]:
         text=True,
         preexec_fn=(lambda: os.nice(5)) if niced else None,
     )
+
+
+def test_counting_reports_each_process_s_counts_into_the_shared_file() -> None:
+    report = counting.run("file", processes=2, seconds=0.3, gap_ms=1.0)
+    assert len(report.by_process) == 2
+    for process in report.by_process:
+        assert process.counts > 0
+        assert 0 < process.wall_ms_p50 <= process.wall_ms_p99 <= process.wall_ms_max
+        assert process.cpu_us_per_count > 0
