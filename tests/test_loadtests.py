@@ -221,6 +221,7 @@ async def test_the_bench_reads_the_stall_counters_of_the_service() -> None:
     figures = bench.stalls_of(metrics.render().decode())
     assert figures["lag_samples"] >= 2
     assert figures["lag_over_0.05"] >= 1
+    assert figures["lag_over_0.005"] >= figures["lag_over_0.01"] >= figures["lag_over_0.05"]
     assert figures["gc2_passes"] >= 1
     assert figures["gc2_seconds"] > 0
 
