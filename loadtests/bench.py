@@ -210,7 +210,9 @@ def stalls_of(text: str) -> dict[str, float]:
             labels = sample.labels
             if sample.name == "hymt_event_loop_lag_seconds_count":
                 figures["lag_samples"] = sample.value
-            elif sample.name == "hymt_event_loop_lag_seconds_bucket" and labels["le"] in _LAG_BOUNDS:
+            elif (
+                sample.name == "hymt_event_loop_lag_seconds_bucket" and labels["le"] in _LAG_BOUNDS
+            ):
                 figures[f"lag_upto_{labels['le']}"] = sample.value
             elif sample.name in ("hymt_gc_pause_seconds_count", "hymt_gc_pause_seconds_sum"):
                 kind = "passes" if sample.name.endswith("count") else "seconds"

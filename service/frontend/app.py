@@ -38,6 +38,7 @@ from service.frontend.api.google import (
 from service.frontend.api.libretranslate import LIBRETRANSLATE, create_libretranslate_app
 from service.frontend.api.middleware import NO_TELEMETRY, Door, RequestContextMiddleware
 from service.frontend.api.openai import OPENAI, create_openai_app
+from service.frontend.api.routing_state import build_routing_state
 from service.frontend.api.web import install_web_page
 from service.frontend.documents.jobs import JobStore
 from service.frontend.documents.service import Documents
@@ -156,6 +157,8 @@ def _lifespan(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Before uvicorn listens: the first requests served do not pay for it.
+        await build_routing_state(app)
         if follow is None:  # the first process of the service: no job runs anywhere yet
             await parts.documents.recover()
         runtime.start()
