@@ -27,6 +27,7 @@ from loadtests import (
     bench,
     counting,
     cpu_time,
+    doorway,
     fidelity,
     ipc,
     kernels,
@@ -456,3 +457,10 @@ def test_counting_reports_each_process_s_counts_into_the_shared_file() -> None:
         assert process.counts > 0
         assert 0 < process.wall_ms_p50 <= process.wall_ms_p99 <= process.wall_ms_max
         assert process.cpu_us_per_count > 0
+
+
+async def test_the_doorway_measurement_reports_the_cpu_of_each_kind_of_connection() -> None:
+    figures = await asyncio.wait_for(doorway.measure(200), timeout=60)  # its admitted let go
+    assert figures["connections"] == 200
+    for kind in ("refusal_us", "admitted_us", "canned_us"):
+        assert figures[kind] > 0

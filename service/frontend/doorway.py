@@ -16,6 +16,7 @@ Also here: ``ServiceConfig``, uvicorn's config with what the connections of one 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -24,7 +25,12 @@ from uvicorn.server import ServerState
 
 from service.frontend.api.middleware import Door
 from service.frontend.protocol import HeadLimits, ServiceHttpProtocol, Starts
-from service.frontend.refusals import CachedHeads, refuse_whole_requests
+from service.frontend.refusals import (
+    CachedHeads,
+    door_scope,
+    refuse_whole_requests,
+    whole_request,
+)
 
 
 class Deadlines:
@@ -76,7 +82,15 @@ class ServiceConfig(uvicorn.Config):
 class Doorway(asyncio.Protocol):
     """One connection until its first byte the door does not refuse (see the module)."""
 
-    __slots__ = ("_app_state", "_config", "_loop", "_paused", "_state", "_transport")
+    __slots__ = (
+        "_app_state",
+        "_config",
+        "_loop",
+        "_paused",
+        "_state",
+        "_transport",
+        "_waiting",
+    )
 
     def __init__(
         self,
@@ -92,6 +106,9 @@ class Doorway(asyncio.Protocol):
         self._loop = _loop or asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._paused = False  # reading, because the answers back up
+        # A request let in for admission, waiting for its turn to be handed over
+        # (``_wait_for_turn``): its bytes and the door's count of it as on its way.
+        self._waiting: tuple[bytes, Callable[[], None]] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
@@ -116,7 +133,47 @@ class Doorway(asyncio.Protocol):
                 if not data:  # idle again: closed after keep-alive's time unless more comes
                     config.deadlines.wait(self._loop, self, config.timeout_keep_alive)
                     return
+        if door is not None and self._wait_for_turn(door, data):
+            return
         self._hand_over(data)
+
+    def _wait_for_turn(self, door: Door, data: bytes) -> bool:
+        """Whether ``data`` begins with a whole request the door lets in for admission, now
+        counted as on its way and queued to be handed over in its turn (``Starts``).
+
+        Handing a connection over builds uvicorn's protocol (a parser, loggers looked up, the
+        socket's addresses asked of the kernel) and parses the request: tens of microseconds,
+        on the event loop. A flood's admitted share is read first, before the door closes, so
+        done at once that work stood in front of every refusal read after it in the same turn.
+        The request's own start waited for its turn already (``Starts``); now the hand-over
+        waits with it, reading paused meanwhile."""
+        whole = whole_request(data)
+        if whole is None:
+            return False
+        path, request_id, _length = whole
+        arrived = door.arrive(door_scope(path, request_id, self._config.root_path))
+        if arrived is None:  # not a request for admission: no reason to wait
+            return False
+        assert self._transport is not None
+        self._config.deadlines.forget(self)  # its head has come; its turn is not the client's
+        self._waiting = (data, arrived)
+        if not self._paused:
+            self._transport.pause_reading()
+        self._config.admitting_starts.add(self._loop, self._turn)
+        return True
+
+    def _turn(self) -> None:
+        """The waiting request's turn: handed over, or, if the client left meanwhile, no longer
+        counted as on its way."""
+        assert self._waiting is not None
+        (data, arrived), self._waiting = self._waiting, None
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            arrived()
+            return
+        if not self._paused:
+            transport.resume_reading()
+        self._hand_over(data, arrived)
 
     def pause_writing(self) -> None:
         # The answers back up (a client that sends without reading): reading stops until they
@@ -136,13 +193,17 @@ class Doorway(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._config.deadlines.forget(self)
         self._state.connections.discard(self)
+        self._transport = None  # a request waiting for its turn is let go then
 
     def shutdown(self) -> None:
-        """uvicorn's shutdown: nothing is in flight here, so the connection closes now."""
+        """uvicorn's shutdown: nothing is in flight here (a request waiting for its turn has not
+        started), so the connection closes now."""
         if self._transport is not None:
             self._transport.close()
 
-    def _hand_over(self, data: bytes) -> None:
+    def _hand_over(self, data: bytes, arrived: Callable[[], None] | None = None) -> None:
+        """The connection to the HTTP protocol, with ``data``; ``arrived``: its first request
+        was let in and counted as on its way here, and its turn has come."""
         transport = self._transport
         assert transport is not None
         self._config.deadlines.forget(self)
@@ -158,4 +219,8 @@ class Doorway(asyncio.Protocol):
         )
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
-        protocol.data_received(data)
+        protocol.let_in_first(arrived)
+        try:
+            protocol.data_received(data)
+        finally:
+            protocol.let_in_first(None)  # not started (the parser answered it): let it go

@@ -91,6 +91,9 @@ class ServiceHttpProtocol(HttpToolsProtocol):
         self._read_timer: asyncio.TimerHandle | None = None
         # Reading paused by the refusals written here, until the transport drains.
         self._paused_for_writes = False
+        # The first request, let in at the doorway and counted there as on its way, whose turn
+        # to start has come (``let_in_first``).
+        self._let_in: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw = transport
@@ -182,6 +185,7 @@ class ServiceHttpProtocol(HttpToolsProtocol):
         door = self._door
         if (
             door is not None
+            and self._let_in is None  # counted as on its way: the door may be full of itself
             and door.closed()
             and not self._mid_message
             and not self.pipeline
@@ -253,7 +257,19 @@ class ServiceHttpProtocol(HttpToolsProtocol):
 
         super()._start_asgi_task(cycle, cast(Any, arriving))
 
+    def let_in_first(self, arrived: Callable[[], None] | None) -> None:
+        """The next request parsed was let in at the doorway and its turn has come: it starts
+        at once, counted as on its way (``arrived``) until its first step. None: any such
+        request not started by then (the parser answered it) is no longer on its way."""
+        if self._let_in is not None:
+            self._let_in()
+        self._let_in = arrived
+
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        let_in, self._let_in = self._let_in, None
+        if let_in is not None:
+            self._start(cycle, app, let_in)
+            return
         started = time.perf_counter()
         door = self._door
         scope = cast(Scope, cycle.scope)

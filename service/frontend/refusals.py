@@ -83,6 +83,19 @@ _REQUEST_LINE = re.compile(rb"POST (/[\x21-\x24\x26-\x3e\x40-\x7e]*) HTTP/1\.1(?
 _FIELD = re.compile(rb"\r\n([!#$%&'*+.^_`|~0-9A-Za-z-]++):([^\x00-\x08\x0a-\x1f\x7f]*+)(?=\r\n|\Z)")
 
 
+def door_scope(path: str, request_id: bytes | None, root_path: str) -> Scope:
+    """What the door is asked about a request read here (``whole_request``): its method, path
+    and request id, as the ASGI scope the parser would have built says them."""
+    scope: dict[str, Any] = {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "root_path": root_path,
+        "headers": [(b"x-request-id", request_id)] if request_id is not None else [],
+    }
+    return cast(Scope, scope)
+
+
 class CachedHeads:
     """The head of the last refusal written, up to its request id, while it says the same."""
 
@@ -118,22 +131,16 @@ def refuse_whole_requests(
         if whole is None:
             break
         path, request_id, length = whole
-        scope: dict[str, Any] = {
-            "type": "http",
-            "method": "POST",
-            "path": path,
-            "root_path": root_path,
-            "headers": [(b"x-request-id", request_id)] if request_id is not None else [],
-        }
-        refusal = door.refusal(cast(Scope, scope))
+        scope = door_scope(path, request_id, root_path)
+        refusal = door.refusal(scope)
         if refusal is None:
             break
         answers.append(
             heads.head(refusal, default_headers)
-            + door.request_id(cast(Scope, scope)).encode()
+            + door.request_id(scope).encode()
             + b"\r\n\r\n"
             + refusal.body
         )
         at += length
-        door.record(cast(Scope, scope), time.perf_counter() - started)
+        door.record(scope, time.perf_counter() - started)
     return answers, data[at:] if at else data

@@ -27,6 +27,13 @@ class SwitchingTransport(Transport):
     def __init__(self) -> None:
         super().__init__()
         self.protocol: Any = None
+        self.reading = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
 
     def set_protocol(self, protocol: Any) -> None:
         self.protocol = protocol
@@ -83,6 +90,42 @@ async def test_refusals_never_build_the_http_protocol_and_leave_in_one_write() -
     await asyncio.sleep(0.01)
     assert server.reached == ["/other"]
     assert statuses(transport) == [b"429", b"429", b"200"]
+
+
+async def test_a_request_let_in_waits_at_the_doorway_for_its_turn_counted_as_on_its_way() -> None:
+    """Handing a connection over (uvicorn's protocol built, the request parsed) stood in front of
+    every refusal read after it in the same turn: a flood's admitted share is read first."""
+    gate = Gate(full=False, bound=1)
+    server = Server(Door(Metrics(), gate))
+    doorway, transport = open_doorway(server)
+    transport.feed(request("/translate"))
+    assert transport.protocol is doorway  # not handed over yet
+    assert gate.arriving == 1  # but counted: the door is full of it
+    assert not transport.reading
+    _, refused = open_doorway(server)
+    refused.feed(request("/translate"))
+    assert statuses(refused) == [b"429"]  # refused at once, in the same turn
+    await asyncio.sleep(0.01)
+    # Its turn came: handed over, and not refused for the door it fills itself.
+    assert isinstance(transport.protocol, ServiceHttpProtocol)
+    assert transport.reading
+    assert server.reached == ["/translate"]
+    assert statuses(transport) == [b"200"]
+    assert gate.arriving == 0
+
+
+async def test_a_client_that_leaves_before_its_turn_is_no_longer_on_its_way() -> None:
+    gate = Gate(full=False, bound=1)
+    server = Server(Door(Metrics(), gate))
+    doorway, transport = open_doorway(server)
+    transport.feed(request("/translate"))
+    assert gate.arriving == 1
+    transport.close()
+    doorway.connection_lost(None)
+    await asyncio.sleep(0.01)
+    assert gate.arriving == 0
+    assert server.reached == []
+    assert transport.protocol is doorway
 
 
 async def test_a_connection_that_sends_nothing_is_closed_after_a_heads_time() -> None:

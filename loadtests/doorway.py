@@ -1,0 +1,141 @@
+"""CPU a connection costs at the service's front door, without a network: what a flood's
+refusals and its admitted share take of an API process's event loop, beside the raw responder's
+floor (``loadtests.canned``).
+
+Each connection is the doorway's (``service.frontend.doorway``) with a transport that only
+records, given one request whole, as a flood's clients send them:
+
+- ``refusal_us``: a refused request, the connection's opening and closing included;
+- ``admitted_us``: a request the door lets in for admission, until its start is queued (what is
+  done in the turn that read it, ahead of every refusal read after it);
+- ``canned_us``: the canned responder's refusal, the floor.
+
+    python -m loadtests.doorway --connections 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from starlette.responses import Response
+from starlette.types import Scope
+from uvicorn.server import ServerState
+
+from loadtests.canned import _Canned, _ok, _Shut
+from service.frontend.api.middleware import Door
+from service.frontend.doorway import Doorway, ServiceConfig
+from service.frontend.metrics import Metrics
+
+_BODY = b'{"text": "Hello there, how are you?", "target_lang": "de"}'
+REQUEST = (
+    b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: application/json\r\n"
+    + f"Content-Length: {len(_BODY)}\r\n\r\n".encode()
+    + _BODY
+)
+
+
+class _Transport:
+    """Records nothing and answers what uvicorn's protocol asks of a TCP transport."""
+
+    _EXTRA: ClassVar[dict[str, tuple[str, int]]] = {
+        "sockname": ("127.0.0.1", 8000),
+        "peername": ("127.0.0.1", 50000),
+    }
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_protocol(self, protocol: object) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._EXTRA.get(name, default)
+
+
+class _LetIn:
+    """A door that lets every translation in, counted as on its way."""
+
+    def __init__(self, connections: int) -> None:
+        self._left = connections
+        self.all_released = asyncio.Event()  # every one no longer on its way
+
+    def _release(self) -> None:
+        self._left -= 1
+        if self._left == 0:
+            self.all_released.set()
+
+    def closed(self) -> bool:
+        return False
+
+    def refusal(self, scope: Scope) -> Response | None:
+        return None
+
+    def arrive(self, scope: Scope) -> Callable[[], None] | None:
+        return self._release
+
+
+def _config(gate: _Shut | _LetIn) -> ServiceConfig:
+    config = ServiceConfig(
+        _ok, door=Door(Metrics(), gate), http=Doorway, log_config=None, access_log=False
+    )
+    config.load()
+    return config
+
+
+async def measure(connections: int) -> dict[str, float]:
+    """µs of CPU per connection: refused, admitted, and the canned responder's."""
+    loop = asyncio.get_running_loop()
+    transport: Any = _Transport()
+    figures: dict[str, float] = {"connections": connections}
+    for name, gate in (("refusal_us", _Shut()), ("admitted_us", _LetIn(connections))):
+        config, state = _config(gate), ServerState()
+        kept = []  # admitted connections wait for their turn: kept, as the server keeps them
+        started = time.process_time()
+        for _ in range(connections):
+            doorway = Doorway(config, state, {}, loop)
+            doorway.connection_made(transport)
+            doorway.data_received(REQUEST)
+            if name == "refusal_us":
+                doorway.connection_lost(None)
+            else:
+                kept.append(doorway)
+        figures[name] = round((time.process_time() - started) / connections * 1e6, 2)
+        for doorway in kept:  # gone before their turn: each turn lets one go, nothing started
+            doorway.connection_lost(None)
+        if isinstance(gate, _LetIn):
+            await gate.all_released.wait()
+    started = time.process_time()
+    for _ in range(connections):
+        canned = _Canned()
+        canned.connection_made(transport)
+        canned.data_received(REQUEST)
+    figures["canned_us"] = round((time.process_time() - started) / connections * 1e6, 2)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--connections", type=int, default=20_000)
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(measure(args.connections)), indent=2))
+
+
+if __name__ == "__main__":
+    main()
