@@ -18,6 +18,7 @@ live minimum (1 only while every process serves).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -77,6 +78,9 @@ class Metrics:
         environment's ``PROMETHEUS_MULTIPROC_DIR``, set before prometheus-client was imported)."""
         self._shared_dir = shared_dir
         self.registry = CollectorRegistry(auto_describe=True)
+        # Called before each rendering: counts kept aside while they were made (the door's
+        # refusals) go into the metrics first.
+        self.before_render: list[Callable[[], None]] = []
         self._model_labels: tuple[str, ...] | None = None
         # The engine's running totals at its last report, and its steps then (fewer steps in
         # a report: a new engine, whose totals start again from zero).
@@ -351,6 +355,8 @@ class Metrics:
 
     def render(self) -> bytes:
         """The exposition text of every metric (of every API process, with several)."""
+        for settle in self.before_render:
+            settle()
         if self._shared_dir is None:
             return generate_latest(self.registry)
         registry = CollectorRegistry()

@@ -14,6 +14,7 @@ from typing import Any
 import fastapi.dependencies.utils
 import fastapi.routing
 import pytest
+from prometheus_client import Histogram
 from starlette.concurrency import run_in_threadpool
 
 from service.frontend.api.middleware import Door
@@ -138,6 +139,39 @@ async def test_the_last_refusals_are_logged_at_shutdown_not_after_it(
         assert [line.count for line in lines] == [2]  # type: ignore[attr-defined]
         await asyncio.sleep(1.2)  # past the summary period
     assert len([r for r in caplog.records if r.getMessage() == "refused at the door"]) == 1
+
+
+async def test_a_refusal_leaves_its_metrics_for_later_and_every_rendering_counts_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A flood's refusals are over in milliseconds; their metrics (a few microseconds each, more
+    # in the shared files of several processes) were counted between them.
+    metrics = Metrics()
+    door = Door(metrics)
+    touched: list[str] = []
+    for kind in (type(metrics.requests.labels("/", "POST", "429")), Histogram):
+        for name in ("inc", "observe"):
+            if hasattr(kind, name):
+                original = getattr(kind, name)
+
+                def spy(self: Any, *args: Any, _name: str = name, _original: Any = original) -> Any:
+                    touched.append(_name)
+                    return _original(self, *args)
+
+                monkeypatch.setattr(kind, name, spy)
+    scope: Any = {"type": "http", "method": "POST", "path": "/translate", "headers": []}
+    for _ in range(3):
+        door.record(scope, 0.001)
+    assert touched == []
+    text = metrics.render().decode()
+    assert 'hymt_requests_total{method="POST",route="/translate",status="429"} 3.0' in text
+    door.record(scope, 0.001)
+    door.flush()  # the period's end: counted without a rendering
+    monkeypatch.undo()
+    text = metrics.render().decode()
+    assert 'hymt_requests_total{method="POST",route="/translate",status="429"} 4.0' in text
+    assert 'hymt_request_duration_seconds_count{method="POST",route="/translate"} 4.0' in text
+    door.close()
 
 
 async def test_refusals_at_the_door_are_logged_as_one_line_with_their_count(

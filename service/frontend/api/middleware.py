@@ -105,8 +105,11 @@ class Door:
     gets its dialect's 429 (from its ``Gate``) at once. The middleware asks for every request it
     sees; the service's doorway and HTTP protocol (``frontend.doorway``, ``frontend.protocol``)
     ask earlier still, before a request becomes an ASGI request at all, and write the answer
-    themselves. Either way it is recorded here: counted one by one in the metrics, logged as one
-    line per period with the count, routes and durations."""
+    themselves. Either way it is recorded here: in the metrics at the end of the period (or
+    when this process's metrics are rendered, whichever comes first), and logged as one line per
+    period with the count, routes and durations. A flood's refusals are over in milliseconds;
+    their metrics, a few microseconds each (more with several processes' shared files), are
+    counted after them rather than between them."""
 
     def __init__(self, metrics: Metrics, gate: Gate | None = None) -> None:
         gate = gate or OpenGate()
@@ -116,10 +119,13 @@ class Door:
         self.request_id = RequestIds()
         self._requests = Children(metrics.requests)
         self._durations = Children(metrics.request_duration)
-        self._logged: list[float] = []
-        self._routes: Counter[str] = Counter()
+        # This period's refusals (route, method, seconds), the first ``_counted`` of them in
+        # the metrics already.
+        self._period: list[tuple[str, str, float]] = []
+        self._counted = 0
         self._summary: asyncio.TimerHandle | None = None
         self._refused = 0
+        metrics.before_render.append(self.count)
 
     def refused(self) -> int:
         """Requests refused at the door so far."""
@@ -128,13 +134,16 @@ class Door:
     def record(self, scope: Scope, seconds: float) -> None:
         """One request refused at the door, ``seconds`` after its first byte."""
         self._refused += 1
-        route, method = str(scope.get("path", "")), scope["method"]
-        self._requests(route, method, "429").inc()
-        self._durations(route, method).observe(seconds)
-        if not self._logged:
+        if not self._period:
             self._summary = asyncio.get_running_loop().call_later(_SUMMARY_PERIOD_S, self.flush)
-        self._logged.append(seconds)
-        self._routes[route] += 1
+        self._period.append((str(scope.get("path", "")), scope["method"], seconds))
+
+    def count(self) -> None:
+        """The refusals recorded since the last count, into the metrics."""
+        for route, method, seconds in self._period[self._counted :]:
+            self._requests(route, method, "429").inc()
+            self._durations(route, method).observe(seconds)
+        self._counted = len(self._period)
 
     def close(self) -> None:
         """On shutdown: the refusals of the last period logged now, not by a timer that would
@@ -145,10 +154,12 @@ class Door:
 
     def flush(self) -> None:
         self._summary = None
-        durations, self._logged = sorted(self._logged), []
-        routes, self._routes = dict(self._routes), Counter()
-        if not durations:
+        self.count()
+        period, self._period, self._counted = self._period, [], 0
+        if not period:
             return
+        durations = sorted(seconds for _, _, seconds in period)
+        routes = dict(Counter(route for route, _, _ in period))
         log.info(
             "refused at the door",
             extra={
