@@ -25,12 +25,7 @@ from uvicorn.server import ServerState
 
 from service.frontend.api.middleware import Door
 from service.frontend.protocol import HeadLimits, ServiceHttpProtocol, Starts
-from service.frontend.refusals import (
-    CachedHeads,
-    door_scope,
-    refuse_whole_requests,
-    whole_request,
-)
+from service.frontend.refusals import CachedHeads, KnownHeads, door_scope, refuse_whole_requests
 
 
 class Deadlines:
@@ -75,6 +70,7 @@ class ServiceConfig(uvicorn.Config):
         self.door = door
         self.head_limits = head_limits or HeadLimits()
         self.refusal_heads = CachedHeads()
+        self.known_heads = KnownHeads()
         self.admitting_starts = Starts(None if door is None else door.refused)
         self.deadlines = Deadlines()
 
@@ -124,7 +120,12 @@ class Doorway(asyncio.Protocol):
         door = config.door
         if door is not None and door.closed():
             answers, data = refuse_whole_requests(
-                door, config.refusal_heads, self._state.default_headers, config.root_path, data
+                door,
+                config.refusal_heads,
+                self._state.default_headers,
+                config.root_path,
+                data,
+                config.known_heads,
             )
             if answers:
                 assert self._transport is not None
@@ -147,7 +148,7 @@ class Doorway(asyncio.Protocol):
         done at once that work stood in front of every refusal read after it in the same turn.
         The request's own start waited for its turn already (``Starts``); now the hand-over
         waits with it, reading paused meanwhile."""
-        whole = whole_request(data)
+        whole = self._config.known_heads.whole_request(data)
         if whole is None:
             return False
         path, request_id, _length = whole

@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from service.frontend.api.middleware import Door
-from service.frontend.refusals import CachedHeads, refuse_whole_requests
+from service.frontend.refusals import CachedHeads, KnownHeads, refuse_whole_requests
 
 
 class _CoalescedWrites:
@@ -76,6 +76,7 @@ class ServiceHttpProtocol(HttpToolsProtocol):
         self._raw: asyncio.Transport | None = None
         self._mid_message = False  # the parser holds part of a request
         self._heads: CachedHeads = getattr(config, "refusal_heads", None) or CachedHeads()
+        self._known: KnownHeads | None = getattr(config, "known_heads", None)
         self._starts: Starts = getattr(config, "admitting_starts", None) or Starts()
         self._limits: HeadLimits = getattr(config, "head_limits", None) or HeadLimits()
         # Bytes read since the current request's head began (while it is not complete), and
@@ -227,7 +228,7 @@ class ServiceHttpProtocol(HttpToolsProtocol):
         """Answer the refused requests at the start of ``data`` that it holds whole
         (``refusals``); the rest, for the parser."""
         answers, data = refuse_whole_requests(
-            door, self._heads, self.server_state.default_headers, self.root_path, data
+            door, self._heads, self.server_state.default_headers, self.root_path, data, self._known
         )
         if answers:
             assert self._raw is not None

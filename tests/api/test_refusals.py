@@ -6,10 +6,12 @@ from __future__ import annotations
 import time
 
 import httptools
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from service.frontend.refusals import whole_request
+from service.frontend import refusals
+from service.frontend.refusals import KnownHeads, whole_request
 
 
 class _Parsed:
@@ -70,6 +72,59 @@ def test_what_the_door_frames_as_a_request_httptools_reads_as_the_same(data: byt
     assert len(parsed.body) == total - head_end
     ids = [value for name, value in parsed.headers if name.lower() == b"x-request-id"]
     assert (ids[-1].strip() if ids else None) == request_id
+
+
+_HEADS = st.lists(_PIECES, max_size=12).map(
+    lambda pieces: b"POST /translate HTTP/1.1\r\n" + b"".join(pieces) + b"\r\n\r\n"
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    requests=st.lists(
+        st.tuples(_HEADS, st.binary(max_size=16), st.integers(min_value=0, max_value=8)),
+        min_size=1,
+        max_size=24,
+    ),
+    size=st.integers(min_value=1, max_value=4),
+)
+def test_the_heads_remembered_frame_every_request_as_reading_it_afresh_does(
+    requests: list[tuple[bytes, bytes, int]], size: int
+) -> None:
+    """Each head read once is remembered with what was made of it; a head seen again (the same
+    bytes, another body, more or fewer bytes of it here, at another offset) must be framed as
+    reading it again would, and so must a head seen after the remembered ones were forgotten."""
+    known = KnownHeads(size=size, longest=64)
+    for head, body, start in requests:
+        data = b"x" * start + head + body
+        assert known.whole_request(data, start) == whole_request(data, start)
+
+
+def test_a_head_seen_before_is_not_read_again_and_at_most_size_are_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reads: list[bytes] = []
+    read = refusals.read_head
+
+    def counted(head: bytes) -> tuple[str, bytes | None, int] | None:
+        reads.append(head)
+        return read(head)
+
+    monkeypatch.setattr(refusals, "read_head", counted)
+    known = KnownHeads(size=2, longest=256)
+    a, b, c = (
+        f"POST /translate HTTP/1.1\r\nContent-Length: {n}\r\n\r\n".encode() for n in (1, 2, 3)
+    )
+    for data in (a + b"x", a + b"y", b + b"zz", a + b"w"):
+        known.whole_request(data)
+    assert len(reads) == 2  # a once, b once
+    known.whole_request(c + b"abc")  # a third: the two kept are forgotten
+    known.whole_request(a + b"x")
+    assert len(reads) == 4
+    long = b"POST /translate HTTP/1.1\r\nX: " + b"v" * 300 + b"\r\nContent-Length: 0\r\n\r\n"
+    known.whole_request(long)
+    known.whole_request(long)
+    assert len(reads) == 6  # longer than ``longest``: never kept
 
 
 def test_a_head_of_any_shape_is_read_in_time_proportional_to_its_length() -> None:
