@@ -8,7 +8,9 @@ records, given one request whole, as a flood's clients send them:
 - ``refusal_us``: a refused request, the connection's opening and closing included;
 - ``admitted_us``: a request the door lets in for admission, until its start is queued (what is
   done in the turn that read it, ahead of every refusal read after it);
-- ``canned_us``: the canned responder's refusal, the floor.
+- ``canned_us``: the canned responder's refusal, the floor;
+- ``admission_refusal_us``: a refused request as the service refuses it, its door asking the
+  service's own admission (full) for the refusal in the native dialect.
 
     python -m loadtests.doorway --connections 20000
 """
@@ -20,7 +22,8 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from types import SimpleNamespace
+from typing import Any, ClassVar, cast
 
 from starlette.responses import Response
 from starlette.types import Scope
@@ -28,8 +31,11 @@ from uvicorn.server import ServerState
 
 from loadtests.canned import _Canned, _ok, _Shut
 from service.frontend.api.middleware import Door
+from service.frontend.app import AdmissionGate
 from service.frontend.doorway import Doorway, ServiceConfig
 from service.frontend.metrics import Metrics
+from service.frontend.policy.admission import Admission
+from service.frontend.runtime import Runtime
 
 _BODY = b'{"text": "Hello there, how are you?", "target_lang": "de"}'
 REQUEST = (
@@ -91,7 +97,14 @@ class _LetIn:
         return self._release
 
 
-def _config(gate: _Shut | _LetIn) -> ServiceConfig:
+def _full_admission() -> AdmissionGate:
+    """The service's own gate over an admission with no room (one text on its way, of one)."""
+    admission = Admission(1, Metrics(), lambda: None)
+    admission.arrive()
+    return AdmissionGate(cast(Runtime, SimpleNamespace(admission=admission)))
+
+
+def _config(gate: _Shut | _LetIn | AdmissionGate) -> ServiceConfig:
     config = ServiceConfig(
         _ok, door=Door(Metrics(), gate), http=Doorway, log_config=None, access_log=False
     )
@@ -121,6 +134,14 @@ async def measure(connections: int) -> dict[str, float]:
             doorway.connection_lost(None)
         if isinstance(gate, _LetIn):
             await gate.all_released.wait()
+    config, state = _config(_full_admission()), ServerState()
+    started = time.process_time()
+    for _ in range(connections):
+        doorway = Doorway(config, state, {}, loop)
+        doorway.connection_made(transport)
+        doorway.data_received(REQUEST)
+        doorway.connection_lost(None)
+    figures["admission_refusal_us"] = round((time.process_time() - started) / connections * 1e6, 2)
     started = time.process_time()
     for _ in range(connections):
         canned = _Canned()

@@ -294,3 +294,26 @@ def test_the_doors_refusal_is_kept_while_it_would_say_the_same_and_each_is_count
     held.release(2)
     exposition = metrics.render().decode()
     assert 'hymt_queue_rejections_total{reason="queue_full"} 4.0' in exposition
+
+
+def test_a_refusal_for_a_full_queue_is_counted_after_it_at_the_next_change_or_rendering() -> None:
+    # A flood's refusals are over in milliseconds; each one's count (a lock, and with several
+    # processes a write into their shared file) was made between them.
+    metrics = Metrics()
+    gate = Admission(1, metrics, lambda: None)
+    gate.set_engine(8)
+    held = gate.reserve(1, None)
+    series = 'hymt_queue_rejections_total{reason="queue_full"}'
+
+    def counted() -> float | None:  # read from the registry, which renders nothing
+        return metrics.registry.get_sample_value(
+            "hymt_queue_rejections_total", {"reason": "queue_full"}
+        )
+
+    for _ in range(3):
+        gate.refusal()
+    assert not counted()  # not yet: nothing counted between the refusals
+    assert f"{series} 3.0" in metrics.render().decode()  # a rendering counts them
+    gate.refusal()
+    held.release()  # a change of the texts in flight counts them too
+    assert counted() == 4

@@ -135,6 +135,10 @@ class Admission:
         self._idle = asyncio.Event()
         self._idle.set()
         self._rejections = Children(metrics.queue_rejections)
+        # Refusals for a full queue not yet in the metrics: counted at the next change of the
+        # texts in flight (a flood's admitted texts answered) or rendering of the metrics.
+        self._unrecorded_refusals = 0
+        metrics.before_render.append(self.count_refusals)
         # The last refusal: texts in flight then, when, and the error.
         self._refused: tuple[int, float, Overloaded] | None = None
 
@@ -197,8 +201,9 @@ class Admission:
         """The refusal for a request turned away while ``full``, before its body is read: the
         same one while the texts in flight stay as many, for ``_REFUSAL_TTL_S`` at most (a
         flood's refusals come by the thousand, and working out Retry-After each time was a
-        noticeable share of what one cost)."""
-        self._reject("queue_full")
+        noticeable share of what one cost). Counted in the metrics later (``count_refusals``),
+        not between one refusal and the next."""
+        self._unrecorded_refusals += 1
         now = self._clock()
         last = self._refused
         if last is None or last[0] != self._in_flight or now - last[1] >= _REFUSAL_TTL_S:
@@ -338,6 +343,7 @@ class Admission:
         self._in_flight += texts
         self._idle.clear()
         self._metrics.in_flight.set(self._in_flight)
+        self.count_refusals()
 
     def _leave(self, texts: int) -> None:
         self._advance(self._clock())
@@ -346,9 +352,16 @@ class Admission:
             self._busy_since = None
             self._idle.set()
         self._metrics.in_flight.set(self._in_flight)
+        self.count_refusals()
 
     def _reject(self, reason: str, texts: int = 1) -> None:
         self._rejections(reason).inc(texts)
+
+    def count_refusals(self) -> None:
+        """The refusals for a full queue made since the last count, into the metrics."""
+        if self._unrecorded_refusals:
+            self._reject("queue_full", self._unrecorded_refusals)
+            self._unrecorded_refusals = 0
 
 
 _T = TypeVar("_T")
