@@ -12,7 +12,8 @@
 # requests/s, default 85, under a DEADLINE, default 5 s).
 # flood (issue 36: the 4,096-request flood at a queue bound of QUEUE, default 512, from 8 client
 # processes into a canned responder, the machine's floor, then into the service's front door alone
-# (loadtests.canned --doorway), then into the service with its default settings, one command;
+# (loadtests.canned --doorway), then into the service with its default settings, one command,
+# after loadtests.doorway's CPU a connection costs at the door on the machine's cores;
 # FLOOD_CPUS=CLIENT:SERVICE, e.g. 0-7:8-15, keeps the clients off the servers' cores, and the
 # service then picks its API processes from the cores it is given); fast (the fast engine through HTTP, plus the naive baseline), fast-fp8 (its FP8 weights),
 # fast-profile / fast-profile-fp8 / fast-profile-nf4-16g (loadtests.profile on the fast engine, the
@@ -119,6 +120,9 @@ for variant in "$@"; do
       on_client=(taskset -c "${FLOOD_CPUS%%:*}"); on_server=(taskset -c "${FLOOD_CPUS##*:}")
       cpus_args=(--client-cpus "${FLOOD_CPUS%%:*}" --service-cpus "${FLOOD_CPUS##*:}")
     fi
+    # CPU a connection costs at the door on these cores, without a network (loadtests.doorway).
+    timeout 60 python3 -m loadtests.doorway --connections 40000 > "$work/doorway-cpu.json" 2>"$work/doorway-cpu.err"
+    cat "$work/doorway-cpu.json"; cp "$work/doorway-cpu.json" "$out/" 2>/dev/null
     "${on_server[@]}" python3 -m loadtests.canned --port 8100 --processes 8 > "$work/canned.out" 2>&1 & canned=$!
     sleep 4
     timeout 120 "${on_client[@]}" python3 -m loadtests.overload --url http://127.0.0.1:8100 --report "$work/flood-canned.json" \
