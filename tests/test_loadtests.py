@@ -462,5 +462,5 @@ def test_counting_reports_each_process_s_counts_into_the_shared_file() -> None:
 async def test_the_doorway_measurement_reports_the_cpu_of_each_kind_of_connection() -> None:
     figures = await asyncio.wait_for(doorway.measure(200), timeout=60)  # its admitted let go
     assert figures["connections"] == 200
-    for kind in ("refusal_us", "admitted_us", "canned_us"):
+    for kind in ("refusal_us", "admitted_us", "admission_refusal_us", "canned_us"):
         assert figures[kind] > 0

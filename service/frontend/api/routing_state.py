@@ -2,10 +2,10 @@
 
 FastAPI builds each router's matching state (every route's dependencies, body fields and
 validators) lazily, the first time a request is matched against that router, under a lock, on
-the event loop. The first request an API process served paid for its whole router: a
-``/translate`` took 29.12 ms of CPU on this project's 2-core machine where the next took 2.42,
-and a burst right after a start (or a restart under load) found every process's loop stopped
-that long once per dialect, refusals and probes waiting behind it. ``build_routing_state`` sends
+the event loop. The first request an API process served paid for its whole router, tens of
+milliseconds (docs/benchmarks.md), and a burst right after a start (or a restart under load)
+found every process's loop stopped that long once per dialect, refusals and probes waiting
+behind it. ``build_routing_state`` sends
 one request that no route matches through each router, the service's and each mounted
 dialect's, before uvicorn listens: matching it walks, and so builds, every route. The requests go
 to the routers themselves, past the middleware: nothing is counted, logged or charged.
@@ -33,15 +33,12 @@ def _routers(app: ASGIApp) -> Iterator[Router]:
             yield from _routers(route.app)
 
 
-async def build_routing_state(app: ASGIApp) -> int:
+async def build_routing_state(app: ASGIApp) -> None:
     """Match a request for a path no route has, once for each method the routes take, against
-    every router of ``app``; the number of routers walked."""
-    walked = 0
+    every router of ``app``."""
     for router in _routers(app):
         for method in ("GET", "POST"):
             await router(_scope(method), _receive, _discard)
-        walked += 1
-    return walked
 
 
 def _scope(method: str) -> Scope:
