@@ -185,7 +185,8 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
 
         for name in ("nf4-engine", "int8-engine"):
             formats[name] = _Format(lambda x, p: projections.project(x, p), [], [])
-        formats["int4-tinygemm"] = _Format(lambda x, call: call(x), [], [])
+        if dtype == torch.bfloat16:  # tinygemm's one dtype
+            formats["int4-tinygemm"] = _Format(lambda x, call: call(x), [], [])
         formats["nf4-bitsandbytes"] = _Format(lambda x, call: call(x), [], [])
     for _name, inputs, outputs in SHAPES:
         if smoke:
@@ -209,7 +210,8 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
             parts["fp8"] = parts["fp8-fast-accum"] = ((fp8.weight, fp8.scale), exact)
             parts["fp8-compiled"] = parts["fp8-gemm"] = parts["fp8"]
         if "nf4-gemv" in formats:
-            parts["nf4-gemv"] = ((Linear(codes, maxima, table),), parts["nf4"][1])
+            values = tuple(float(v) for v in table.tolist())
+            parts["nf4-gemv"] = ((Linear(codes, maxima, table, values=values),), parts["nf4"][1])
             parts["int8-gemv"] = ((Linear(int8, row_max),), parts["int8"][1])
             parts["nf4-rows"] = parts["nf4-dequantized"] = parts["nf4-gemv"]
             parts["int8-rows"] = parts["int8-dequantized"] = parts["int8-gemv"]
@@ -399,7 +401,8 @@ def _double_quantized(
     quantized = steps.round().clamp(0, 255).to(torch.uint8).view(maxima.shape)
     nested = NestedMaxima(torch.linspace(-1, 1, 256, device=maxima.device), absmax, offset)
     exact = dequantize(codes, quantized, table, torch.float32, nested)
-    return (Linear(codes, quantized, table, nested),), exact
+    values = tuple(float(v) for v in table.tolist())
+    return (Linear(codes, quantized, table, nested, values=values),), exact
 
 
 def _dequantized_product(x: torch.Tensor, p: Linear) -> torch.Tensor:
@@ -453,11 +456,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--gemv-sweep", action="store_true", help="also the one-row kernel's block sizes (GPU)"
     )
     parser.add_argument("--formats", help="only these formats, comma-separated (default: all)")
+    parser.add_argument(
+        "--dtype", default="bfloat16", choices=["bfloat16", "float16"], help="the activations'"
+    )
     parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.smoke else "cuda")
-    # bf16: tinygemm's one dtype; cuBLAS and the engine's kernels run float16 at the same speed.
-    dtype = torch.float32 if args.smoke else torch.bfloat16
+    # bf16 by default: tinygemm's one dtype; float16 is the small GPUs' (issue 37's configurations).
+    dtype = torch.float32 if args.smoke else getattr(torch, args.dtype)
     rows = [int(r) for r in args.rows.split(",")]
     with timing_context():
         formats = _formats(device, dtype, args.smoke)  # the weights, made once for both

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from service.engine.fast.four_bit_lookup import lookup_asm
 from service.engine.fast.gemv import GemvConfig
 from service.engine.fast.linear import GROUP, Linear, NestedMaxima
 
@@ -45,13 +46,15 @@ _kernel: Any
 _batch_kernel: Any
 _dequantize_kernel: Any
 _maxima_kernel: Any
+_four_bit_kernel: Any
 try:
     from service.engine.fast.quant_gemv_kernel import dequantize as _dequantize_kernel
+    from service.engine.fast.quant_gemv_kernel import four_bit_row as _four_bit_kernel
     from service.engine.fast.quant_gemv_kernel import nested_maxima as _maxima_kernel
     from service.engine.fast.quant_gemv_kernel import quant_gemv as _kernel
     from service.engine.fast.quant_gemv_kernel import quant_matmul as _batch_kernel
 except ImportError:  # no Triton (a CPU build of torch)
-    _kernel = _batch_kernel = _dequantize_kernel = _maxima_kernel = None
+    _kernel = _batch_kernel = _dequantize_kernel = _maxima_kernel = _four_bit_kernel = None
 
 # int8 batches of more rows than this dequantize the weight once into the activations' dtype and
 # take cuBLAS: a wider batch reads the weight again per tile of 128 batch rows. Up to it, with
@@ -66,6 +69,9 @@ SLICE_BYTES = 256 * 2**20
 
 # Block sizes as ``gemv.py``'s (``block_k``: inputs per slice, raised to the 4-bit block).
 DEFAULT = GemvConfig(block_n=4, block_k=1024, warps=4, stages=2)
+# ``four_bit_row``'s: four warps of 32 lanes read a row's slice of 1,024 inputs (512 bytes) as
+# 16 bytes a lane, each warp its row.
+FOUR_BIT_DEFAULT = GemvConfig(block_n=4, block_k=1024, warps=4, stages=3)
 
 
 def runs(dtype: torch.dtype, device: torch.device) -> bool:
@@ -89,7 +95,9 @@ def one_row(
 ) -> torch.Tensor:
     """``x @ W.T`` (``x``: ``[1, K]``) for the bitsandbytes weight ``p``, or ``silu(gate) * up``
     of its two halves when ``gated``, plus ``residual`` when given; ``[1, N]`` in ``x``'s
-    dtype."""
+    dtype. 4-bit codes take ``four_bit_row`` where ``four_bit_row_runs``."""
+    if p.code is not None and four_bit_row_runs(x, p):
+        return four_bit_row(x, p, gated=gated, residual=residual, config=config)
     chosen = config or DEFAULT
     total = p.weight.shape[0]
     outputs = total // 2 if gated else total
@@ -109,6 +117,59 @@ def one_row(
         has_residual=residual is not None,
         block_n=chosen.block_n,
         block_k=_slice(chosen.block_k, flags),
+        num_warps=chosen.warps,
+        num_stages=chosen.stages,
+    )
+    return out
+
+
+def four_bit_row_runs(x: torch.Tensor, p: Linear) -> bool:
+    """Whether ``four_bit_row`` multiplies the row ``x`` by the 4-bit weight ``p``: 16-bit on
+    CUDA with Triton, the format's values on the host, whole 32-bit pairs of inputs and blocks
+    of an even number of inputs."""
+    if p.code is None or p.values is None or p.scale is None or _four_bit_kernel is None:
+        return False
+    inputs, blocks = x.shape[-1], p.scale.shape[1]
+    whole = inputs % 8 == 0 and inputs % blocks == 0 and (inputs // blocks) % 2 == 0
+    return whole and available(x)
+
+
+def four_bit_row(
+    x: torch.Tensor,
+    p: Linear,
+    *,
+    gated: bool = False,
+    residual: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """``one_row`` for 4-bit codes: each byte's two codes looked up in registers
+    (``four_bit_lookup``), each block's sum scaled by its float32 maximum once (the nested
+    maxima dequantized with their layer's first, as for bitsandbytes' GEMV)."""
+    assert p.scale is not None, "a 4-bit weight has its maxima"
+    assert p.values is not None, "a 4-bit weight has its values on the host"
+    chosen = config or FOUR_BIT_DEFAULT
+    total = p.weight.shape[0]
+    outputs = total // 2 if gated else total
+    inputs = x.shape[-1]
+    blocks = p.scale.shape[1]
+    block = inputs // blocks
+    out = torch.empty(1, outputs, dtype=x.dtype, device=x.device)
+    _four_bit_kernel[(-(-outputs // chosen.block_n),)](
+        x.contiguous().view(torch.int32),
+        p.weight,
+        _maxima(p),
+        x if residual is None else residual,
+        out,
+        outputs,
+        inputs // 2,
+        p.weight.stride(0),
+        blocks,
+        lookup=lookup_asm(p.values, x.dtype),
+        block_pairs=block // 2,
+        swiglu=gated,
+        has_residual=residual is not None,
+        block_n=chosen.block_n,
+        block_k=max(chosen.block_k, block) // 2,
         num_warps=chosen.warps,
         num_stages=chosen.stages,
     )

@@ -182,6 +182,91 @@ def quant_gemv(  # type: ignore[no-untyped-def]
 
 
 @triton.jit  # type: ignore[untyped-decorator]
+def four_bit_row(  # type: ignore[no-untyped-def]
+    x_ptr,
+    w_ptr,
+    maxima_ptr,
+    residual_ptr,
+    out_ptr,
+    rows_out,
+    pairs,
+    stride_w,
+    stride_m,
+    lookup: tl.constexpr,
+    block_pairs: tl.constexpr,
+    swiglu: tl.constexpr,
+    has_residual: tl.constexpr,
+    block_n: tl.constexpr,
+    block_k: tl.constexpr,
+):
+    """``x @ W.T`` for one row ``x`` (read as ``pairs`` 32-bit pairs of its 16-bit values) and
+    the 4-bit codes ``W`` (a byte a pair of inputs): a program's ``block_n`` rows in slices of
+    ``block_k`` pairs, each byte's two codes looked up in registers and multiplied by ``lookup``
+    (``four_bit_lookup.lookup_asm``), each block's sum (``block_pairs`` bytes) scaled by its
+    float32 maximum once; ``gated`` and ``residual`` as ``quant_gemv``."""
+    rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
+    row_ok = rows < rows_out
+    acc = tl.zeros([block_n, block_k // block_pairs], dtype=tl.float32)
+    acc_up = tl.zeros([block_n, block_k // block_pairs], dtype=tl.float32)
+    for start in range(0, pairs, block_k):
+        cols = start + tl.arange(0, block_k)
+        col_ok = cols < pairs
+        xs = tl.load(x_ptr + cols, mask=col_ok, other=0)
+        acc += _four_bit_slice(
+            w_ptr, maxima_ptr, xs, rows, row_ok, cols, col_ok, start, pairs, stride_w,
+            stride_m, lookup, block_pairs, block_n, block_k,
+        )  # fmt: skip
+        if swiglu:
+            acc_up += _four_bit_slice(
+                w_ptr, maxima_ptr, xs, rows + rows_out, row_ok, cols, col_ok, start, pairs,
+                stride_w, stride_m, lookup, block_pairs, block_n, block_k,
+            )  # fmt: skip
+    _finish(
+        tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), residual_ptr, out_ptr, rows, row_ok,
+        swiglu, has_residual,
+    )  # fmt: skip
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _four_bit_slice(  # type: ignore[no-untyped-def]
+    w_ptr,
+    maxima_ptr,
+    xs,
+    rows,
+    row_ok,
+    cols,
+    col_ok,
+    start,
+    pairs,
+    stride_w,
+    stride_m,
+    lookup: tl.constexpr,
+    block_pairs: tl.constexpr,
+    block_n: tl.constexpr,
+    block_k: tl.constexpr,
+):
+    """One slice of ``four_bit_row``: ``[block_n, block_k // block_pairs]`` block sums, each
+    scaled by its maximum (codes and maxima out of range read as 0)."""
+    rows64 = rows.to(tl.int64)
+    at = w_ptr + rows64[:, None] * stride_w + cols[None, :]
+    codes = tl.load(at, mask=row_ok[:, None] & col_ok[None, :], other=0)
+    pair_sums = tl.inline_asm_elementwise(
+        lookup,
+        "=f,=f,=f,=f,r,r,r,r,r",
+        [codes, tl.broadcast_to(xs[None, :], (block_n, block_k))],
+        dtype=tl.float32,
+        is_pure=True,
+        pack=4,
+    )
+    sums = tl.sum(tl.reshape(pair_sums, (block_n, block_k // block_pairs, block_pairs)), axis=2)
+    blocks = start // block_pairs + tl.arange(0, block_k // block_pairs)
+    block_ok = row_ok[:, None] & (blocks < pairs // block_pairs)[None, :]
+    at_maxima = maxima_ptr + rows64[:, None] * stride_m + blocks[None, :]
+    maxima = tl.load(at_maxima, mask=block_ok, other=0.0)
+    return sums * maxima
+
+
+@triton.jit  # type: ignore[untyped-decorator]
 def _finish(  # type: ignore[no-untyped-def]
     out,
     up_sum,
