@@ -120,7 +120,9 @@ def _run(asm: str, word: int, pairs: list[int], dtype: torch.dtype) -> list[floa
     return [_f32(regs[f"${i}"]) for i in range(4)]
 
 
-def _expected(values: tuple[float, ...], word: int, pairs: list[int], dtype: torch.dtype) -> list[float]:
+def _expected(
+    values: tuple[float, ...], word: int, pairs: list[int], dtype: torch.dtype
+) -> list[float]:
     """Each byte's first input (its high code) times its pair's low half plus its second (low
     code) times the high half, each product rounded to ``dtype``, summed in float32."""
     table = torch.tensor(values, dtype=torch.float32).to(dtype).float().tolist()
