@@ -210,8 +210,7 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
             parts["fp8"] = parts["fp8-fast-accum"] = ((fp8.weight, fp8.scale), exact)
             parts["fp8-compiled"] = parts["fp8-gemm"] = parts["fp8"]
         if "nf4-gemv" in formats:
-            values = tuple(float(v) for v in table.tolist())
-            parts["nf4-gemv"] = ((Linear(codes, maxima, table, values=values),), parts["nf4"][1])
+            parts["nf4-gemv"] = ((Linear(codes, maxima, table),), parts["nf4"][1])
             parts["int8-gemv"] = ((Linear(int8, row_max),), parts["int8"][1])
             parts["nf4-rows"] = parts["nf4-dequantized"] = parts["nf4-gemv"]
             parts["int8-rows"] = parts["int8-dequantized"] = parts["int8-gemv"]
@@ -401,8 +400,7 @@ def _double_quantized(
     quantized = steps.round().clamp(0, 255).to(torch.uint8).view(maxima.shape)
     nested = NestedMaxima(torch.linspace(-1, 1, 256, device=maxima.device), absmax, offset)
     exact = dequantize(codes, quantized, table, torch.float32, nested)
-    values = tuple(float(v) for v in table.tolist())
-    return (Linear(codes, quantized, table, nested, values=values),), exact
+    return (Linear(codes, quantized, table, nested),), exact
 
 
 def _dequantized_product(x: torch.Tensor, p: Linear) -> torch.Tensor:

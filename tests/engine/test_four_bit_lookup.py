@@ -1,7 +1,9 @@
 """The 4-bit lookup's PTX (``four_bit_lookup``), run here by a small interpreter of the
-instructions it uses: every byte of codes must come out as its two values times their
-activations, whatever the codes, the values and the activations. A GPU runs the same text in
-``quant_gemv_kernel.four_bit_row`` (measured by ``loadtests.quant_kernels``)."""
+instructions it uses: every word of codes must come out as its values times their activations,
+whatever the codes, the values and the activations; and the table words the kernel makes from a
+format's values (``quant_gemv_kernel.table_word``, in Triton's interpreter). A GPU runs the same
+text in ``quant_gemv_kernel.four_bit_row`` (measured by ``loadtests.quant_kernels``; compiled by
+ptxas in ``test_kernels_compile.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.engine.fast.four_bit_lookup import lookup_asm, table_words
+from service.engine.fast.four_bit_lookup import lookup_asm
 
 # bitsandbytes' NF4 and FP4 values (``bitsandbytes.functional.get_4bit_type``).
 NF4 = (
@@ -71,14 +73,31 @@ def _lop3(a: int, b: int, c: int, lut: int) -> int:
     return out
 
 
-def _run(asm: str, word: int, pairs: list[int], dtype: torch.dtype) -> list[float]:
-    """The outputs ``$0``-``$3`` of ``asm`` for the codes ``word`` and activations ``pairs``."""
+def table_words(values: tuple[float, ...], dtype: torch.dtype) -> list[int]:
+    """The eight table words of ``values`` in ``dtype``: the low bytes' four, then the high
+    bytes', value ``i``'s byte at bits ``8 * (i % 4)`` of word ``i // 4``."""
+    bits = torch.tensor(values, dtype=torch.float32).to(dtype).view(torch.int16).tolist()
+    halves = [b & 0xFFFF for b in bits]
+    words = []
+    for part in ([h & 0xFF for h in halves], [h >> 8 for h in halves]):
+        words += [sum(part[4 * w + j] << (8 * j) for j in range(4)) for w in range(4)]
+    return words
+
+
+def _run(
+    asm: str, word: int, pairs: list[int], values: tuple[float, ...], dtype: torch.dtype
+) -> list[float]:
+    """The outputs ``$0``-``$3`` of ``asm`` for the codes ``word`` and activations ``pairs``,
+    the table words of ``values`` given four times each, as the kernel gives them."""
     regs: dict[str, int] = {"$4": word} | {f"${5 + i}": p for i, p in enumerate(pairs)}
+    for i, table in enumerate(table_words(values, dtype)):
+        regs |= {f"${9 + 4 * i + copy}": table for copy in range(4)}
 
     def value(operand: str) -> int:
         if operand in regs:
             return regs[operand]
-        return int(operand, 0)
+        # PTX writes a float32's bits as 0f<hex>.
+        return int(operand[2:], 16) if operand.startswith("0f") else int(operand, 0)
 
     for line in asm.splitlines():
         line = line.strip().rstrip(";")
@@ -104,7 +123,7 @@ def _run(asm: str, word: int, pairs: list[int], dtype: torch.dtype) -> list[floa
             regs[d] = _prmt(*v)
         elif op == "lop3.b32":
             regs[d] = _lop3(*v)
-        elif op in ("mul.rn.f16x2", "fma.rn.bf16x2"):
+        elif op in ("mul.rn.f16x2", "fma.rn.f16x2", "fma.rn.bf16x2"):
             kind = torch.bfloat16 if "bf16" in op else torch.float16
             a, b = _halves(v[0], kind), _halves(v[1], kind)
             c = _halves(v[2], kind) if len(v) > 2 else [0.0, 0.0]
@@ -112,6 +131,8 @@ def _run(asm: str, word: int, pairs: list[int], dtype: torch.dtype) -> list[floa
             regs[d] = _pair([a[i] * b[i] + c[i] for i in range(2)], kind)
         elif op == "cvt.f32.f16":
             regs[d] = _bits32(_halves(v[0], torch.float16)[0])
+        elif op == "mov.f32":
+            regs[d] = v[0]
         elif op == "add.f32":
             total = torch.tensor(_f32(v[0]), dtype=torch.float32) + _f32(v[1])
             regs[d] = _bits32(float(total))
@@ -123,17 +144,19 @@ def _run(asm: str, word: int, pairs: list[int], dtype: torch.dtype) -> list[floa
 def _expected(
     values: tuple[float, ...], word: int, pairs: list[int], dtype: torch.dtype
 ) -> list[float]:
-    """Each byte's first input (its high code) times its pair's low half plus its second (low
-    code) times the high half, each product rounded to ``dtype``, summed in float32."""
+    """The word's sum first, then three zeros: in each lane (the bytes' first inputs, their
+    high codes, in the pairs' low halves; their second inputs in the high halves) the four
+    products summed in ``dtype``, each step rounded once (a multiply, then fused
+    multiply-adds), and the two lanes added in float32."""
     table = torch.tensor(values, dtype=torch.float32).to(dtype).float().tolist()
-    sums = []
+    lanes = [0.0, 0.0]
     for k in range(4):
         byte = word >> 8 * k & 0xFF
         x = _halves(pairs[k], dtype)
-        products = _halves(_pair([table[byte >> 4] * x[0], table[byte & 15] * x[1]], dtype), dtype)
-        total = torch.tensor(products[0], dtype=torch.float32) + products[1]
-        sums.append(float(total))
-    return sums
+        exact = [table[byte >> 4] * x[0] + lanes[0], table[byte & 15] * x[1] + lanes[1]]
+        lanes = _halves(_pair(exact, dtype), dtype)
+    total = torch.tensor(lanes[0], dtype=torch.float32) + lanes[1]
+    return [float(total), 0.0, 0.0, 0.0]
 
 
 _DTYPES = st.sampled_from([torch.float16, torch.bfloat16])
@@ -151,34 +174,39 @@ _VALUES = st.one_of(
     activations=st.lists(_ACTIVATION, min_size=8, max_size=8),
     dtype=_DTYPES,
 )
-def test_every_byte_is_its_two_values_times_their_activations(
+def test_every_word_is_its_values_times_their_activations(
     values: tuple[float, ...], word: int, activations: list[float], dtype: torch.dtype
 ) -> None:
     pairs = [_pair(activations[2 * i : 2 * i + 2], dtype) for i in range(4)]
-    assert _run(lookup_asm(values, dtype), word, pairs, dtype) == _expected(
-        values, word, pairs, dtype
-    )
+    got = _run(lookup_asm(dtype), word, pairs, values, dtype)
+    assert got == _expected(values, word, pairs, dtype)
 
 
-def test_every_code_is_looked_up_in_both_halves_of_a_word() -> None:
-    """All 256 bytes in every position: the codes 8-15 (the second table word) included."""
-    pairs = [_pair([1.0, 1.0], torch.float16)] * 4
-    for byte in range(256):
-        word = byte * 0x01010101
-        got = _run(lookup_asm(NF4, torch.float16), word, pairs, torch.float16)
-        assert got == _expected(NF4, word, pairs, torch.float16)
+def test_every_code_is_looked_up_in_every_place_of_a_word() -> None:
+    """All 16 codes in each of the eight places (the codes 8-15, the second table words,
+    included), the others' activations zero."""
+    for place in range(8):
+        activations = [0.0] * 8
+        activations[place] = 1.0
+        pairs = [_pair(activations[2 * i : 2 * i + 2], torch.float16) for i in range(4)]
+        for code in range(16):
+            # The place's code in its byte's high half for the byte's first input.
+            shift = 8 * (place // 2) + (4 if place % 2 == 0 else 0)
+            word = code << shift
+            got = _run(lookup_asm(torch.float16), word, pairs, NF4, torch.float16)
+            assert got == _expected(NF4, word, pairs, torch.float16)
+            assert got[0] == torch.tensor(NF4[code], dtype=torch.float16).item()
 
 
-def test_table_words_hold_low_and_high_bytes_four_values_a_word() -> None:
-    low, high = table_words([float(i) for i in range(16)], torch.float16)
-    bits = torch.arange(16, dtype=torch.float16).view(torch.int16).tolist()
-    for i, b in enumerate(bits):
-        assert low[i // 4] >> 8 * (i % 4) & 0xFF == b & 0xFF
-        assert high[i // 4] >> 8 * (i % 4) & 0xFF == (b >> 8) & 0xFF
+def test_the_kernel_makes_the_table_words_from_the_format_s_values() -> None:
+    pytest.importorskip("triton")
+    from tests.engine.table_kernel import table_words_of
+
+    for values in (NF4, FP4):
+        for dtype in (torch.float16, torch.bfloat16):
+            assert table_words_of(torch.tensor(values), dtype) == table_words(values, dtype)
 
 
-def test_a_table_of_other_than_16_values_or_a_32_bit_dtype_is_refused() -> None:
-    with pytest.raises(ValueError, match="16 values"):
-        table_words([0.0] * 15, torch.float16)
+def test_only_16_bit_activations_are_looked_up() -> None:
     with pytest.raises(ValueError, match="16-bit"):
-        lookup_asm(NF4, torch.float32)
+        lookup_asm(torch.float32)

@@ -50,11 +50,10 @@ def projection(modules: Sequence[nn.Module]) -> Linear:
             torch.cat([n.absmax for n in nested]),
             torch.cat([n.offset for n in nested]),
         )
-        scale = torch.cat([_scale(p) for p in parts])
-        return Linear(weight, scale, codes[0], maxima, values=parts[0].values)
+        return Linear(weight, torch.cat([_scale(p) for p in parts]), codes[0], maxima)
     # The maxima of parts kept differently are stacked as float32.
     scales = [_scale(part) if part.nested is None else _float_maxima(part) for part in parts]
-    return Linear(weight, torch.cat(scales).contiguous(), codes[0], values=parts[0].values)
+    return Linear(weight, torch.cat(scales).contiguous(), codes[0])
 
 
 def layer_maxima_count(projections: Sequence[Linear]) -> int | None:
@@ -156,7 +155,6 @@ def _four_bit(packed: torch.Tensor, state: Any, out: int, inputs: int) -> Linear
         )
     codes = packed.view(torch.uint8).view(out, inputs // 2)
     code = state.code.float().to(codes.device)
-    values = tuple(float(v) for v in state.code.float().tolist())
     blocks = inputs // block
     if state.nested and out * blocks % GROUP == 0 and int(state.state2.blocksize) == GROUP:
         # Kept 8-bit: each group of maxima lies inside this layer, so layers stack whole groups.
@@ -166,11 +164,11 @@ def _four_bit(packed: torch.Tensor, state: Any, out: int, inputs: int) -> Linear
             state.state2.absmax.float().view(groups),
             torch.full((groups,), float(state.offset), device=codes.device),
         )
-        return Linear(codes, state.absmax.view(out, blocks), code, nested, values=values)
+        return Linear(codes, state.absmax.view(out, blocks), code, nested)
     absmax = state.absmax
     if state.nested:
         # Imported only for quantized weights (bitsandbytes logs on import).
         from bitsandbytes.functional import dequantize_blockwise
 
         absmax = dequantize_blockwise(absmax, state.state2) + state.offset
-    return Linear(codes, absmax.float().view(out, blocks).contiguous(), code, values=values)
+    return Linear(codes, absmax.float().view(out, blocks).contiguous(), code)

@@ -90,9 +90,6 @@ class Linear:
     maxima: MaximaSlice | None = None
     # An FP8 weight's batch product in the tensor cores' fast accumulation (``fp8_linear``).
     fast_accum: bool = False
-    # ``code``'s 16 values on the host, read where the device's copy cannot be (a lone row's
-    # lookup is built from them while a CUDA graph captures: ``four_bit_lookup``).
-    values: tuple[float, ...] | None = None
 
     @property
     def out_features(self) -> int:

@@ -125,9 +125,8 @@ def one_row(
 
 def four_bit_row_runs(x: torch.Tensor, p: Linear) -> bool:
     """Whether ``four_bit_row`` multiplies the row ``x`` by the 4-bit weight ``p``: 16-bit on
-    CUDA with Triton, the format's values on the host, whole 32-bit pairs of inputs and blocks
-    of an even number of inputs."""
-    if p.code is None or p.values is None or p.scale is None or _four_bit_kernel is None:
+    CUDA with Triton, whole 32-bit pairs of inputs and blocks of an even number of inputs."""
+    if p.code is None or p.scale is None or _four_bit_kernel is None:
         return False
     inputs, blocks = x.shape[-1], p.scale.shape[1]
     whole = inputs % 8 == 0 and inputs % blocks == 0 and (inputs // blocks) % 2 == 0
@@ -146,7 +145,7 @@ def four_bit_row(
     (``four_bit_lookup``), each block's sum scaled by its float32 maximum once (the nested
     maxima dequantized with their layer's first, as for bitsandbytes' GEMV)."""
     assert p.scale is not None, "a 4-bit weight has its maxima"
-    assert p.values is not None, "a 4-bit weight has its values on the host"
+    assert p.code is not None, "a 4-bit weight has its table"
     chosen = config or FOUR_BIT_DEFAULT
     total = p.weight.shape[0]
     outputs = total // 2 if gated else total
@@ -158,13 +157,14 @@ def four_bit_row(
         x.contiguous().view(torch.int32),
         p.weight,
         _maxima(p),
+        p.code,
         x if residual is None else residual,
         out,
         outputs,
         inputs // 2,
         p.weight.stride(0),
         blocks,
-        lookup=lookup_asm(p.values, x.dtype),
+        lookup=lookup_asm(x.dtype),
         block_pairs=block // 2,
         swiglu=gated,
         has_residual=residual is not None,

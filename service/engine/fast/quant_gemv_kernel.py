@@ -10,6 +10,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from service.engine.fast.four_bit_lookup import CONSTRAINTS
+
+_LOOKUP_CONSTRAINTS = tl.constexpr(CONSTRAINTS)
+
 
 @triton.jit  # type: ignore[untyped-decorator]
 def _weights(  # type: ignore[no-untyped-def]
@@ -186,6 +190,7 @@ def four_bit_row(  # type: ignore[no-untyped-def]
     x_ptr,
     w_ptr,
     maxima_ptr,
+    code_ptr,
     residual_ptr,
     out_ptr,
     rows_out,
@@ -202,8 +207,18 @@ def four_bit_row(  # type: ignore[no-untyped-def]
     """``x @ W.T`` for one row ``x`` (read as ``pairs`` 32-bit pairs of its 16-bit values) and
     the 4-bit codes ``W`` (a byte a pair of inputs): a program's ``block_n`` rows in slices of
     ``block_k`` pairs, each byte's two codes looked up in registers and multiplied by ``lookup``
-    (``four_bit_lookup.lookup_asm``), each block's sum (``block_pairs`` bytes) scaled by its
-    float32 maximum once; ``gated`` and ``residual`` as ``quant_gemv``."""
+    (``four_bit_lookup.lookup_asm``, the table's words made here from the format's 16 float32
+    values), each block's sum (``block_pairs`` bytes) scaled by its float32 maximum once;
+    ``gated`` and ``residual`` as ``quant_gemv``."""
+    dtype = out_ptr.dtype.element_ty
+    low0 = table_word(code_ptr, 0, False, dtype)
+    low1 = table_word(code_ptr, 4, False, dtype)
+    low2 = table_word(code_ptr, 8, False, dtype)
+    low3 = table_word(code_ptr, 12, False, dtype)
+    high0 = table_word(code_ptr, 0, True, dtype)
+    high1 = table_word(code_ptr, 4, True, dtype)
+    high2 = table_word(code_ptr, 8, True, dtype)
+    high3 = table_word(code_ptr, 12, True, dtype)
     rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
     row_ok = rows < rows_out
     acc = tl.zeros([block_n, block_k // block_pairs], dtype=tl.float32)
@@ -213,13 +228,15 @@ def four_bit_row(  # type: ignore[no-untyped-def]
         col_ok = cols < pairs
         xs = tl.load(x_ptr + cols, mask=col_ok, other=0)
         acc += _four_bit_slice(
-            w_ptr, maxima_ptr, xs, rows, row_ok, cols, col_ok, start, pairs, stride_w,
-            stride_m, lookup, block_pairs, block_n, block_k,
+            w_ptr, maxima_ptr, xs, low0, low1, low2, low3, high0, high1, high2, high3, rows,
+            row_ok, cols, col_ok, start, pairs, stride_w, stride_m, lookup, block_pairs, block_n,
+            block_k,
         )  # fmt: skip
         if swiglu:
             acc_up += _four_bit_slice(
-                w_ptr, maxima_ptr, xs, rows + rows_out, row_ok, cols, col_ok, start, pairs,
-                stride_w, stride_m, lookup, block_pairs, block_n, block_k,
+                w_ptr, maxima_ptr, xs, low0, low1, low2, low3, high0, high1, high2, high3,
+                rows + rows_out, row_ok, cols, col_ok, start, pairs, stride_w, stride_m, lookup,
+                block_pairs, block_n, block_k,
             )  # fmt: skip
     _finish(
         tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), residual_ptr, out_ptr, rows, row_ok,
@@ -228,10 +245,38 @@ def four_bit_row(  # type: ignore[no-untyped-def]
 
 
 @triton.jit  # type: ignore[untyped-decorator]
+def table_word(code_ptr, first, high: tl.constexpr, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The low (or ``high``) bytes of values ``first`` to ``first + 3`` of the float32 table at
+    ``code_ptr``, rounded to ``dtype``, in one 32-bit word, value ``first + j`` at bits
+    ``8 * j`` (``four_bit_lookup``'s layout)."""
+    word = tl.zeros([], dtype=tl.int32)
+    for j in tl.static_range(4):
+        value = tl.load(code_ptr + first + j)
+        if dtype == tl.bfloat16:
+            # Rounded to nearest even by the bits (the top half of the float32's), as torch
+            # rounds the weights it compares with.
+            wide = value.to(tl.int32, bitcast=True)
+            bits = ((wide + 0x7FFF + ((wide >> 16) & 1)) >> 16) & 0xFFFF
+        else:
+            bits = value.to(dtype).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        byte = (bits >> 8) if high else (bits & 0xFF)
+        word = word | (byte << (8 * j))
+    return word
+
+
+@triton.jit  # type: ignore[untyped-decorator]
 def _four_bit_slice(  # type: ignore[no-untyped-def]
     w_ptr,
     maxima_ptr,
     xs,
+    low0,
+    low1,
+    low2,
+    low3,
+    high0,
+    high1,
+    high2,
+    high3,
     rows,
     row_ok,
     cols,
@@ -250,15 +295,28 @@ def _four_bit_slice(  # type: ignore[no-untyped-def]
     rows64 = rows.to(tl.int64)
     at = w_ptr + rows64[:, None] * stride_w + cols[None, :]
     codes = tl.load(at, mask=row_ok[:, None] & col_ok[None, :], other=0)
-    pair_sums = tl.inline_asm_elementwise(
+    # The table words, the same in every element.
+    zeros = tl.zeros((block_n, block_k), dtype=tl.int32)
+    # fmt: off
+    operands = [
+        codes, tl.broadcast_to(xs[None, :], (block_n, block_k)),
+        zeros + low0, zeros + low1, zeros + low2, zeros + low3,
+        zeros + high0, zeros + high1, zeros + high2, zeros + high3,
+    ]
+    # fmt: on
+    word_sums = tl.inline_asm_elementwise(
         lookup,
-        "=f,=f,=f,=f,r,r,r,r,r",
-        [codes, tl.broadcast_to(xs[None, :], (block_n, block_k))],
+        _LOOKUP_CONSTRAINTS,
+        operands,
         dtype=tl.float32,
         is_pure=True,
         pack=4,
     )
-    sums = tl.sum(tl.reshape(pair_sums, (block_n, block_k // block_pairs, block_pairs)), axis=2)
+    # Each word's sum is the first of its four outputs (the others zero): taken apart in
+    # registers rather than added.
+    firsts, _ = tl.split(tl.reshape(word_sums, (block_n, block_k // 4, 2, 2)))
+    words, _ = tl.split(firsts)
+    sums = tl.sum(tl.reshape(words, (block_n, block_k // block_pairs, block_pairs // 4)), axis=2)
     blocks = start // block_pairs + tl.arange(0, block_k // block_pairs)
     block_ok = row_ok[:, None] & (blocks < pairs // block_pairs)[None, :]
     at_maxima = maxima_ptr + rows64[:, None] * stride_m + blocks[None, :]
