@@ -10,8 +10,8 @@ import triton.language as tl
 from service.engine.fast.quant_gemv_kernel import table_word
 
 
-@triton.jit  # type: ignore[untyped-decorator]
-def _words(code_ptr, out_ptr, probe_ptr):
+@triton.jit
+def _words(code_ptr, out_ptr, probe_ptr):  # type: ignore[no-untyped-def]
     """The eight table words ``four_bit_row`` makes, in ``probe``'s dtype, into ``out``."""
     dtype = probe_ptr.dtype.element_ty
     for high in tl.static_range(2):
