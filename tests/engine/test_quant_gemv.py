@@ -6,6 +6,8 @@ taking each kernel (or bitsandbytes' own one-row 4-bit product) where it runs.""
 
 from __future__ import annotations
 
+from functools import partial
+
 import os
 from collections.abc import Callable
 from typing import Any
@@ -111,6 +113,47 @@ def _check_row_kernel(
     close(gated, _swiglu(exact))
 
 
+FOUR_BIT_CONFIGS = [GemvConfig(4, 128, 4, 2), GemvConfig(16, 1024, 4, 2), GemvConfig(2, 256, 2, 1)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("nested", [False, True])
+@settings(max_examples=4, deadline=None)
+@given(
+    shape=st.sampled_from([(50, 640), (64, 256), (128, 512)]),
+    nested_shape=st.sampled_from([(96, 512), (128, 512)]),
+    config=st.sampled_from(FOUR_BIT_CONFIGS),
+    seed=st.integers(0, 2**16),
+)
+def test_the_four_bit_row_kernel_computes_the_product_of_the_dequantized_weights(
+    dtype: torch.dtype,
+    nested: bool,
+    shape: tuple[int, int],
+    nested_shape: tuple[int, int],
+    config: GemvConfig,
+    seed: int,
+) -> None:
+    # Its table read from memory (Triton's interpreter runs no inline assembly; the lookup's
+    # PTX has its own tests): the slices, blocks, maxima, masks, halves and epilogue checked.
+    outputs, inputs = nested_shape if nested else shape
+    p = _nf4(outputs, inputs, nested, seed)
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, inputs, generator=generator).to(dtype)
+    exact = x.float() @ _dense(p).T
+    row = partial(quant_gemv.four_bit_row, config=config, in_registers=False)
+
+    def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+        assert actual.dtype == dtype
+        torch.testing.assert_close(actual.float(), expected, rtol=2e-2, atol=2e-2)
+
+    close(row(x, p), exact)
+    residual = torch.randn(1, outputs, generator=generator).to(dtype)
+    close(row(x, p, residual=residual), residual.float() + exact)
+    gated = row(x, p, gated=True)
+    assert gated.shape == (1, outputs // 2)
+    close(gated, _swiglu(exact))
+
+
 def test_int8_values_become_floats_exactly_without_a_conversion() -> None:
     # Every int8 value through the kernels' bit trick, in a kernel of this test's own: the
     # floats must be the values themselves.
@@ -211,7 +254,7 @@ def _bitsandbytes_gemv(
     weight: torch.Tensor = torch.ops.bitsandbytes.dequantize_4bit.default(
         codes, maxima, block, "nf4", shape, torch.float32
     )
-    return x @ weight.T
+    return (x.float() @ weight.T).to(x.dtype)
 
 
 def test_each_shape_takes_its_kernel_where_they_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -253,6 +296,7 @@ def test_each_shape_takes_its_kernel_where_they_run(monkeypatch: pytest.MonkeyPa
 
     for nested in (False, True):
         nf4 = _nf4(64, 256, nested=nested, seed=3)
+        # float32 activations: the 4-bit row kernel multiplies 16-bit ones only.
         check(nf4, 1, ["_gemv_4bit"])
         check(nf4, 2, ["dequantized"])
     int8 = _int8(64, 256, seed=3)
@@ -264,6 +308,42 @@ def test_each_shape_takes_its_kernel_where_they_run(monkeypatch: pytest.MonkeyPa
     taken.clear()
     project(x[:1], int8, norm_eps=1e-5)
     assert taken == ["rows"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_lone_16_bit_row_of_4_bit_codes_takes_the_engine_s_kernel(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As on a GPU: the projection, its residual and the gated product in the 4-bit row
+    # kernel (its table read from memory here: the interpreter runs no PTX), not
+    # bitsandbytes' GEMV, unless the kernel cannot run.
+    monkeypatch.setattr(quant_gemv, "available", lambda x: True)
+    monkeypatch.setattr(quant_gemv, "_gemv_4bit", _bitsandbytes_gemv)
+    taken: list[str] = []
+    kernel = partial(quant_gemv.four_bit_row, in_registers=False)
+
+    def four_bit_row(*args: Any, **kwargs: Any) -> torch.Tensor:
+        taken.append("four_bit_row")
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(quant_gemv, "four_bit_row", four_bit_row)
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 256, generator=generator).to(dtype)
+    residual = torch.randn(1, 64, generator=generator).to(dtype)
+    for nested in (False, True):
+        nf4 = _nf4(64, 256, nested=nested, seed=5)
+        exact = x.float() @ _dense(nf4).T
+        taken.clear()
+        out = project(x, nf4, residual=residual)
+        torch.testing.assert_close(out.float(), residual.float() + exact, rtol=2e-2, atol=2e-2)
+        gated = gated_product(x, nf4)
+        torch.testing.assert_close(gated.float(), _swiglu(exact), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(quant_gemv.product(x, nf4).float(), exact, rtol=2e-2, atol=2e-2)
+        assert taken == ["four_bit_row"] * 3
+    taken.clear()
+    monkeypatch.setattr(quant_gemv, "four_bit_row_runs", lambda x, p: False)
+    project(x, nf4)
+    assert taken == []
 
 
 @pytest.mark.parametrize("kind", ["nf4", "nf4-nested", "int8"])

@@ -2,8 +2,8 @@
 
 A single row on the GPU (a lone request's decode step) takes one of the engine's own one-row
 kernels with the SwiGLU after gate/up and the residual add after a projection fused in: 16-bit
-and FP8 weights ``gemv.py``'s, bitsandbytes' int8 weights ``quant_gemv.py``'s. Every other shape
-(prefill, batches, 4-bit codes, a CPU, float32) takes ``product`` (bitsandbytes' formats on CUDA
+and FP8 weights ``gemv.py``'s, bitsandbytes' int8 weights and 4-bit codes ``quant_gemv.py``'s.
+Every other shape (prefill, batches, a CPU, float32) takes ``product`` (bitsandbytes' formats on CUDA
 by ``quant_gemv.product``, which picks the kernel for the shape; else ``linear``: cuBLAS,
 ``_scaled_mm`` for FP8, bitsandbytes' formats dequantized first) with the same operations
 written out around it, as transformers runs them; rows of FP8 weights on a GPU have their
@@ -33,11 +33,12 @@ def _one_row(x: torch.Tensor, p: Linear) -> bool:
 
 
 def _one_quantized_row(x: torch.Tensor, p: Linear, norm_eps: float | None) -> bool:
-    """Whether ``quant_gemv.py``'s one-row kernel computes it: one row of bitsandbytes' int8
-    weights (whose norms never fold into them; 4-bit codes take bitsandbytes' own kernel,
-    through ``product``)."""
-    one = x.shape[0] == 1 and p.bitsandbytes and p.code is None and quant_gemv.available(x)
-    return one and norm_eps is None
+    """Whether ``quant_gemv.py``'s one-row kernels compute it: one row of bitsandbytes' int8
+    weights, or of 4-bit codes where ``four_bit_row`` runs (norms never fold into these
+    weights; elsewhere 4-bit codes take bitsandbytes' own kernel, through ``product``)."""
+    one = x.shape[0] == 1 and p.bitsandbytes and quant_gemv.available(x)
+    kernel = p.code is None or quant_gemv.four_bit_row_runs(x, p)
+    return one and kernel and norm_eps is None
 
 
 def project(

@@ -130,7 +130,8 @@ def four_bit_row_runs(x: torch.Tensor, p: Linear) -> bool:
         return False
     inputs, blocks = x.shape[-1], p.scale.shape[1]
     whole = inputs % 8 == 0 and inputs % blocks == 0 and (inputs // blocks) % 2 == 0
-    return whole and available(x)
+    sixteen_bits = x.dtype in (torch.float16, torch.bfloat16)
+    return whole and sixteen_bits and available(x)
 
 
 def four_bit_row(
@@ -140,10 +141,12 @@ def four_bit_row(
     gated: bool = False,
     residual: torch.Tensor | None = None,
     config: GemvConfig | None = None,
+    in_registers: bool = True,
 ) -> torch.Tensor:
     """``one_row`` for 4-bit codes: each byte's two codes looked up in registers
     (``four_bit_lookup``), each block's sum scaled by its float32 maximum once (the nested
-    maxima dequantized with their layer's first, as for bitsandbytes' GEMV)."""
+    maxima dequantized with their layer's first, as for bitsandbytes' GEMV). Not
+    ``in_registers``: the table read from memory, for Triton's interpreter (the tests)."""
     assert p.scale is not None, "a 4-bit weight has its maxima"
     assert p.code is not None, "a 4-bit weight has its table"
     chosen = config or FOUR_BIT_DEFAULT
@@ -165,6 +168,7 @@ def four_bit_row(
         p.weight.stride(0),
         blocks,
         lookup=lookup_asm(x.dtype),
+        in_registers=in_registers,
         block_pairs=block // 2,
         swiglu=gated,
         has_residual=residual is not None,
@@ -307,7 +311,7 @@ def product(x: torch.Tensor, p: Linear) -> torch.Tensor:
     that multiplies this shape fastest (the module's docstring says which)."""
     batch = x.shape[0]
     if p.code is not None and batch == 1:
-        return _bitsandbytes_row(x, p)
+        return four_bit_row(x, p) if four_bit_row_runs(x, p) else _bitsandbytes_row(x, p)
     if batch > dequantizes_above(p):
         return dequantized_product(x, p)
     return rows(x, p)

@@ -198,6 +198,7 @@ def four_bit_row(  # type: ignore[no-untyped-def]
     stride_w,
     stride_m,
     lookup: tl.constexpr,
+    in_registers: tl.constexpr,
     block_pairs: tl.constexpr,
     swiglu: tl.constexpr,
     has_residual: tl.constexpr,
@@ -208,8 +209,9 @@ def four_bit_row(  # type: ignore[no-untyped-def]
     the 4-bit codes ``W`` (a byte a pair of inputs): a program's ``block_n`` rows in slices of
     ``block_k`` pairs, each byte's two codes looked up in registers and multiplied by ``lookup``
     (``four_bit_lookup.lookup_asm``, the table's words made here from the format's 16 float32
-    values), each block's sum (``block_pairs`` bytes) scaled by its float32 maximum once;
-    ``gated`` and ``residual`` as ``quant_gemv``."""
+    values; read from memory instead where not ``in_registers``: ``_words_from_memory``), each
+    block's sum (``block_pairs`` bytes) scaled by its float32 maximum once; ``gated`` and
+    ``residual`` as ``quant_gemv``."""
     dtype = out_ptr.dtype.element_ty
     low0 = table_word(code_ptr, 0, False, dtype)
     low1 = table_word(code_ptr, 4, False, dtype)
@@ -228,15 +230,15 @@ def four_bit_row(  # type: ignore[no-untyped-def]
         col_ok = cols < pairs
         xs = tl.load(x_ptr + cols, mask=col_ok, other=0)
         acc += _four_bit_slice(
-            w_ptr, maxima_ptr, xs, low0, low1, low2, low3, high0, high1, high2, high3, rows,
-            row_ok, cols, col_ok, start, pairs, stride_w, stride_m, lookup, block_pairs, block_n,
-            block_k,
+            w_ptr, maxima_ptr, code_ptr, xs, low0, low1, low2, low3, high0, high1, high2, high3,
+            rows, row_ok, cols, col_ok, start, pairs, stride_w, stride_m, lookup, in_registers,
+            dtype, block_pairs, block_n, block_k,
         )  # fmt: skip
         if swiglu:
             acc_up += _four_bit_slice(
-                w_ptr, maxima_ptr, xs, low0, low1, low2, low3, high0, high1, high2, high3,
-                rows + rows_out, row_ok, cols, col_ok, start, pairs, stride_w, stride_m, lookup,
-                block_pairs, block_n, block_k,
+                w_ptr, maxima_ptr, code_ptr, xs, low0, low1, low2, low3, high0, high1, high2,
+                high3, rows + rows_out, row_ok, cols, col_ok, start, pairs, stride_w, stride_m,
+                lookup, in_registers, dtype, block_pairs, block_n, block_k,
             )  # fmt: skip
     _finish(
         tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), residual_ptr, out_ptr, rows, row_ok,
@@ -268,6 +270,7 @@ def table_word(code_ptr, first, high: tl.constexpr, dtype: tl.constexpr):  # typ
 def _four_bit_slice(  # type: ignore[no-untyped-def]
     w_ptr,
     maxima_ptr,
+    code_ptr,
     xs,
     low0,
     low1,
@@ -286,6 +289,8 @@ def _four_bit_slice(  # type: ignore[no-untyped-def]
     stride_w,
     stride_m,
     lookup: tl.constexpr,
+    in_registers: tl.constexpr,
+    dtype: tl.constexpr,
     block_pairs: tl.constexpr,
     block_n: tl.constexpr,
     block_k: tl.constexpr,
@@ -295,6 +300,39 @@ def _four_bit_slice(  # type: ignore[no-untyped-def]
     rows64 = rows.to(tl.int64)
     at = w_ptr + rows64[:, None] * stride_w + cols[None, :]
     codes = tl.load(at, mask=row_ok[:, None] & col_ok[None, :], other=0)
+    if in_registers:
+        words = _words_in_registers(
+            codes, xs, low0, low1, low2, low3, high0, high1, high2, high3, lookup, block_n,
+            block_k,
+        )  # fmt: skip
+    else:
+        words = _words_from_memory(codes, xs, code_ptr, dtype, block_n, block_k)
+    sums = tl.sum(tl.reshape(words, (block_n, block_k // block_pairs, block_pairs // 4)), axis=2)
+    blocks = start // block_pairs + tl.arange(0, block_k // block_pairs)
+    block_ok = row_ok[:, None] & (blocks < pairs // block_pairs)[None, :]
+    at_maxima = maxima_ptr + rows64[:, None] * stride_m + blocks[None, :]
+    maxima = tl.load(at_maxima, mask=block_ok, other=0.0)
+    return sums * maxima
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _words_in_registers(  # type: ignore[no-untyped-def]
+    codes,
+    xs,
+    low0,
+    low1,
+    low2,
+    low3,
+    high0,
+    high1,
+    high2,
+    high3,
+    lookup: tl.constexpr,
+    block_n: tl.constexpr,
+    block_k: tl.constexpr,
+):
+    """Each word's (four bytes') sum of its eight codes' values times their activations,
+    ``[block_n, block_k // 4]``, by ``lookup`` with the table in registers."""
     # The table words, the same in every element.
     zeros = tl.zeros((block_n, block_k), dtype=tl.int32)
     # fmt: off
@@ -304,24 +342,29 @@ def _four_bit_slice(  # type: ignore[no-untyped-def]
         zeros + high0, zeros + high1, zeros + high2, zeros + high3,
     ]
     # fmt: on
-    word_sums = tl.inline_asm_elementwise(
-        lookup,
-        _LOOKUP_CONSTRAINTS,
-        operands,
-        dtype=tl.float32,
-        is_pure=True,
-        pack=4,
+    outputs = tl.inline_asm_elementwise(
+        lookup, _LOOKUP_CONSTRAINTS, operands, dtype=tl.float32, is_pure=True, pack=4
     )
     # Each word's sum is the first of its four outputs (the others zero): taken apart in
     # registers rather than added.
-    firsts, _ = tl.split(tl.reshape(word_sums, (block_n, block_k // 4, 2, 2)))
+    firsts, _ = tl.split(tl.reshape(outputs, (block_n, block_k // 4, 2, 2)))
     words, _ = tl.split(firsts)
-    sums = tl.sum(tl.reshape(words, (block_n, block_k // block_pairs, block_pairs // 4)), axis=2)
-    blocks = start // block_pairs + tl.arange(0, block_k // block_pairs)
-    block_ok = row_ok[:, None] & (blocks < pairs // block_pairs)[None, :]
-    at_maxima = maxima_ptr + rows64[:, None] * stride_m + blocks[None, :]
-    maxima = tl.load(at_maxima, mask=block_ok, other=0.0)
-    return sums * maxima
+    return words
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _words_from_memory(  # type: ignore[no-untyped-def]
+    codes, xs, code_ptr, dtype: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr
+):
+    """``_words_in_registers``' sums with the table read from memory and summed in float32:
+    for Triton's interpreter, which cannot run inline assembly (the tests check the rest of the
+    kernel with it; the lookup's own tests run its PTX)."""
+    first = tl.load(code_ptr + (codes >> 4).to(tl.int32)).to(dtype).to(tl.float32)
+    second = tl.load(code_ptr + (codes & 15).to(tl.int32)).to(dtype).to(tl.float32)
+    x_first = (xs & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+    x_second = (xs >> 16).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+    per_byte = first * x_first[None, :] + second * x_second[None, :]
+    return tl.sum(tl.reshape(per_byte, (block_n, block_k // 4, 4)), axis=2)
 
 
 @triton.jit  # type: ignore[untyped-decorator]
