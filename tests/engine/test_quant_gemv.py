@@ -6,10 +6,9 @@ taking each kernel (or bitsandbytes' own one-row 4-bit product) where it runs.""
 
 from __future__ import annotations
 
-from functools import partial
-
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest

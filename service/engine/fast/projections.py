@@ -3,8 +3,8 @@
 A single row on the GPU (a lone request's decode step) takes one of the engine's own one-row
 kernels with the SwiGLU after gate/up and the residual add after a projection fused in: 16-bit
 and FP8 weights ``gemv.py``'s, bitsandbytes' int8 weights and 4-bit codes ``quant_gemv.py``'s.
-Every other shape (prefill, batches, a CPU, float32) takes ``product`` (bitsandbytes' formats on CUDA
-by ``quant_gemv.product``, which picks the kernel for the shape; else ``linear``: cuBLAS,
+Every other shape (prefill, batches, a CPU, float32) takes ``product`` (bitsandbytes' formats on
+CUDA by ``quant_gemv.product``, which picks the kernel for the shape; else ``linear``: cuBLAS,
 ``_scaled_mm`` for FP8, bitsandbytes' formats dequantized first) with the same operations
 written out around it, as transformers runs them; rows of FP8 weights on a GPU have their
 SwiGLU cast for the down projection by the engine's own kernel (``gated_down``, ``swiglu_fp8.py``).
