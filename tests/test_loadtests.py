@@ -407,14 +407,18 @@ def test_cpu_time_counts_a_service_s_processes_by_role() -> None:
     # each spins 0.3 s of CPU once told, then waits; the phase counts each where it belongs.
     # The helper waits for the engine's word, so that none of its spinning precedes the phase.
     # Both stay until the test closes the engine's input (an ended process is not counted).
-    helper = "import sys\nsys.stdin.readline()\n" + _SPIN + "print('spun', flush=True)\n"
+    # The engine and its helper share one pipe: each says so in one write (atomic on a pipe),
+    # where print's text and line end could be written apart and interleave.
+    said = "import os\nos.write(1, b'spun\\n')\n"
+    helper = "import sys\nsys.stdin.readline()\n" + _SPIN + said
     helper += "sys.stdin.read()\n"
     engine_code = (
         "import subprocess, sys\n"
         f"helper = subprocess.Popen([sys.executable, '-c', {helper!r}], stdin=subprocess.PIPE)\n"
         "sys.stdin.readline()\nhelper.stdin.write(b'go\\n')\nhelper.stdin.flush()\n"
         + _SPIN
-        + "print('spun', flush=True)\nsys.stdin.read()\nhelper.stdin.close()\nhelper.wait()\n"
+        + said
+        + "sys.stdin.read()\nhelper.stdin.close()\nhelper.wait()\n"
     )
     worker_code = "import sys\nsys.stdin.readline()\n" + _SPIN + "print('spun', flush=True)\n"
     engine, worker = _spawn(engine_code, niced=False), _spawn(worker_code, niced=True)
