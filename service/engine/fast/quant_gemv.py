@@ -1,8 +1,9 @@
 """Projections of bitsandbytes weights on a GPU (``product``): which kernel multiplies each
 shape, and the engine's own Triton kernels among them, which read the packed weights and
-dequantize them where they multiply: ``one_row`` for a lone request's int8 decode step, ``rows``
-for an int8 batch (a decode step of many rows, a short prefill); and ``dequantized``, the weight
-once into 16 bits for cuBLAS.
+dequantize them where they multiply: ``one_row`` for a lone request's int8 decode step and
+``four_bit_row`` for its 4-bit one (the codes looked up in registers, ``four_bit_lookup``),
+``rows`` for an int8 batch (a decode step of many rows, a short prefill); and ``dequantized``,
+the weight once into 16 bits for cuBLAS.
 
 Compiled by inductor, the same product (``linear.row_product`` over ``linear.dequantize``) looks
 each 4-bit code up inside the reduction, far slower than bf16 at one row (docs/benchmarks.md).
@@ -19,12 +20,13 @@ does, which rounds differently from a weight dequantized first, within the dtype
 norms never fold into bitsandbytes weights, so there is no norm option.
 
 Which one runs (``product``), from what the kernels measured side by side (docs/benchmarks.md,
-``loadtests/quant_kernels.py``): 4-bit codes cost a table lookup per weight, which held the
-engine's kernels far under the memory's pace, so one row of them takes bitsandbytes' own GEMV
-(the kernel its ``matmul_4bit`` takes for one row, on the same bytes) and every batch dequantizes
-the weight into 16 bits once and takes cuBLAS, as bitsandbytes does; int8 values go into the
-tensor cores' product as they are, so ``rows`` keeps int8 batches of up to ``INT8_ROWS`` in its
-packed bytes (each output scaled by its row's maximum once, which rounds differently from a
+``loadtests/quant_kernels.py``): 4-bit codes cost a table lookup per weight, which held
+bitsandbytes' GEMV and the engine's first kernel (a load per lookup) far under the memory's pace;
+one 16-bit row of them takes ``four_bit_row``, whose lookup is a few byte permutes per four codes
+in registers (bitsandbytes' own GEMV where it cannot run: float32, no Triton), and every batch
+dequantizes the weight into 16 bits once and takes cuBLAS, as bitsandbytes does; int8 values go
+into the tensor cores' product as they are, so ``rows`` keeps int8 batches of up to ``INT8_ROWS``
+in its packed bytes (each output scaled by its row's maximum once, which rounds differently from a
 weight dequantized first, within float16's precision), and wider ones dequantize too. A weight
 is dequantized at most ``SLICE_BYTES`` at a time (the output layer a slice of its rows at a
 time), so that what a captured step keeps in its memory pool stays the size of a layer's
