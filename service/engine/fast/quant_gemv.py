@@ -146,9 +146,9 @@ def four_bit_row(
     in_registers: bool = True,
 ) -> torch.Tensor:
     """``one_row`` for 4-bit codes: each byte's two codes looked up in registers
-    (``four_bit_lookup``), each block's sum scaled by its float32 maximum once (the nested
-    maxima dequantized with their layer's first, as for bitsandbytes' GEMV). Not
-    ``in_registers``: the table read from memory, for Triton's interpreter (the tests)."""
+    (``four_bit_lookup``), each block's sum scaled by its maximum once (nested maxima read in
+    their 8-bit form). Not ``in_registers``: the table read from memory, for Triton's
+    interpreter (the tests)."""
     assert p.scale is not None, "a 4-bit weight has its maxima"
     assert p.code is not None, "a 4-bit weight has its table"
     chosen = config or FOUR_BIT_DEFAULT
@@ -157,12 +157,19 @@ def four_bit_row(
     inputs = x.shape[-1]
     blocks = p.scale.shape[1]
     block = inputs // blocks
+    nested = p.nested
+    # Nested maxima are read as they are kept (a byte each, their groups' scale and offset
+    # from the cache), not dequantized into float32 first: a quarter of the bytes.
+    maxima = p.scale if nested is not None else p.scale.reshape(-1)
     out = torch.empty(1, outputs, dtype=x.dtype, device=x.device)
     _four_bit_kernel[(-(-outputs // chosen.block_n),)](
         x.contiguous().view(torch.int32),
         p.weight,
-        _maxima(p),
+        maxima,
         p.code,
+        p.scale if nested is None else nested.code,
+        p.scale if nested is None else nested.absmax,
+        p.scale if nested is None else nested.offset,
         x if residual is None else residual,
         out,
         outputs,
@@ -171,6 +178,8 @@ def four_bit_row(
         blocks,
         lookup=lookup_asm(x.dtype),
         in_registers=in_registers,
+        nested=nested is not None,
+        group=GROUP,
         block_pairs=block // 2,
         swiglu=gated,
         has_residual=residual is not None,

@@ -191,6 +191,9 @@ def four_bit_row(  # type: ignore[no-untyped-def]
     w_ptr,
     maxima_ptr,
     code_ptr,
+    nested_code_ptr,
+    nested_absmax_ptr,
+    nested_offset_ptr,
     residual_ptr,
     out_ptr,
     rows_out,
@@ -199,6 +202,8 @@ def four_bit_row(  # type: ignore[no-untyped-def]
     stride_m,
     lookup: tl.constexpr,
     in_registers: tl.constexpr,
+    nested: tl.constexpr,
+    group: tl.constexpr,
     block_pairs: tl.constexpr,
     swiglu: tl.constexpr,
     has_residual: tl.constexpr,
@@ -210,8 +215,9 @@ def four_bit_row(  # type: ignore[no-untyped-def]
     ``block_k`` pairs, each byte's two codes looked up in registers and multiplied by ``lookup``
     (``four_bit_lookup.lookup_asm``, the table's words made here from the format's 16 float32
     values; read from memory instead where not ``in_registers``: ``_words_from_memory``), each
-    block's sum (``block_pairs`` bytes) scaled by its float32 maximum once; ``gated`` and
-    ``residual`` as ``quant_gemv``."""
+    block's sum (``block_pairs`` bytes) scaled by its maximum once (float32, or ``nested`` in
+    bitsandbytes' double quantization, dequantized where it is read); ``gated`` and ``residual``
+    as ``quant_gemv``."""
     dtype = out_ptr.dtype.element_ty
     low0 = table_word(code_ptr, 0, False, dtype)
     low1 = table_word(code_ptr, 4, False, dtype)
@@ -230,15 +236,17 @@ def four_bit_row(  # type: ignore[no-untyped-def]
         col_ok = cols < pairs
         xs = tl.load(x_ptr + cols, mask=col_ok, other=0)
         acc += _four_bit_slice(
-            w_ptr, maxima_ptr, code_ptr, xs, low0, low1, low2, low3, high0, high1, high2, high3,
-            rows, row_ok, cols, col_ok, start, pairs, stride_w, stride_m, lookup, in_registers,
-            dtype, block_pairs, block_n, block_k,
+            w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr, nested_offset_ptr,
+            xs, low0, low1, low2, low3, high0, high1, high2, high3, rows, row_ok, cols, col_ok,
+            start, pairs, stride_w, stride_m, lookup, in_registers, nested, group, dtype,
+            block_pairs, block_n, block_k,
         )  # fmt: skip
         if swiglu:
             acc_up += _four_bit_slice(
-                w_ptr, maxima_ptr, code_ptr, xs, low0, low1, low2, low3, high0, high1, high2,
-                high3, rows + rows_out, row_ok, cols, col_ok, start, pairs, stride_w, stride_m,
-                lookup, in_registers, dtype, block_pairs, block_n, block_k,
+                w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr,
+                nested_offset_ptr, xs, low0, low1, low2, low3, high0, high1, high2, high3,
+                rows + rows_out, row_ok, cols, col_ok, start, pairs, stride_w, stride_m, lookup,
+                in_registers, nested, group, dtype, block_pairs, block_n, block_k,
             )  # fmt: skip
     _finish(
         tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), residual_ptr, out_ptr, rows, row_ok,
@@ -271,6 +279,9 @@ def _four_bit_slice(  # type: ignore[no-untyped-def]
     w_ptr,
     maxima_ptr,
     code_ptr,
+    nested_code_ptr,
+    nested_absmax_ptr,
+    nested_offset_ptr,
     xs,
     low0,
     low1,
@@ -290,6 +301,8 @@ def _four_bit_slice(  # type: ignore[no-untyped-def]
     stride_m,
     lookup: tl.constexpr,
     in_registers: tl.constexpr,
+    nested: tl.constexpr,
+    group: tl.constexpr,
     dtype: tl.constexpr,
     block_pairs: tl.constexpr,
     block_n: tl.constexpr,
@@ -310,8 +323,15 @@ def _four_bit_slice(  # type: ignore[no-untyped-def]
     sums = tl.sum(tl.reshape(words, (block_n, block_k // block_pairs, block_pairs // 4)), axis=2)
     blocks = start // block_pairs + tl.arange(0, block_k // block_pairs)
     block_ok = row_ok[:, None] & (blocks < pairs // block_pairs)[None, :]
-    at_maxima = maxima_ptr + rows64[:, None] * stride_m + blocks[None, :]
-    maxima = tl.load(at_maxima, mask=block_ok, other=0.0)
+    at = rows64[:, None] * stride_m + blocks[None, :]
+    if nested:
+        quantized = tl.load(maxima_ptr + at, mask=block_ok, other=0).to(tl.int32)
+        grouped = at // group
+        scale = tl.load(nested_absmax_ptr + grouped, mask=block_ok, other=0.0)
+        offset = tl.load(nested_offset_ptr + grouped, mask=block_ok, other=0.0)
+        maxima = tl.load(nested_code_ptr + quantized) * scale + offset
+    else:
+        maxima = tl.load(maxima_ptr + at, mask=block_ok, other=0.0)
     return sums * maxima
 
 
