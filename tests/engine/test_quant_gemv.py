@@ -313,10 +313,11 @@ def test_each_shape_takes_its_kernel_where_they_run(monkeypatch: pytest.MonkeyPa
 def test_a_lone_16_bit_row_of_4_bit_codes_takes_the_engine_s_kernel(
     dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # As on a GPU: the projection, its residual and the gated product in the 4-bit row
-    # kernel (its table read from memory here: the interpreter runs no PTX), not
-    # bitsandbytes' GEMV, unless the kernel cannot run.
+    # As on a GPU once chosen: the projection, its residual and the gated product in the 4-bit
+    # row kernel (its table read from memory here: the interpreter runs no PTX), not
+    # bitsandbytes' GEMV, unless the kernel cannot run; not chosen, bitsandbytes' GEMV.
     monkeypatch.setattr(quant_gemv, "available", lambda x: True)
+    monkeypatch.setattr(quant_gemv, "FOUR_BIT_ROW_CHOSEN", True)
     monkeypatch.setattr(quant_gemv, "_gemv_4bit", _bitsandbytes_gemv)
     taken: list[str] = []
     kernel = partial(quant_gemv.four_bit_row, in_registers=False)
@@ -340,8 +341,12 @@ def test_a_lone_16_bit_row_of_4_bit_codes_takes_the_engine_s_kernel(
         torch.testing.assert_close(quant_gemv.product(x, nf4).float(), exact, rtol=2e-2, atol=2e-2)
         assert taken == ["four_bit_row"] * 3
     taken.clear()
-    monkeypatch.setattr(quant_gemv, "four_bit_row_runs", lambda x, p: False)
+    with monkeypatch.context() as patch:
+        patch.setattr(quant_gemv, "four_bit_row_runs", lambda x, p: False)
+        project(x, nf4)
+    monkeypatch.setattr(quant_gemv, "FOUR_BIT_ROW_CHOSEN", False)
     project(x, nf4)
+    gated_product(x, nf4)
     assert taken == []
 
 

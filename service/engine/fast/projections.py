@@ -2,7 +2,8 @@
 
 A single row on the GPU (a lone request's decode step) takes one of the engine's own one-row
 kernels with the SwiGLU after gate/up and the residual add after a projection fused in: 16-bit
-and FP8 weights ``gemv.py``'s, bitsandbytes' int8 weights and 4-bit codes ``quant_gemv.py``'s.
+and FP8 weights ``gemv.py``'s, bitsandbytes' int8 weights (and 4-bit codes, once chosen)
+``quant_gemv.py``'s.
 Every other shape (prefill, batches, a CPU, float32) takes ``product`` (bitsandbytes' formats on
 CUDA by ``quant_gemv.product``, which picks the kernel for the shape; else ``linear``: cuBLAS,
 ``_scaled_mm`` for FP8, bitsandbytes' formats dequantized first) with the same operations
@@ -34,10 +35,10 @@ def _one_row(x: torch.Tensor, p: Linear) -> bool:
 
 def _one_quantized_row(x: torch.Tensor, p: Linear, norm_eps: float | None) -> bool:
     """Whether ``quant_gemv.py``'s one-row kernels compute it: one row of bitsandbytes' int8
-    weights, or of 4-bit codes where ``four_bit_row`` runs (norms never fold into these
+    weights, or of 4-bit codes where ``four_bit_row`` is chosen (norms never fold into these
     weights; elsewhere 4-bit codes take bitsandbytes' own kernel, through ``product``)."""
     one = x.shape[0] == 1 and p.bitsandbytes and quant_gemv.available(x)
-    kernel = p.code is None or quant_gemv.four_bit_row_runs(x, p)
+    kernel = p.code is None or quant_gemv.four_bit_row_chosen(x, p)
     return one and kernel and norm_eps is None
 
 

@@ -22,8 +22,9 @@ norms never fold into bitsandbytes weights, so there is no norm option.
 Which one runs (``product``), from what the kernels measured side by side (docs/benchmarks.md,
 ``loadtests/quant_kernels.py``): 4-bit codes cost a table lookup per weight, which held
 bitsandbytes' GEMV and the engine's first kernel (a load per lookup) far under the memory's pace;
-one 16-bit row of them takes ``four_bit_row``, whose lookup is a few byte permutes per four codes
-in registers (bitsandbytes' own GEMV where it cannot run: float32, no Triton), and every batch
+``four_bit_row``'s lookup is a few byte permutes per four codes in registers, but until a GPU
+has measured it (``FOUR_BIT_ROW_CHOSEN``) one row of them takes bitsandbytes' own GEMV (as where
+it cannot run: float32, no Triton), and every batch
 dequantizes the weight into 16 bits once and takes cuBLAS, as bitsandbytes does; int8 values go
 into the tensor cores' product as they are, so ``rows`` keeps int8 batches of up to ``INT8_ROWS``
 in its packed bytes (each output scaled by its row's maximum once, which rounds differently from a
@@ -123,6 +124,19 @@ def one_row(
         num_stages=chosen.stages,
     )
     return out
+
+
+# Whether the engine's lone 4-bit rows take ``four_bit_row`` rather than bitsandbytes' GEMV: not
+# until a GPU has run it, checked its products and measured it against that GEMV (its PTX and
+# the rest of the kernel are tested without one; docs/benchmarks.md says what to run).
+# ``one_row`` and the benchmarks take it wherever it runs.
+FOUR_BIT_ROW_CHOSEN = False
+
+
+def four_bit_row_chosen(x: torch.Tensor, p: Linear) -> bool:
+    """Whether the engine multiplies the row ``x`` by the 4-bit weight ``p`` with
+    ``four_bit_row`` (``FOUR_BIT_ROW_CHOSEN``, where it runs)."""
+    return FOUR_BIT_ROW_CHOSEN and four_bit_row_runs(x, p)
 
 
 def four_bit_row_runs(x: torch.Tensor, p: Linear) -> bool:
@@ -322,7 +336,7 @@ def product(x: torch.Tensor, p: Linear) -> torch.Tensor:
     that multiplies this shape fastest (the module's docstring says which)."""
     batch = x.shape[0]
     if p.code is not None and batch == 1:
-        return four_bit_row(x, p) if four_bit_row_runs(x, p) else _bitsandbytes_row(x, p)
+        return four_bit_row(x, p) if four_bit_row_chosen(x, p) else _bitsandbytes_row(x, p)
     if batch > dequantizes_above(p):
         return dequantized_product(x, p)
     return rows(x, p)
