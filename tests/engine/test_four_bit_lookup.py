@@ -14,15 +14,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loadtests.quant_kernels import NF4
 from service.engine.fast.four_bit_lookup import lookup_asm
 
-# bitsandbytes' NF4 and FP4 values (``bitsandbytes.functional.get_4bit_type``).
-NF4 = (
-    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
-    -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
-    0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
-    0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
-)  # fmt: skip
+# bitsandbytes' FP4 values (``bitsandbytes.functional.get_4bit_type``; NF4's are loadtests').
 FP4 = (
     0.0, 0.0052083334885537624, 0.6666666865348816, 1.0, 0.3333333432674408, 0.5,
     0.1666666716337204, 0.25, 0.0, -0.0052083334885537624, -0.6666666865348816, -1.0,
