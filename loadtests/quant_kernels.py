@@ -12,8 +12,9 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
   transformers does;
 - ``int4-tinygemm``: AWQ/GPTQ-style int4 (a scale and zero point per group of 128 inputs) by
   torch's own W4A16 kernel (``aten._weight_int4pack_mm``, tinygemm, compute capability 8.0+);
-- ``nf4-gemv`` and ``int8-gemv``: the engine's own one-row kernel for bitsandbytes weights
-  (``quant_gemv.py``), which a lone request's decode step takes;
+- ``nf4-gemv`` and ``int8-gemv``: the engine's own one-row kernels for bitsandbytes weights
+  (``quant_gemv.one_row``: for NF4 ``four_bit_row``, its lookup in registers, which a lone
+  request's step takes once ``quant_gemv.FOUR_BIT_ROW_CHOSEN``; int8's it takes now);
 - ``nf4-rows`` and ``int8-rows``: the engine's own batch kernel for them (``quant_gemv.rows``:
   slices dequantized straight into the tensor cores' product), which decode batches take on a GPU
   (``nf4`` and ``int8`` above 1 row are the whole-weight dequantization in torch it replaced);
