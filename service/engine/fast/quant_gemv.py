@@ -1,37 +1,37 @@
-"""Projections of bitsandbytes weights on a GPU (``product``): which kernel multiplies each
-shape, and the engine's own Triton kernels among them, which read the packed weights and
-dequantize them where they multiply: ``one_row`` for a lone request's int8 decode step and
-``four_bit_row`` for its 4-bit one (the codes looked up in registers, ``four_bit_lookup``),
-``rows`` for an int8 batch (a decode step of many rows, a short prefill); and ``dequantized``,
-the weight once into 16 bits for cuBLAS.
+"""Projections of bitsandbytes weights on a GPU (``product``): which kernel multiplies each shape,
+and the engine's own Triton kernels among them, which read the packed weights and dequantize
+them where they multiply: ``one_row`` for a lone request's int8 decode step and ``four_bit_row``
+for its 4-bit one (the codes looked up in registers, ``four_bit_lookup``), ``rows`` for an int8
+batch (a decode step of many rows, a short prefill); and ``dequantized``, the weight once into
+16 bits for cuBLAS.
 
 Compiled by inductor, the same product (``linear.row_product`` over ``linear.dequantize``) looks
 each 4-bit code up inside the reduction, far slower than bf16 at one row (docs/benchmarks.md).
-These kernels read a program's ``block_n`` output rows in
-slices of ``block_k`` inputs: for NF4 (or FP4) the packed codes (two to a byte, the first in the
-high half), looked up in the format's 16 values and multiplied by their block's maximum (float32,
-or bitsandbytes' 8-bit double quantization: ``nested``); for int8 each row's values times its
-maximum over 127. Every 4-bit weight is rounded to the activations' dtype as bitsandbytes' own
-dequantization rounds it, so the product is the one ``dequantize`` then a 16-bit product gives,
-summed in float32; int8 values are summed as they are (made floats by a bit trick, not the
-GPU's slower conversion units) and each output scaled by its row's maximum once, as ``rows``
-does, which rounds differently from a weight dequantized first, within the dtype's precision.
-``gated`` (SwiGLU over the fused gate/up halves) and ``residual`` are fused as in ``gemv.py``;
-norms never fold into bitsandbytes weights, so there is no norm option.
+These kernels read a program's ``block_n`` output rows in slices of ``block_k`` inputs: for NF4 (or
+FP4) the packed codes (two to a byte, the first in the high half), looked up in the format's 16
+values and multiplied by their block's maximum (float32, or bitsandbytes' 8-bit double
+quantization: ``nested``); for int8 each row's values times its maximum over 127. Every 4-bit
+weight is rounded to the activations' dtype as bitsandbytes' own dequantization rounds it, so the
+product is the one ``dequantize`` then a 16-bit product gives, summed in float32; int8 values are
+summed as they are (made floats by a bit trick, not the GPU's slower conversion units) and each
+output scaled by its row's maximum once, as ``rows`` does, which rounds differently from a weight
+dequantized first, within the dtype's precision. ``gated`` (SwiGLU over the fused gate/up halves)
+and ``residual`` are fused as in ``gemv.py``; norms never fold into bitsandbytes weights, so there
+is no norm option.
 
 Which one runs (``product``), from what the kernels measured side by side (docs/benchmarks.md,
 ``loadtests/quant_kernels.py``): 4-bit codes cost a table lookup per weight, which held
 bitsandbytes' GEMV and the engine's first kernel (a load per lookup) far under the memory's pace;
-``four_bit_row``'s lookup is a few byte permutes per four codes in registers, but until a GPU
-has measured it (``FOUR_BIT_ROW_CHOSEN``) one row of them takes bitsandbytes' own GEMV (as where
-it cannot run: float32, no Triton), and every batch
-dequantizes the weight into 16 bits once and takes cuBLAS, as bitsandbytes does; int8 values go
-into the tensor cores' product as they are, so ``rows`` keeps int8 batches of up to ``INT8_ROWS``
-in its packed bytes (each output scaled by its row's maximum once, which rounds differently from a
-weight dequantized first, within float16's precision), and wider ones dequantize too. A weight
-is dequantized at most ``SLICE_BYTES`` at a time (the output layer a slice of its rows at a
-time), so that what a captured step keeps in its memory pool stays the size of a layer's
-largest projection (``dequantized_bytes``, which the engine's memory fit sets aside).
+``four_bit_row``'s lookup is a few byte permutes per four codes in registers, but until a GPU has
+measured it (``FOUR_BIT_ROW_CHOSEN``) one row of them takes bitsandbytes' own GEMV (as where it
+cannot run: float32, no Triton), and every batch dequantizes the weight into 16 bits once and takes
+cuBLAS, as bitsandbytes does; int8 values go into the tensor cores' product as they are, so
+``rows`` keeps int8 batches of up to ``INT8_ROWS`` in its packed bytes (each output scaled by its
+row's maximum once, which rounds differently from a weight dequantized first, within float16's
+precision), and wider ones dequantize too. A weight is dequantized at most ``SLICE_BYTES`` at a
+time (the output layer a slice of its rows at a time), so that what a captured step keeps in its
+memory pool stays the size of a layer's largest projection (``dequantized_bytes``, which the
+engine's memory fit sets aside).
 """
 
 from __future__ import annotations
