@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from loadtests.quant_kernels import NF4
@@ -151,6 +151,30 @@ def test_the_four_bit_row_kernel_computes_the_product_of_the_dequantized_weights
     gated = row(x, p, gated=True)
     assert gated.shape == (1, outputs // 2)
     close(gated, _swiglu(exact))
+
+
+@settings(max_examples=12, deadline=None)
+@given(offset=st.integers(0, 7), padding=st.integers(0, 7), seed=st.integers(0, 2**16))
+@example(offset=0, padding=0, seed=1)
+@example(offset=4, padding=8, seed=2)
+def test_the_four_bit_row_kernel_takes_only_codes_it_reads_as_whole_words(
+    offset: int, padding: int, seed: int
+) -> None:
+    # It reads four bytes of codes at a time: rows that start off a 4-byte boundary (codes kept
+    # inside a wider buffer) go to bitsandbytes' GEMV instead; the rows it takes, it multiplies.
+    whole = _nf4(64, 256, False, seed)
+    held = torch.zeros(64, 128 + offset + padding, dtype=torch.uint8)
+    held[:, offset : offset + 128] = whole.weight
+    p = Linear(held[:, offset : offset + 128], whole.scale, whole.code)
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(seed)).to(torch.float16)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quant_gemv, "available", lambda x: True)
+        runs = quant_gemv.four_bit_row_runs(x, p)
+    assert runs == (offset % 4 == 0 and (128 + offset + padding) % 4 == 0)
+    if runs:
+        out = quant_gemv.four_bit_row(x, p, in_registers=False)
+        exact = x.float() @ _dense(whole).T
+        torch.testing.assert_close(out.float(), exact, rtol=2e-2, atol=2e-2)
 
 
 def test_int8_values_become_floats_exactly_without_a_conversion() -> None:

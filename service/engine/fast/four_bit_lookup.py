@@ -15,12 +15,12 @@ pairs (one multiply, three fused multiply-adds: each of the two lanes sums four 
 the two lanes added in float32: four 16-bit roundings a product where bitsandbytes' GEMV rounds
 a product once and sums in float32, within the dtype's precision (the fidelity runs measure it).
 
-Operands, as ``tl.inline_asm_elementwise`` passes four elements at a time (``pack=4``): ``$0``
-the float32 sum of the four bytes (``$1``-``$3`` zero, so that summing the outputs sums the
-words), ``$4`` the four bytes of codes (the first input's code in each byte's high half,
-bitsandbytes' order), ``$5``-``$8`` each byte's two activations as one 32-bit pair (the first in
-the low half), then the eight table words (low bytes' four, high bytes' four), each given four
-times (one per element of the pack): ``$9``, ``$13``, ... ``$37``.
+Operands, one 32-bit word of codes a call (``tl.inline_asm_elementwise`` with ``pack=1``, so
+that which bytes a call sums does not depend on how Triton lays a tensor's elements out in a
+thread's registers): ``$0`` the float32 sum of the word's eight products, ``$1`` the word (four
+bytes, the first input's code in each byte's high half, bitsandbytes' order; byte ``k`` at bits
+``8 * k``), ``$2``-``$5`` byte ``k``'s two activations as one 32-bit pair (the first in the low
+half), ``$6``-``$13`` the eight table words (low bytes' four, high bytes' four).
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ import torch
 # The interleaving selectors: a pair's first value is the byte's high code (odd nibble), the
 # second its low code; low byte then high byte of each 16-bit value.
 _PAIR_SELECTORS = ("0x4051", "0x6273")
-# The first operand of each table word (four copies each, one per element of the pack).
-_TABLE_OPERANDS = [f"${9 + 4 * i}" for i in range(8)]
-CONSTRAINTS = "=f,=f,=f,=f," + ",".join(["r"] * (1 + 4 + 32))
+# The operands of the codes, of the activations (a pair a byte) and of the table words.
+_CODES = "$1"
+_ACTIVATIONS = [f"${2 + k}" for k in range(4)]
+_TABLE_OPERANDS = [f"${6 + i}" for i in range(8)]
+CONSTRAINTS = "=f," + ",".join(["r"] * (1 + 4 + 8))
 
 
 def _lookup(selectors: str, choices: str, out: tuple[str, str]) -> list[str]:
@@ -56,10 +58,10 @@ def _sum(dtype: torch.dtype) -> list[str]:
     pairs, then the two lanes in float32 into ``$0``."""
     if dtype == torch.float16:
         products = [
-            "mul.rn.f16x2 p, v0, $5;",
-            "fma.rn.f16x2 p, v1, $6, p;",
-            "fma.rn.f16x2 p, v2, $7, p;",
-            "fma.rn.f16x2 p, v3, $8, p;",
+            f"mul.rn.f16x2 p, v0, {_ACTIVATIONS[0]};",
+            f"fma.rn.f16x2 p, v1, {_ACTIVATIONS[1]}, p;",
+            f"fma.rn.f16x2 p, v2, {_ACTIVATIONS[2]}, p;",
+            f"fma.rn.f16x2 p, v3, {_ACTIVATIONS[3]}, p;",
         ]
         return [
             *products,
@@ -71,10 +73,10 @@ def _sum(dtype: torch.dtype) -> list[str]:
     # bfloat16 (sm_80 has no bf16x2 multiply: the first product adds -0), widened by its bits.
     return [
         "mov.b32 p, 0x80008000;",
-        "fma.rn.bf16x2 p, v0, $5, p;",
-        "fma.rn.bf16x2 p, v1, $6, p;",
-        "fma.rn.bf16x2 p, v2, $7, p;",
-        "fma.rn.bf16x2 p, v3, $8, p;",
+        f"fma.rn.bf16x2 p, v0, {_ACTIVATIONS[0]}, p;",
+        f"fma.rn.bf16x2 p, v1, {_ACTIVATIONS[1]}, p;",
+        f"fma.rn.bf16x2 p, v2, {_ACTIVATIONS[2]}, p;",
+        f"fma.rn.bf16x2 p, v3, {_ACTIVATIONS[3]}, p;",
         "shl.b32 w0, p, 16;",
         "and.b32 w1, p, 0xFFFF0000;",
         "mov.b32 f0, w0;",
@@ -96,17 +98,14 @@ def lookup_asm(dtype: torch.dtype) -> str:
         # Each nibble's low three bits select a byte of codes 0-7's words or of codes 8-15's
         # (``prmt`` reads a selector's top bit as a mode, so it is cleared); its top bit, moved
         # to bit 2, then chooses byte k of the first (k) or of the second (4 + k).
-        "and.b32 s, $4, 0x77777777;",
-        "shr.b32 t, $4, 1;",
+        f"and.b32 s, {_CODES}, 0x77777777;",
+        f"shr.b32 t, {_CODES}, 1;",
         "lop3.b32 t, t, 0x44444444, 0x32103210, 0xEA;",
         *_lookup("s", "t", ("v0", "v1")),
         "shr.b32 s, s, 16;",
         "shr.b32 t, t, 16;",
         *_lookup("s", "t", ("v2", "v3")),
         *_sum(dtype),
-        "mov.f32 $1, 0f00000000;",
-        "mov.f32 $2, 0f00000000;",
-        "mov.f32 $3, 0f00000000;",
         "}",
     ]
     return "\n".join(lines)

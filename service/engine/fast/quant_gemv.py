@@ -141,13 +141,15 @@ def four_bit_row_chosen(x: torch.Tensor, p: Linear) -> bool:
 
 def four_bit_row_runs(x: torch.Tensor, p: Linear) -> bool:
     """Whether ``four_bit_row`` multiplies the row ``x`` by the 4-bit weight ``p``: 16-bit on
-    CUDA with Triton, whole 32-bit pairs of inputs and blocks of an even number of inputs."""
+    CUDA with Triton, whole words of codes (eight inputs, their rows and first byte at a 4-byte
+    boundary) and blocks of a multiple of eight inputs."""
     if p.code is None or p.scale is None or _four_bit_kernel is None:
         return False
     inputs, blocks = x.shape[-1], p.scale.shape[1]
-    whole = inputs % 8 == 0 and inputs % blocks == 0 and (inputs // blocks) % 2 == 0
+    whole = inputs % 8 == 0 and inputs % blocks == 0 and (inputs // blocks) % 8 == 0
+    words = p.weight.stride(0) % 4 == 0 and p.weight.storage_offset() % 4 == 0
     sixteen_bits = x.dtype in (torch.float16, torch.bfloat16)
-    return whole and sixteen_bits and available(x)
+    return whole and words and p.weight.stride(1) == 1 and sixteen_bits and available(x)
 
 
 def four_bit_row(
@@ -178,7 +180,7 @@ def four_bit_row(
     out = torch.empty(1, outputs, dtype=x.dtype, device=x.device)
     _four_bit_kernel[(-(-outputs // chosen.block_n),)](
         x.contiguous().view(torch.int32),
-        p.weight,
+        p.weight.view(torch.int32),  # four bytes of codes a word
         maxima,
         p.code,
         p.scale if nested is None else nested.code,
@@ -188,7 +190,7 @@ def four_bit_row(
         out,
         outputs,
         inputs // 2,
-        p.weight.stride(0),
+        p.weight.stride(0) // 4,
         blocks,
         lookup=lookup_asm(x.dtype),
         in_registers=in_registers,

@@ -211,8 +211,9 @@ def four_bit_row(  # type: ignore[no-untyped-def]
     block_k: tl.constexpr,
 ):
     """``x @ W.T`` for one row ``x`` (read as ``pairs`` 32-bit pairs of its 16-bit values) and
-    the 4-bit codes ``W`` (a byte a pair of inputs): a program's ``block_n`` rows in slices of
-    ``block_k`` pairs, each byte's two codes looked up in registers and multiplied by ``lookup``
+    the 4-bit codes ``W`` (a byte a pair of inputs, read as 32-bit words of four bytes:
+    ``stride_w`` in words): a program's ``block_n`` rows in slices of ``block_k`` pairs, each
+    word's eight codes looked up in registers and multiplied by ``lookup``
     (``four_bit_lookup.lookup_asm``, the table's words made here from the format's 16 float32
     values; read from memory instead where not ``in_registers``: ``_words_from_memory``), each
     block's sum (``block_pairs`` bytes) scaled by its maximum once (float32, or ``nested`` in
@@ -232,21 +233,21 @@ def four_bit_row(  # type: ignore[no-untyped-def]
     acc = tl.zeros([block_n, block_k // block_pairs], dtype=tl.float32)
     acc_up = tl.zeros([block_n, block_k // block_pairs], dtype=tl.float32)
     for start in range(0, pairs, block_k):
-        cols = start + tl.arange(0, block_k)
-        col_ok = cols < pairs
-        xs = tl.load(x_ptr + cols, mask=col_ok, other=0)
+        # The slice's pairs, four a word of codes (``pairs`` is a multiple of four).
+        cols = start + 4 * tl.arange(0, block_k // 4)[:, None] + tl.arange(0, 4)[None, :]
+        xs = tl.load(x_ptr + cols, mask=cols < pairs, other=0)
         acc += _four_bit_slice(
             w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr, nested_offset_ptr,
-            xs, low0, low1, low2, low3, high0, high1, high2, high3, rows, row_ok, cols, col_ok,
-            start, pairs, stride_w, stride_m, lookup, in_registers, nested, group, dtype,
-            block_pairs, block_n, block_k,
+            xs, low0, low1, low2, low3, high0, high1, high2, high3, rows, row_ok, start, pairs,
+            stride_w, stride_m, lookup, in_registers, nested, group, dtype, block_pairs,
+            block_n, block_k,
         )  # fmt: skip
         if swiglu:
             acc_up += _four_bit_slice(
                 w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr,
                 nested_offset_ptr, xs, low0, low1, low2, low3, high0, high1, high2, high3,
-                rows + rows_out, row_ok, cols, col_ok, start, pairs, stride_w, stride_m, lookup,
-                in_registers, nested, group, dtype, block_pairs, block_n, block_k,
+                rows + rows_out, row_ok, start, pairs, stride_w, stride_m, lookup, in_registers,
+                nested, group, dtype, block_pairs, block_n, block_k,
             )  # fmt: skip
     _finish(
         tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), residual_ptr, out_ptr, rows, row_ok,
@@ -293,8 +294,6 @@ def _four_bit_slice(  # type: ignore[no-untyped-def]
     high3,
     rows,
     row_ok,
-    cols,
-    col_ok,
     start,
     pairs,
     stride_w,
@@ -311,16 +310,17 @@ def _four_bit_slice(  # type: ignore[no-untyped-def]
     """One slice of ``four_bit_row``: ``[block_n, block_k // block_pairs]`` block sums, each
     scaled by its maximum (codes and maxima out of range read as 0)."""
     rows64 = rows.to(tl.int64)
-    at = w_ptr + rows64[:, None] * stride_w + cols[None, :]
-    codes = tl.load(at, mask=row_ok[:, None] & col_ok[None, :], other=0)
+    words = start // 4 + tl.arange(0, block_k // 4)
+    at = w_ptr + rows64[:, None] * stride_w + words[None, :]
+    codes = tl.load(at, mask=row_ok[:, None] & (words < pairs // 4)[None, :], other=0)
     if in_registers:
-        words = _words_in_registers(
+        sums = _words_in_registers(
             codes, xs, low0, low1, low2, low3, high0, high1, high2, high3, lookup, block_n,
             block_k,
         )  # fmt: skip
     else:
-        words = _words_from_memory(codes, xs, code_ptr, dtype, block_n, block_k)
-    sums = tl.sum(tl.reshape(words, (block_n, block_k // block_pairs, block_pairs // 4)), axis=2)
+        sums = _words_from_memory(codes, xs, code_ptr, dtype, block_n, block_k)
+    sums = tl.sum(tl.reshape(sums, (block_n, block_k // block_pairs, block_pairs // 4)), axis=2)
     blocks = start // block_pairs + tl.arange(0, block_k // block_pairs)
     block_ok = row_ok[:, None] & (blocks < pairs // block_pairs)[None, :]
     at = rows64[:, None] * stride_m + blocks[None, :]
@@ -333,6 +333,21 @@ def _four_bit_slice(  # type: ignore[no-untyped-def]
     else:
         maxima = tl.load(maxima_ptr + at, mask=block_ok, other=0.0)
     return sums * maxima
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _activations(xs, block_n: tl.constexpr, block_k: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The slice's pairs ``xs`` (``[block_k // 4, 4]``, four a word) as four
+    ``[block_n, block_k // 4]`` operands: byte ``k``'s pair of every word, the same in each row."""
+    even, odd = tl.split(tl.reshape(xs, (block_k // 4, 2, 2)))  # pairs 4w + 2i, 4w + 2i + 1
+    first, third = tl.split(even)
+    second, fourth = tl.split(odd)
+    return (
+        tl.broadcast_to(first[None, :], (block_n, block_k // 4)),
+        tl.broadcast_to(second[None, :], (block_n, block_k // 4)),
+        tl.broadcast_to(third[None, :], (block_n, block_k // 4)),
+        tl.broadcast_to(fourth[None, :], (block_n, block_k // 4)),
+    )
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -351,25 +366,21 @@ def _words_in_registers(  # type: ignore[no-untyped-def]
     block_n: tl.constexpr,
     block_k: tl.constexpr,
 ):
-    """Each word's (four bytes') sum of its eight codes' values times their activations,
+    """Each word's sum of its eight codes' values times their activations,
     ``[block_n, block_k // 4]``, by ``lookup`` with the table in registers."""
+    x0, x1, x2, x3 = _activations(xs, block_n, block_k)
     # The table words, the same in every element.
-    zeros = tl.zeros((block_n, block_k), dtype=tl.int32)
+    zeros = tl.zeros((block_n, block_k // 4), dtype=tl.int32)
     # fmt: off
     operands = [
-        codes, tl.broadcast_to(xs[None, :], (block_n, block_k)),
+        codes, x0, x1, x2, x3,
         zeros + low0, zeros + low1, zeros + low2, zeros + low3,
         zeros + high0, zeros + high1, zeros + high2, zeros + high3,
     ]
     # fmt: on
-    outputs = tl.inline_asm_elementwise(
-        lookup, _LOOKUP_CONSTRAINTS, operands, dtype=tl.float32, is_pure=True, pack=4
+    return tl.inline_asm_elementwise(
+        lookup, _LOOKUP_CONSTRAINTS, operands, dtype=tl.float32, is_pure=True, pack=1
     )
-    # Each word's sum is the first of its four outputs (the others zero): taken apart in
-    # registers rather than added.
-    firsts, _ = tl.split(tl.reshape(outputs, (block_n, block_k // 4, 2, 2)))
-    words, _ = tl.split(firsts)
-    return words
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -379,12 +390,24 @@ def _words_from_memory(  # type: ignore[no-untyped-def]
     """``_words_in_registers``' sums with the table read from memory and summed in float32:
     for Triton's interpreter, which cannot run inline assembly (the tests check the rest of the
     kernel with it; the lookup's own tests run its PTX)."""
-    first = tl.load(code_ptr + (codes >> 4).to(tl.int32)).to(dtype).to(tl.float32)
-    second = tl.load(code_ptr + (codes & 15).to(tl.int32)).to(dtype).to(tl.float32)
-    x_first = (xs & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
-    x_second = (xs >> 16).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
-    per_byte = first * x_first[None, :] + second * x_second[None, :]
-    return tl.sum(tl.reshape(per_byte, (block_n, block_k // 4, 4)), axis=2)
+    x0, x1, x2, x3 = _activations(xs, block_n, block_k)
+    total = _byte_from_memory(codes, 0, x0, code_ptr, dtype)
+    total += _byte_from_memory(codes, 1, x1, code_ptr, dtype)
+    total += _byte_from_memory(codes, 2, x2, code_ptr, dtype)
+    total += _byte_from_memory(codes, 3, x3, code_ptr, dtype)
+    return total
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _byte_from_memory(codes, k: tl.constexpr, x, code_ptr, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Byte ``k`` of each word's two values (read from the table) times their activations
+    ``x`` (the pair of 16-bit values), in float32."""
+    byte = (codes >> (8 * k)) & 0xFF
+    first = tl.load(code_ptr + (byte >> 4)).to(dtype).to(tl.float32)
+    second = tl.load(code_ptr + (byte & 15)).to(dtype).to(tl.float32)
+    x_first = (x & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+    x_second = ((x >> 16) & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+    return first * x_first + second * x_second
 
 
 @triton.jit  # type: ignore[untyped-decorator]
