@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,6 +158,54 @@ def test_no_route_fails_on_arbitrary_json(
     assert response.status_code < 500, (method, path, body, response.text)
     kind = response.headers.get("content-type", "")
     assert kind.startswith(("application/json", "text/event-stream")), (body, kind)
+
+
+def _not_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+# The routes that read a JSON body (a document upload reads a form; suggestions, off, are refused
+# before their body is read).
+JSON_ROUTES = [
+    path
+    for method, path in ROUTES
+    if method == "POST" and "document" not in path and not path.endswith(("_file", "suggest"))
+] + ["/language/translate/v2", "/v3/projects/p/locations/global:translateText"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    path=st.sampled_from(JSON_ROUTES),
+    deeper=st.integers(1, 20_000),
+    opening=st.sampled_from(["[", '{"a":']),
+    undecodable=st.binary(min_size=1, max_size=8).filter(_not_utf8),
+    flaw=st.sampled_from(["nested", "bytes"]),
+)
+def test_a_body_too_deep_or_not_utf8_is_a_4xx_that_says_so(
+    hostile: httpx.Client, path: str, deeper: int, opening: str, undecodable: bytes, flaw: str
+) -> None:
+    # Valid JSON nested past the parser's depth (the interpreter's recursion limit, which the
+    # test runner raises), or bytes that are not UTF-8, inside an otherwise valid request: each
+    # route answers in its shape and names the flaw, where both once read "not valid UTF-8
+    # JSON" or "neither JSON nor a form".
+    depth = sys.getrecursionlimit() + deeper
+    start = _encoded({"auth_key": KEY, **VALID.get(path, {})})[:-1]
+    if flaw == "nested":
+        closing = "]" if opening == "[" else "}"
+        body = start + f', "x": {opening * depth}1{closing * depth}}}'.encode()
+        said = "nests too deeply"
+    else:
+        body = start + b', "x": "' + undecodable + b'"}'
+        said = "not UTF-8"
+    headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
+    response = hostile.post(path, content=body, headers=headers)
+    assert 400 <= response.status_code < 500, (path, flaw, depth, response.text)
+    assert response.headers["content-type"].startswith("application/json")
+    assert said in response.text, (path, flaw, depth, response.status_code, response.text)
 
 
 @pytest.mark.parametrize(

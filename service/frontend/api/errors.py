@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from service.contract import errors
+from service.frontend.api.params import body_problem
 
 log = logging.getLogger(__name__)
 
@@ -143,11 +144,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_http_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, HTTPException)
         if error.status_code == 400:
-            # FastAPI's answer to a body it cannot decode (invalid UTF-8): the same class of
-            # client error as malformed JSON, which it answers 422; keep one status for both.
-            return error_response(
-                422, "validation_error", "the request body is not valid UTF-8 JSON"
-            )
+            # FastAPI's answer to a body it cannot decode (not UTF-8, or JSON nested past the
+            # parser's depth; the decoder's error is its cause): the same class of client error
+            # as malformed JSON, which it answers 422; keep one status for both.
+            cause = error.__cause__ or error
+            return error_response(422, "validation_error", body_problem(cause))
         code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
         return error_response(error.status_code, code, str(error.detail), error.headers)
 

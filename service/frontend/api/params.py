@@ -47,11 +47,22 @@ async def read_params(request: Request) -> Params:
         return query
     try:
         decoded = json.loads(body)
-    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
-        raise InvalidInput("invalid request: the body is neither JSON nor a form") from None
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError, JSONDecodeError too
+        problem = body_problem(error, "the body is neither JSON nor a form")
+        raise InvalidInput(f"invalid request: {problem}") from None
     if not isinstance(decoded, dict):
         raise InvalidInput("invalid request: the body must be a JSON object")
     return {**query, **decoded}
+
+
+def body_problem(error: BaseException, otherwise: str = "the body is not JSON") -> str:
+    """What is wrong with a body that did not decode as JSON, for the client, from the
+    decoder's ``error`` (``otherwise`` where it says nothing more)."""
+    if isinstance(error, UnicodeDecodeError):
+        return "the body is not UTF-8"
+    if isinstance(error, RecursionError):
+        return "the body's JSON nests too deeply"
+    return otherwise
 
 
 def parse(
