@@ -13,8 +13,8 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
 - ``int4-tinygemm``: AWQ/GPTQ-style int4 (a scale and zero point per group of 128 inputs) by
   torch's own W4A16 kernel (``aten._weight_int4pack_mm``, tinygemm, compute capability 8.0+);
 - ``nf4-gemv`` and ``int8-gemv``: the engine's own one-row kernels for bitsandbytes weights
-  (``quant_gemv.one_row``: for NF4 ``four_bit_row``, its lookup in registers, which a lone
-  request's step takes once ``quant_gemv.FOUR_BIT_ROW_CHOSEN``; int8's it takes now);
+  (``quant_gemv.one_row``: for NF4 ``four_bit_row``, its lookup in registers), which a lone
+  request's step takes;
 - ``nf4-rows`` and ``int8-rows``: the engine's own batch kernel for them (``quant_gemv.rows``:
   slices dequantized straight into the tensor cores' product), which decode batches take on a GPU
   (``nf4`` and ``int8`` above 1 row are the whole-weight dequantization in torch it replaced);
@@ -24,7 +24,7 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
 - ``int4-reduction``: the same int4 numbers dequantized inside the engine's compiled one-row
   reduction (the form the engine would take for such a checkpoint at one row);
 - ``nf4-engine`` and ``int8-engine``: what the engine runs for each shape
-  (``projections.project``'s choice: at one row of NF4 bitsandbytes' GEMV, of int8 the
+  (``projections.project``'s choice: at one row of NF4 ``four_bit_row``, of int8 the
   one-row kernel, in a CUDA graph as the engine replays it), NF4's maxima in bitsandbytes' double
   quantization as the engine loads them: the four projections' side by side, written by one
   kernel before the first;

@@ -93,8 +93,8 @@ def _run(
         # PTX writes a float32's bits as 0f<hex>.
         return int(operand[2:], 16) if operand.startswith("0f") else int(operand, 0)
 
-    for line in asm.splitlines():
-        line = line.strip().rstrip(";")
+    for line in asm.split(";"):
+        line = line.strip()
         if not line or line[0] in "{}." or line.startswith("//"):
             continue
         op, rest = line.split(None, 1)
@@ -197,6 +197,14 @@ def test_the_kernel_makes_the_table_words_from_the_format_s_values() -> None:
     for values in (NF4, FP4):
         for dtype in (torch.float16, torch.bfloat16):
             assert table_words_of(torch.tensor(values), dtype) == table_words(values, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_lookup_is_one_line(dtype: torch.dtype) -> None:
+    # Inductor writes the string into the Python source of a compiled step as a one-line
+    # literal: with its statements on lines of their own, the step failed to import on the
+    # H200 (docs/benchmarks.md, run 116).
+    assert "\n" not in lookup_asm(dtype)
 
 
 def test_only_16_bit_activations_are_looked_up() -> None:

@@ -177,6 +177,19 @@ def test_the_four_bit_row_kernel_takes_only_codes_it_reads_as_whole_words(
         torch.testing.assert_close(out.float(), exact, rtol=2e-2, atol=2e-2)
 
 
+def test_the_choice_of_the_four_bit_row_kernel_traces_into_a_compiled_step() -> None:
+    # The engine compiles its steps whole (``fullgraph``): asking the codes' offset there
+    # (an int, which dynamo does not trace) failed the NF4 engine's start on the H200 (run 116).
+    p = _nf4(64, 256, False, 0)
+    x = torch.randn(1, 256, dtype=torch.float16)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quant_gemv, "available", lambda x: True)
+        chosen = torch.compile(
+            lambda x: x * quant_gemv.four_bit_row_runs(x, p), fullgraph=True, backend="eager"
+        )
+        assert torch.equal(chosen(x), x)
+
+
 def test_int8_values_become_floats_exactly_without_a_conversion() -> None:
     # Every int8 value through the kernels' bit trick, in a kernel of this test's own: the
     # floats must be the values themselves.
@@ -337,11 +350,10 @@ def test_each_shape_takes_its_kernel_where_they_run(monkeypatch: pytest.MonkeyPa
 def test_a_lone_16_bit_row_of_4_bit_codes_takes_the_engine_s_kernel(
     dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # As on a GPU once chosen: the projection, its residual and the gated product in the 4-bit
-    # row kernel (its table read from memory here: the interpreter runs no PTX), not
-    # bitsandbytes' GEMV, unless the kernel cannot run; not chosen, bitsandbytes' GEMV.
+    # As on a GPU: the projection, its residual and the gated product in the 4-bit row kernel
+    # (its table read from memory here: the interpreter runs no PTX), not bitsandbytes' GEMV,
+    # unless the kernel cannot run.
     monkeypatch.setattr(quant_gemv, "available", lambda x: True)
-    monkeypatch.setattr(quant_gemv, "FOUR_BIT_ROW_CHOSEN", True)
     monkeypatch.setattr(quant_gemv, "_gemv_4bit", _bitsandbytes_gemv)
     taken: list[str] = []
     kernel = partial(quant_gemv.four_bit_row, in_registers=False)
@@ -365,10 +377,7 @@ def test_a_lone_16_bit_row_of_4_bit_codes_takes_the_engine_s_kernel(
         torch.testing.assert_close(quant_gemv.product(x, nf4).float(), exact, rtol=2e-2, atol=2e-2)
         assert taken == ["four_bit_row"] * 3
     taken.clear()
-    with monkeypatch.context() as patch:
-        patch.setattr(quant_gemv, "four_bit_row_runs", lambda x, p: False)
-        project(x, nf4)
-    monkeypatch.setattr(quant_gemv, "FOUR_BIT_ROW_CHOSEN", False)
+    monkeypatch.setattr(quant_gemv, "four_bit_row_runs", lambda x, p: False)
     project(x, nf4)
     gated_product(x, nf4)
     assert taken == []

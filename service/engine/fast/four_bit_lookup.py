@@ -86,8 +86,8 @@ def _sum(dtype: torch.dtype) -> list[str]:
 
 
 def lookup_asm(dtype: torch.dtype) -> str:
-    """The PTX for activations of ``dtype`` (float16 or bfloat16); the module's docstring gives
-    its operands."""
+    """The PTX for activations of ``dtype`` (float16 or bfloat16), its statements on one line;
+    the module's docstring gives its operands."""
     if dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"the 4-bit lookup multiplies 16-bit activations, not {dtype}")
     lines = [
@@ -108,4 +108,6 @@ def lookup_asm(dtype: torch.dtype) -> str:
         *_sum(dtype),
         "}",
     ]
-    return "\n".join(lines)
+    # One line: inductor writes a captured kernel's string arguments into the Python source it
+    # generates as one-line literals (a newline there failed the compiled step's import).
+    return " ".join(lines)

@@ -35,10 +35,10 @@ def _one_row(x: torch.Tensor, p: Linear) -> bool:
 
 def _one_quantized_row(x: torch.Tensor, p: Linear, norm_eps: float | None) -> bool:
     """Whether ``quant_gemv.py``'s one-row kernels compute it: one row of bitsandbytes' int8
-    weights, or of 4-bit codes where ``four_bit_row`` is chosen (norms never fold into these
+    weights, or of 4-bit codes where ``four_bit_row`` runs (norms never fold into these
     weights; elsewhere 4-bit codes take bitsandbytes' own kernel, through ``product``)."""
     one = x.shape[0] == 1 and p.bitsandbytes and quant_gemv.available(x)
-    kernel = p.code is None or quant_gemv.four_bit_row_chosen(x, p)
+    kernel = p.code is None or quant_gemv.four_bit_row_runs(x, p)
     return one and kernel and norm_eps is None
 
 

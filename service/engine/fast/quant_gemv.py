@@ -22,16 +22,15 @@ is no norm option.
 Which one runs (``product``), from what the kernels measured side by side (docs/benchmarks.md,
 ``loadtests/quant_kernels.py``): 4-bit codes cost a table lookup per weight, which held
 bitsandbytes' GEMV and the engine's first kernel (a load per lookup) far under the memory's pace;
-``four_bit_row``'s lookup is a few byte permutes per four codes in registers, but until a GPU has
-measured it (``FOUR_BIT_ROW_CHOSEN``) one row of them takes bitsandbytes' own GEMV (as where it
-cannot run: float32, no Triton), and every batch dequantizes the weight into 16 bits once and takes
-cuBLAS, as bitsandbytes does; int8 values go into the tensor cores' product as they are, so
-``rows`` keeps int8 batches of up to ``INT8_ROWS`` in its packed bytes (each output scaled by its
-row's maximum once, which rounds differently from a weight dequantized first, within float16's
-precision), and wider ones dequantize too. A weight is dequantized at most ``SLICE_BYTES`` at a
-time (the output layer a slice of its rows at a time), so that what a captured step keeps in its
-memory pool stays the size of a layer's largest projection (``dequantized_bytes``, which the
-engine's memory fit sets aside).
+``four_bit_row``'s lookup is a few byte permutes per four codes in registers, so one 16-bit row of
+them takes it (bitsandbytes' own GEMV where it cannot run: float32, no Triton), and every batch
+dequantizes the weight into 16 bits once and takes cuBLAS, as bitsandbytes does; int8 values go
+into the tensor cores' product as they are, so ``rows`` keeps int8 batches of up to ``INT8_ROWS``
+in its packed bytes (each output scaled by its row's maximum once, which rounds differently from a
+weight dequantized first, within float16's precision), and wider ones dequantize too. A weight is
+dequantized at most ``SLICE_BYTES`` at a time (the output layer a slice of its rows at a time), so
+that what a captured step keeps in its memory pool stays the size of a layer's largest projection
+(``dequantized_bytes``, which the engine's memory fit sets aside).
 """
 
 from __future__ import annotations
@@ -126,19 +125,6 @@ def one_row(
     return out
 
 
-# Whether the engine's lone 4-bit rows take ``four_bit_row`` rather than bitsandbytes' GEMV: not
-# until a GPU has run it, checked its products and measured it against that GEMV (its PTX and
-# the rest of the kernel are tested without one; docs/benchmarks.md says what to run).
-# ``one_row`` and the benchmarks take it wherever it runs.
-FOUR_BIT_ROW_CHOSEN = False
-
-
-def four_bit_row_chosen(x: torch.Tensor, p: Linear) -> bool:
-    """Whether the engine multiplies the row ``x`` by the 4-bit weight ``p`` with
-    ``four_bit_row`` (``FOUR_BIT_ROW_CHOSEN``, where it runs)."""
-    return FOUR_BIT_ROW_CHOSEN and four_bit_row_runs(x, p)
-
-
 def four_bit_row_runs(x: torch.Tensor, p: Linear) -> bool:
     """Whether ``four_bit_row`` multiplies the row ``x`` by the 4-bit weight ``p``: 16-bit on
     CUDA with Triton, whole words of codes (eight inputs, their rows and first byte at a 4-byte
@@ -147,7 +133,11 @@ def four_bit_row_runs(x: torch.Tensor, p: Linear) -> bool:
         return False
     inputs, blocks = x.shape[-1], p.scale.shape[1]
     whole = inputs % 8 == 0 and inputs % blocks == 0 and (inputs // blocks) % 8 == 0
-    words = p.weight.stride(0) % 4 == 0 and p.weight.storage_offset() % 4 == 0
+    # A compiled step cannot ask a tensor's offset (dynamo traces no call that returns an int);
+    # there the engine's codes are tensors of their own, and the words' view in ``four_bit_row``
+    # refuses a misaligned one while the step is traced.
+    aligned = torch.compiler.is_compiling() or p.weight.storage_offset() % 4 == 0
+    words = p.weight.stride(0) % 4 == 0 and aligned
     sixteen_bits = x.dtype in (torch.float16, torch.bfloat16)
     return whole and words and p.weight.stride(1) == 1 and sixteen_bits and available(x)
 
@@ -338,7 +328,7 @@ def product(x: torch.Tensor, p: Linear) -> torch.Tensor:
     that multiplies this shape fastest (the module's docstring says which)."""
     batch = x.shape[0]
     if p.code is not None and batch == 1:
-        return four_bit_row(x, p) if four_bit_row_chosen(x, p) else _bitsandbytes_row(x, p)
+        return four_bit_row(x, p) if four_bit_row_runs(x, p) else _bitsandbytes_row(x, p)
     if batch > dequantizes_above(p):
         return dequantized_product(x, p)
     return rows(x, p)
