@@ -1,4 +1,4 @@
-"""A kernel of the tests' own around ``quant_gemv_kernel.table_word`` (a Triton function is called
+"""A kernel of the tests' own around ``four_bit_kernel.table_word`` (a Triton function is called
 only from a kernel): imported by the tests that need Triton, once they know it is here."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from service.engine.fast.quant_gemv_kernel import table_word
+from service.engine.fast.four_bit_kernel import table_word
 
 
 @triton.jit

@@ -1,8 +1,8 @@
 """The 4-bit lookup's PTX (``four_bit_lookup``), run here by a small interpreter of the
 instructions it uses: every word of codes must come out as its values times their activations,
 whatever the codes, the values and the activations; and the table words the kernel makes from a
-format's values (``quant_gemv_kernel.table_word``, in Triton's interpreter). A GPU runs the same
-text in ``quant_gemv_kernel.four_bit_row`` (measured by ``loadtests.quant_kernels``; compiled by
+format's values (``four_bit_kernel.table_word``, in Triton's interpreter). A GPU runs the same
+text in ``four_bit_kernel.four_bit_row`` (measured by ``loadtests.quant_kernels``; compiled by
 ptxas in ``test_kernels_compile.py``)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loadtests.quant_kernels import NF4
-from service.engine.fast.four_bit_lookup import lookup_asm
+from service.engine.fast.four_bit_lookup import dot_asm, lookup_asm, values_asm
 
 # bitsandbytes' FP4 values (``bitsandbytes.functional.get_4bit_type``; NF4's are loadtests').
 FP4 = (
@@ -86,6 +86,12 @@ def _run(
     table words of ``values``, as the kernel gives them."""
     regs: dict[str, int] = {"$1": word} | {f"${2 + i}": p for i, p in enumerate(pairs)}
     regs |= {f"${6 + i}": table for i, table in enumerate(table_words(values, dtype))}
+    return _f32(_execute(asm, regs)["$0"])
+
+
+def _execute(asm: str, regs: dict[str, int]) -> dict[str, int]:
+    """The registers after ``asm`` ran from ``regs``."""
+    regs = dict(regs)
 
     def value(operand: str) -> int:
         if operand in regs:
@@ -132,7 +138,7 @@ def _run(
             regs[d] = _bits32(float(total))
         else:
             raise AssertionError(f"the interpreter lacks {op}")
-    return _f32(regs["$0"])
+    return regs
 
 
 def _expected(values: tuple[float, ...], word: int, pairs: list[int], dtype: torch.dtype) -> float:
@@ -174,6 +180,30 @@ def test_every_word_is_its_values_times_their_activations(
     assert got == _expected(values, word, pairs, dtype)
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    values=_VALUES,
+    word=st.integers(0, MASK),
+    activations=st.lists(_ACTIVATION, min_size=8, max_size=8),
+    dtype=_DTYPES,
+)
+def test_the_lookup_and_the_products_apart_are_the_lookup_s_sum(
+    values: tuple[float, ...], word: int, activations: list[float], dtype: torch.dtype
+) -> None:
+    # Several rows of activations share one lookup: its four pairs of values out of
+    # ``values_asm``, then ``dot_asm`` per row, must give each row the one-row sum exactly.
+    pairs = [_pair(activations[2 * i : 2 * i + 2], dtype) for i in range(4)]
+    tables = table_words(values, dtype)
+    looked_up = _execute(
+        values_asm(), {"$4": word} | {f"${5 + i}": t for i, t in enumerate(tables)}
+    )
+    operands = {f"${1 + k}": looked_up[f"${k}"] for k in range(4)}
+    operands |= {f"${5 + k}": pairs[k] for k in range(4)}
+    got = _f32(_execute(dot_asm(dtype), operands)["$0"])
+    assert got == _expected(values, word, pairs, dtype)
+    assert got == _run(lookup_asm(dtype), word, pairs, values, dtype)
+
+
 def test_every_code_is_looked_up_in_every_place_of_a_word() -> None:
     """All 16 codes in each of the eight places (the codes 8-15, the second table words,
     included), the others' activations zero."""
@@ -204,7 +234,7 @@ def test_the_lookup_is_one_line(dtype: torch.dtype) -> None:
     # Inductor writes the string into the Python source of a compiled step as a one-line
     # literal: with its statements on lines of their own, the step failed to import on the
     # H200 (docs/benchmarks.md, run 116).
-    assert "\n" not in lookup_asm(dtype)
+    assert "\n" not in lookup_asm(dtype) + values_asm() + dot_asm(dtype)
 
 
 def test_only_16_bit_activations_are_looked_up() -> None:

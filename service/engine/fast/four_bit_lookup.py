@@ -1,4 +1,4 @@
-"""The lookup of 4-bit codes in registers: the PTX that ``quant_gemv_kernel.four_bit_row`` runs
+"""The lookup of 4-bit codes in registers: the PTX that ``four_bit_kernel.four_bit_row`` runs
 for every four bytes of a lone row's weight.
 
 A 4-bit code stands for one of 16 arbitrary values (NF4's quantiles of a normal distribution,
@@ -30,17 +30,22 @@ import torch
 # The interleaving selectors: a pair's first value is the byte's high code (odd nibble), the
 # second its low code; low byte then high byte of each 16-bit value.
 _PAIR_SELECTORS = ("0x4051", "0x6273")
-# The operands of the codes, of the activations (a pair a byte) and of the table words.
+# ``lookup_asm``'s operands: the codes, the activations (a pair a byte), the table words.
 _CODES = "$1"
 _ACTIVATIONS = [f"${2 + k}" for k in range(4)]
 _TABLE_OPERANDS = [f"${6 + i}" for i in range(8)]
 CONSTRAINTS = "=f," + ",".join(["r"] * (1 + 4 + 8))
+# ``values_asm``'s: the four pairs of values out, the codes, the table words.
+VALUES_CONSTRAINTS = "=r,=r,=r,=r," + ",".join(["r"] * (1 + 8))
+# ``dot_asm``'s: the sum out, the four pairs of values, the activations.
+DOT_CONSTRAINTS = "=f," + ",".join(["r"] * (4 + 4))
+_VALUES = ("v0", "v1", "v2", "v3")
 
 
-def _lookup(selectors: str, choices: str, out: tuple[str, str]) -> list[str]:
+def _lookup(selectors: str, choices: str, out: tuple[str, str], table: list[str]) -> list[str]:
     """Four codes (the nibbles ``selectors`` and ``choices`` were made of) looked up in the
-    table words into two pairs of 16-bit values, ``out``."""
-    low, high = _TABLE_OPERANDS[:4], _TABLE_OPERANDS[4:]
+    ``table`` words into two pairs of 16-bit values, ``out``."""
+    low, high = table[:4], table[4:]
     return [
         f"prmt.b32 a, {low[0]}, {low[1]}, {selectors};",
         f"prmt.b32 b, {low[2]}, {low[3]}, {selectors};",
@@ -53,15 +58,32 @@ def _lookup(selectors: str, choices: str, out: tuple[str, str]) -> list[str]:
     ]
 
 
-def _sum(dtype: torch.dtype) -> list[str]:
-    """The four pairs of values times their activations, summed lane by lane in ``dtype``
-    pairs, then the two lanes in float32 into ``$0``."""
+def _look_up_word(codes: str, table: list[str], values: tuple[str, ...]) -> list[str]:
+    """The word of eight ``codes`` looked up in the ``table`` words into four pairs."""
+    return [
+        # Each nibble's low three bits select a byte of codes 0-7's words or of codes 8-15's
+        # (``prmt`` reads a selector's top bit as a mode, so it is cleared); its top bit, moved
+        # to bit 2, then chooses byte k of the first (k) or of the second (4 + k).
+        f"and.b32 s, {codes}, 0x77777777;",
+        f"shr.b32 t, {codes}, 1;",
+        "lop3.b32 t, t, 0x44444444, 0x32103210, 0xEA;",
+        *_lookup("s", "t", (values[0], values[1]), table),
+        "shr.b32 s, s, 16;",
+        "shr.b32 t, t, 16;",
+        *_lookup("s", "t", (values[2], values[3]), table),
+    ]
+
+
+def _sum(dtype: torch.dtype, values: tuple[str, ...], activations: list[str]) -> list[str]:
+    """The four pairs of ``values`` times their ``activations``, summed lane by lane in
+    ``dtype`` pairs, then the two lanes in float32 into ``$0``."""
+    v, x = values, activations
     if dtype == torch.float16:
         products = [
-            f"mul.rn.f16x2 p, v0, {_ACTIVATIONS[0]};",
-            f"fma.rn.f16x2 p, v1, {_ACTIVATIONS[1]}, p;",
-            f"fma.rn.f16x2 p, v2, {_ACTIVATIONS[2]}, p;",
-            f"fma.rn.f16x2 p, v3, {_ACTIVATIONS[3]}, p;",
+            f"mul.rn.f16x2 p, {v[0]}, {x[0]};",
+            f"fma.rn.f16x2 p, {v[1]}, {x[1]}, p;",
+            f"fma.rn.f16x2 p, {v[2]}, {x[2]}, p;",
+            f"fma.rn.f16x2 p, {v[3]}, {x[3]}, p;",
         ]
         return [
             *products,
@@ -73,10 +95,10 @@ def _sum(dtype: torch.dtype) -> list[str]:
     # bfloat16 (sm_80 has no bf16x2 multiply: the first product adds -0), widened by its bits.
     return [
         "mov.b32 p, 0x80008000;",
-        f"fma.rn.bf16x2 p, v0, {_ACTIVATIONS[0]}, p;",
-        f"fma.rn.bf16x2 p, v1, {_ACTIVATIONS[1]}, p;",
-        f"fma.rn.bf16x2 p, v2, {_ACTIVATIONS[2]}, p;",
-        f"fma.rn.bf16x2 p, v3, {_ACTIVATIONS[3]}, p;",
+        f"fma.rn.bf16x2 p, {v[0]}, {x[0]}, p;",
+        f"fma.rn.bf16x2 p, {v[1]}, {x[1]}, p;",
+        f"fma.rn.bf16x2 p, {v[2]}, {x[2]}, p;",
+        f"fma.rn.bf16x2 p, {v[3]}, {x[3]}, p;",
         "shl.b32 w0, p, 16;",
         "and.b32 w1, p, 0xFFFF0000;",
         "mov.b32 f0, w0;",
@@ -85,29 +107,42 @@ def _sum(dtype: torch.dtype) -> list[str]:
     ]
 
 
-def lookup_asm(dtype: torch.dtype) -> str:
-    """The PTX for activations of ``dtype`` (float16 or bfloat16), its statements on one line;
-    the module's docstring gives its operands."""
+def _sixteen_bits(dtype: torch.dtype) -> None:
     if dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"the 4-bit lookup multiplies 16-bit activations, not {dtype}")
-    lines = [
-        "{",
+
+
+def _block(lines: list[str]) -> str:
+    """``lines`` in a scope of their own registers, on one line: inductor writes a captured
+    kernel's string arguments into the Python source it generates as one-line literals (a
+    newline there failed the compiled step's import)."""
+    registers = [
         ".reg .b32 s, t, a, b, lo, hi, v0, v1, v2, v3, p, w0, w1;",
         ".reg .b16 e0, e1;",
         ".reg .f32 f0, f1;",
-        # Each nibble's low three bits select a byte of codes 0-7's words or of codes 8-15's
-        # (``prmt`` reads a selector's top bit as a mode, so it is cleared); its top bit, moved
-        # to bit 2, then chooses byte k of the first (k) or of the second (4 + k).
-        f"and.b32 s, {_CODES}, 0x77777777;",
-        f"shr.b32 t, {_CODES}, 1;",
-        "lop3.b32 t, t, 0x44444444, 0x32103210, 0xEA;",
-        *_lookup("s", "t", ("v0", "v1")),
-        "shr.b32 s, s, 16;",
-        "shr.b32 t, t, 16;",
-        *_lookup("s", "t", ("v2", "v3")),
-        *_sum(dtype),
-        "}",
     ]
-    # One line: inductor writes a captured kernel's string arguments into the Python source it
-    # generates as one-line literals (a newline there failed the compiled step's import).
-    return " ".join(lines)
+    return " ".join(["{", *registers, *lines, "}"])
+
+
+def lookup_asm(dtype: torch.dtype) -> str:
+    """The PTX for activations of ``dtype`` (float16 or bfloat16), its statements on one line;
+    the module's docstring gives its operands."""
+    _sixteen_bits(dtype)
+    return _block(
+        [*_look_up_word(_CODES, _TABLE_OPERANDS, _VALUES), *_sum(dtype, _VALUES, _ACTIVATIONS)]
+    )
+
+
+def values_asm() -> str:
+    """``lookup_asm``'s lookup alone, for several rows of activations: ``$0``-``$3`` the word's
+    four pairs of 16-bit values (the byte ``k``'s at ``$k``, the high code's value in the low
+    half), ``$4`` the word, ``$5``-``$12`` the table words."""
+    table = [f"${5 + i}" for i in range(8)]
+    return _block(_look_up_word("$4", table, ("$0", "$1", "$2", "$3")))
+
+
+def dot_asm(dtype: torch.dtype) -> str:
+    """``lookup_asm``'s products alone: ``$0`` the float32 sum of the four pairs of values
+    ``$1``-``$4`` (``values_asm``'s) times their activations ``$5``-``$8``."""
+    _sixteen_bits(dtype)
+    return _block(_sum(dtype, ("$1", "$2", "$3", "$4"), [f"${5 + k}" for k in range(4)]))

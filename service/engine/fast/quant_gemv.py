@@ -50,8 +50,8 @@ _dequantize_kernel: Any
 _maxima_kernel: Any
 _four_bit_kernel: Any
 try:
+    from service.engine.fast.four_bit_kernel import four_bit_row as _four_bit_kernel
     from service.engine.fast.quant_gemv_kernel import dequantize as _dequantize_kernel
-    from service.engine.fast.quant_gemv_kernel import four_bit_row as _four_bit_kernel
     from service.engine.fast.quant_gemv_kernel import nested_maxima as _maxima_kernel
     from service.engine.fast.quant_gemv_kernel import quant_gemv as _kernel
     from service.engine.fast.quant_gemv_kernel import quant_matmul as _batch_kernel

@@ -1,0 +1,274 @@
+"""The Triton kernels that look 4-bit codes up in registers (``four_bit_lookup``'s PTX):
+``four_bit_row`` for one row of activations, ``four_bit_rows`` for a few (``quant_gemv.py``
+says what they compute and which shapes take them).
+
+Their own module, so that ``quant_gemv.py`` imports where there is no Triton (a CPU build of torch
+has none): there this module's import fails and the kernels are never used.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from service.engine.fast.four_bit_lookup import CONSTRAINTS, DOT_CONSTRAINTS, VALUES_CONSTRAINTS
+from service.engine.fast.quant_gemv_kernel import finish_row
+
+_LOOKUP_CONSTRAINTS = tl.constexpr(CONSTRAINTS)
+_VALUES_CONSTRAINTS = tl.constexpr(VALUES_CONSTRAINTS)
+_DOT_CONSTRAINTS = tl.constexpr(DOT_CONSTRAINTS)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def four_bit_row(  # type: ignore[no-untyped-def]
+    x_ptr,
+    w_ptr,
+    maxima_ptr,
+    code_ptr,
+    nested_code_ptr,
+    nested_absmax_ptr,
+    nested_offset_ptr,
+    residual_ptr,
+    out_ptr,
+    rows_out,
+    pairs,
+    stride_w,
+    stride_m,
+    lookup: tl.constexpr,
+    in_registers: tl.constexpr,
+    nested: tl.constexpr,
+    group: tl.constexpr,
+    block_pairs: tl.constexpr,
+    swiglu: tl.constexpr,
+    has_residual: tl.constexpr,
+    block_n: tl.constexpr,
+    block_k: tl.constexpr,
+):
+    """``x @ W.T`` for one row ``x`` (read as ``pairs`` 32-bit pairs of its 16-bit values) and
+    the 4-bit codes ``W`` (a byte a pair of inputs, read as 32-bit words of four bytes:
+    ``stride_w`` in words): a program's ``block_n`` rows in slices of ``block_k`` pairs, each
+    word's eight codes looked up in registers and multiplied by ``lookup``
+    (``four_bit_lookup.lookup_asm``, the table's words made here from the format's 16 float32
+    values; read from memory instead where not ``in_registers``: ``_words_from_memory``), each
+    block's sum (``block_pairs`` bytes) scaled by its maximum once (float32, or ``nested`` in
+    bitsandbytes' double quantization, dequantized where it is read); ``gated`` and ``residual``
+    as ``quant_gemv``."""
+    dtype = out_ptr.dtype.element_ty
+    low0 = table_word(code_ptr, 0, False, dtype)
+    low1 = table_word(code_ptr, 4, False, dtype)
+    low2 = table_word(code_ptr, 8, False, dtype)
+    low3 = table_word(code_ptr, 12, False, dtype)
+    high0 = table_word(code_ptr, 0, True, dtype)
+    high1 = table_word(code_ptr, 4, True, dtype)
+    high2 = table_word(code_ptr, 8, True, dtype)
+    high3 = table_word(code_ptr, 12, True, dtype)
+    rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
+    row_ok = rows < rows_out
+    acc = tl.zeros([block_n, block_k // block_pairs], dtype=tl.float32)
+    acc_up = tl.zeros([block_n, block_k // block_pairs], dtype=tl.float32)
+    for start in range(0, pairs, block_k):
+        # The slice's pairs, four a word of codes (``pairs`` is a multiple of four).
+        cols = start + 4 * tl.arange(0, block_k // 4)[:, None] + tl.arange(0, 4)[None, :]
+        xs = tl.load(x_ptr + cols, mask=cols < pairs, other=0)
+        acc += _four_bit_slice(
+            w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr, nested_offset_ptr,
+            xs, low0, low1, low2, low3, high0, high1, high2, high3, rows, row_ok, start, pairs,
+            stride_w, stride_m, lookup, in_registers, nested, group, dtype, block_pairs,
+            block_n, block_k,
+        )  # fmt: skip
+        if swiglu:
+            acc_up += _four_bit_slice(
+                w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr,
+                nested_offset_ptr, xs, low0, low1, low2, low3, high0, high1, high2, high3,
+                rows + rows_out, row_ok, start, pairs, stride_w, stride_m, lookup, in_registers,
+                nested, group, dtype, block_pairs, block_n, block_k,
+            )  # fmt: skip
+    finish_row(
+        tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), residual_ptr, out_ptr, rows, row_ok,
+        swiglu, has_residual,
+    )  # fmt: skip
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def table_word(code_ptr, first, high: tl.constexpr, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The low (or ``high``) bytes of values ``first`` to ``first + 3`` of the float32 table at
+    ``code_ptr``, rounded to ``dtype``, in one 32-bit word, value ``first + j`` at bits
+    ``8 * j`` (``four_bit_lookup``'s layout)."""
+    word = tl.zeros([], dtype=tl.int32)
+    for j in tl.static_range(4):
+        value = tl.load(code_ptr + first + j)
+        if dtype == tl.bfloat16:
+            # Rounded to nearest even by the bits (the top half of the float32's), as torch
+            # rounds the weights it compares with.
+            wide = value.to(tl.int32, bitcast=True)
+            bits = ((wide + 0x7FFF + ((wide >> 16) & 1)) >> 16) & 0xFFFF
+        else:
+            bits = value.to(dtype).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        byte = (bits >> 8) if high else (bits & 0xFF)
+        word = word | (byte << (8 * j))
+    return word
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _four_bit_slice(  # type: ignore[no-untyped-def]
+    w_ptr,
+    maxima_ptr,
+    code_ptr,
+    nested_code_ptr,
+    nested_absmax_ptr,
+    nested_offset_ptr,
+    xs,
+    low0,
+    low1,
+    low2,
+    low3,
+    high0,
+    high1,
+    high2,
+    high3,
+    rows,
+    row_ok,
+    start,
+    pairs,
+    stride_w,
+    stride_m,
+    lookup: tl.constexpr,
+    in_registers: tl.constexpr,
+    nested: tl.constexpr,
+    group: tl.constexpr,
+    dtype: tl.constexpr,
+    block_pairs: tl.constexpr,
+    block_n: tl.constexpr,
+    block_k: tl.constexpr,
+):
+    """One slice of ``four_bit_row``: ``[block_n, block_k // block_pairs]`` block sums, each
+    scaled by its maximum (codes and maxima out of range read as 0)."""
+    codes = _codes(w_ptr, rows, row_ok, start, pairs, stride_w, block_k)
+    if in_registers:
+        sums = _words_in_registers(
+            codes, xs, low0, low1, low2, low3, high0, high1, high2, high3, lookup, block_n,
+            block_k,
+        )  # fmt: skip
+    else:
+        sums = _words_from_memory(codes, xs, code_ptr, dtype, block_n, block_k)
+    sums = tl.sum(tl.reshape(sums, (block_n, block_k // block_pairs, block_pairs // 4)), axis=2)
+    maxima = _block_maxima(
+        maxima_ptr, nested_code_ptr, nested_absmax_ptr, nested_offset_ptr, rows, row_ok, start,
+        pairs, stride_m, nested, group, block_pairs, block_k,
+    )  # fmt: skip
+    return sums * maxima
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _codes(w_ptr, rows, row_ok, start, pairs, stride_w, block_k: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The slice's words of codes, ``[rows, block_k // 4]`` (0 out of range)."""
+    words = start // 4 + tl.arange(0, block_k // 4)
+    at = w_ptr + rows.to(tl.int64)[:, None] * stride_w + words[None, :]
+    return tl.load(at, mask=row_ok[:, None] & (words < pairs // 4)[None, :], other=0)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _block_maxima(  # type: ignore[no-untyped-def]
+    maxima_ptr,
+    nested_code_ptr,
+    nested_absmax_ptr,
+    nested_offset_ptr,
+    rows,
+    row_ok,
+    start,
+    pairs,
+    stride_m,
+    nested: tl.constexpr,
+    group: tl.constexpr,
+    block_pairs: tl.constexpr,
+    block_k: tl.constexpr,
+):
+    """The maximum of each block of the slice, ``[rows, block_k // block_pairs]`` (float32,
+    or ``nested``: dequantized from bitsandbytes' double quantization; 0 out of range)."""
+    blocks = start // block_pairs + tl.arange(0, block_k // block_pairs)
+    block_ok = row_ok[:, None] & (blocks < pairs // block_pairs)[None, :]
+    at = rows.to(tl.int64)[:, None] * stride_m + blocks[None, :]
+    if nested:
+        quantized = tl.load(maxima_ptr + at, mask=block_ok, other=0).to(tl.int32)
+        grouped = at // group
+        scale = tl.load(nested_absmax_ptr + grouped, mask=block_ok, other=0.0)
+        offset = tl.load(nested_offset_ptr + grouped, mask=block_ok, other=0.0)
+        maxima = tl.load(nested_code_ptr + quantized) * scale + offset
+    else:
+        maxima = tl.load(maxima_ptr + at, mask=block_ok, other=0.0)
+    return maxima
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _activations(xs, block_n: tl.constexpr, block_k: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The slice's pairs ``xs`` (``[block_k // 4, 4]``, four a word) as four
+    ``[block_n, block_k // 4]`` operands: byte ``k``'s pair of every word, the same in each row."""
+    even, odd = tl.split(tl.reshape(xs, (block_k // 4, 2, 2)))  # pairs 4w + 2i, 4w + 2i + 1
+    first, third = tl.split(even)
+    second, fourth = tl.split(odd)
+    return (
+        tl.broadcast_to(first[None, :], (block_n, block_k // 4)),
+        tl.broadcast_to(second[None, :], (block_n, block_k // 4)),
+        tl.broadcast_to(third[None, :], (block_n, block_k // 4)),
+        tl.broadcast_to(fourth[None, :], (block_n, block_k // 4)),
+    )
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _words_in_registers(  # type: ignore[no-untyped-def]
+    codes,
+    xs,
+    low0,
+    low1,
+    low2,
+    low3,
+    high0,
+    high1,
+    high2,
+    high3,
+    lookup: tl.constexpr,
+    block_n: tl.constexpr,
+    block_k: tl.constexpr,
+):
+    """Each word's sum of its eight codes' values times their activations,
+    ``[block_n, block_k // 4]``, by ``lookup`` with the table in registers."""
+    x0, x1, x2, x3 = _activations(xs, block_n, block_k)
+    # The table words, the same in every element.
+    zeros = tl.zeros((block_n, block_k // 4), dtype=tl.int32)
+    # fmt: off
+    operands = [
+        codes, x0, x1, x2, x3,
+        zeros + low0, zeros + low1, zeros + low2, zeros + low3,
+        zeros + high0, zeros + high1, zeros + high2, zeros + high3,
+    ]
+    # fmt: on
+    return tl.inline_asm_elementwise(
+        lookup, _LOOKUP_CONSTRAINTS, operands, dtype=tl.float32, is_pure=True, pack=1
+    )
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _words_from_memory(  # type: ignore[no-untyped-def]
+    codes, xs, code_ptr, dtype: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr
+):
+    """``_words_in_registers``' sums with the table read from memory and summed in float32:
+    for Triton's interpreter, which cannot run inline assembly (the tests check the rest of the
+    kernel with it; the lookup's own tests run its PTX)."""
+    x0, x1, x2, x3 = _activations(xs, block_n, block_k)
+    total = _byte_from_memory(codes, 0, x0, code_ptr, dtype)
+    total += _byte_from_memory(codes, 1, x1, code_ptr, dtype)
+    total += _byte_from_memory(codes, 2, x2, code_ptr, dtype)
+    total += _byte_from_memory(codes, 3, x3, code_ptr, dtype)
+    return total
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _byte_from_memory(codes, k: tl.constexpr, x, code_ptr, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Byte ``k`` of each word's two values (read from the table) times their activations
+    ``x`` (the pair of 16-bit values), in float32."""
+    byte = (codes >> (8 * k)) & 0xFF
+    first = tl.load(code_ptr + (byte >> 4)).to(dtype).to(tl.float32)
+    second = tl.load(code_ptr + (byte & 15)).to(dtype).to(tl.float32)
+    x_first = (x & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+    x_second = ((x >> 16) & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+    return first * x_first + second * x_second
