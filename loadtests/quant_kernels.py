@@ -15,6 +15,8 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
 - ``nf4-gemv`` and ``int8-gemv``: the engine's own one-row kernels for bitsandbytes weights
   (``quant_gemv.one_row``: for NF4 ``four_bit_row``, its lookup in registers), which a lone
   request's step takes;
+- ``nf4-lookup-rows``: ``quant_gemv.four_bit_rows``, each word of 4-bit codes looked up once in
+  registers for 2 to ``quant_gemv.FOUR_BIT_ROWS`` rows (no decode step takes it yet);
 - ``nf4-rows`` and ``int8-rows``: the engine's own batch kernel for them (``quant_gemv.rows``:
   slices dequantized straight into the tensor cores' product), which decode batches take on a GPU
   (``nf4`` and ``int8`` above 1 row are the whole-weight dequantization in torch it replaced);
@@ -167,6 +169,7 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
     if quant_gemv.runs(dtype, device):
         for name in ("nf4-gemv", "int8-gemv"):
             formats[name] = _Format(lambda x, p: quant_gemv.one_row(x, p), [], [])
+        formats["nf4-lookup-rows"] = _Format(lambda x, p: quant_gemv.four_bit_rows(x, p), [], [])
         for name in ("nf4-rows", "int8-rows"):
             formats[name] = _Format(lambda x, p: quant_gemv.rows(x, p), [], [])
         for name in ("nf4-dequantized", "int8-dequantized"):
@@ -214,6 +217,7 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
             parts["nf4-gemv"] = ((Linear(codes, maxima, table),), parts["nf4"][1])
             parts["int8-gemv"] = ((Linear(int8, row_max),), parts["int8"][1])
             parts["nf4-rows"] = parts["nf4-dequantized"] = parts["nf4-gemv"]
+            parts["nf4-lookup-rows"] = parts["nf4-gemv"]
             parts["int8-rows"] = parts["int8-dequantized"] = parts["int8-gemv"]
         if "nf4-engine" in formats:
             parts["nf4-engine"] = _double_quantized(codes, maxima, table)
@@ -286,6 +290,8 @@ def products(
         for name, held in formats.items():
             if name in ("int4-reduction", "nf4-gemv", "int8-gemv") and rows > 1:
                 continue  # one-row forms only
+            if name == "nf4-lookup-rows" and not 1 < rows <= quant_gemv.FOUR_BIT_ROWS:
+                continue  # a few rows only
             layer = held.layer
             one_row_compiled = rows == 1 and name in ("nf4", "int8", "int4-reduction")
             if cuda and (one_row_compiled or name == "fp8-compiled"):

@@ -178,6 +178,20 @@ def test_the_four_bit_row_kernel_compiles(
     _compiles(stand_in, full=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_four_bit_rows_kernel_compiles(
+    dtype: torch.dtype, caught: Callable[[Any, str], Caught]
+) -> None:
+    # Its two pieces of PTX (the lookup, each row's products) through ptxas.
+    stand_in = caught(quant_gemv, "_four_bit_rows_kernel")
+    for m, nested in ((3, False), (16, True)):
+        x = torch.randn(m, 512, dtype=dtype)
+        p = _nf4(128, 512, nested, 0)
+        quant_gemv.four_bit_rows(x, p)
+        quant_gemv.four_bit_rows(x, p, gated=True, residual=torch.randn(m, 64, dtype=dtype))
+    _compiles(stand_in, full=True)
+
+
 def test_the_one_row_kernel_compiles(caught: Callable[[Any, str], Caught]) -> None:
     stand_in = caught(gemv, "_kernel")
     weight = torch.randn(128, 512, dtype=BF16)

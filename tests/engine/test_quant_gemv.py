@@ -153,6 +153,36 @@ def test_the_four_bit_row_kernel_computes_the_product_of_the_dequantized_weights
     close(gated, _swiglu(exact))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@settings(max_examples=6, deadline=None)
+@given(
+    m=st.integers(1, quant_gemv.FOUR_BIT_ROWS),
+    nested=st.booleans(),
+    config=st.sampled_from(FOUR_BIT_CONFIGS),
+    seed=st.integers(0, 2**16),
+)
+def test_the_four_bit_rows_kernel_computes_each_row_s_product(
+    dtype: torch.dtype, m: int, nested: bool, config: GemvConfig, seed: int
+) -> None:
+    # A few rows of activations against one lookup of each word (the table read from memory
+    # here): every row its own product, residual and gated halves, rows past ``m`` unwritten.
+    p = _nf4(96, 512, nested, seed)
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, 512, generator=generator).to(dtype)
+    exact = x.float() @ _dense(p).T
+    rows = partial(quant_gemv.four_bit_rows, config=config, in_registers=False)
+
+    def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+        assert actual.dtype == dtype
+        assert actual.shape == expected.shape
+        torch.testing.assert_close(actual.float(), expected, rtol=2e-2, atol=2e-2)
+
+    close(rows(x, p), exact)
+    residual = torch.randn(m, 96, generator=generator).to(dtype)
+    close(rows(x, p, residual=residual), residual.float() + exact)
+    close(rows(x, p, gated=True), _swiglu(exact))
+
+
 @settings(max_examples=12, deadline=None)
 @given(offset=st.integers(0, 7), padding=st.integers(0, 7), seed=st.integers(0, 2**16))
 @example(offset=0, padding=0, seed=1)
@@ -353,6 +383,7 @@ def test_a_lone_16_bit_row_of_4_bit_codes_takes_the_engine_s_kernel(
     # As on a GPU: the projection, its residual and the gated product in the 4-bit row kernel
     # (its table read from memory here: the interpreter runs no PTX), not bitsandbytes' GEMV,
     # unless the kernel cannot run.
+    pytest.importorskip("bitsandbytes")  # its operators, which ``_bitsandbytes_gemv`` calls
     monkeypatch.setattr(quant_gemv, "available", lambda x: True)
     monkeypatch.setattr(quant_gemv, "_gemv_4bit", _bitsandbytes_gemv)
     taken: list[str] = []

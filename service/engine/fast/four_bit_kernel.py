@@ -272,3 +272,167 @@ def _byte_from_memory(codes, k: tl.constexpr, x, code_ptr, dtype: tl.constexpr):
     x_first = (x & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
     x_second = ((x >> 16) & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
     return first * x_first + second * x_second
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def four_bit_rows(  # type: ignore[no-untyped-def]
+    x_ptr,
+    w_ptr,
+    maxima_ptr,
+    code_ptr,
+    nested_code_ptr,
+    nested_absmax_ptr,
+    nested_offset_ptr,
+    residual_ptr,
+    out_ptr,
+    m,
+    rows_out,
+    pairs,
+    stride_w,
+    stride_m,
+    values: tl.constexpr,
+    dot: tl.constexpr,
+    in_registers: tl.constexpr,
+    nested: tl.constexpr,
+    group: tl.constexpr,
+    block_pairs: tl.constexpr,
+    swiglu: tl.constexpr,
+    has_residual: tl.constexpr,
+    block_m: tl.constexpr,
+    block_n: tl.constexpr,
+    block_k: tl.constexpr,
+):
+    """``four_bit_row`` for ``m`` rows of activations (``[m, pairs]`` pairs, at most
+    ``block_m``): each word of codes looked up once (``values``, ``four_bit_lookup.values_asm``)
+    and multiplied by every row's activations (``dot``); ``[m, rows_out]`` out."""
+    dtype = out_ptr.dtype.element_ty
+    low0 = table_word(code_ptr, 0, False, dtype)
+    low1 = table_word(code_ptr, 4, False, dtype)
+    low2 = table_word(code_ptr, 8, False, dtype)
+    low3 = table_word(code_ptr, 12, False, dtype)
+    high0 = table_word(code_ptr, 0, True, dtype)
+    high1 = table_word(code_ptr, 4, True, dtype)
+    high2 = table_word(code_ptr, 8, True, dtype)
+    high3 = table_word(code_ptr, 12, True, dtype)
+    rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
+    row_ok = rows < rows_out
+    ms = tl.arange(0, block_m)
+    m_ok = ms < m
+    acc = tl.zeros([block_m, block_n, block_k // block_pairs], dtype=tl.float32)
+    acc_up = tl.zeros([block_m, block_n, block_k // block_pairs], dtype=tl.float32)
+    for start in range(0, pairs, block_k):
+        cols = start + 4 * tl.arange(0, block_k // 4)[:, None] + tl.arange(0, 4)[None, :]
+        at = x_ptr + ms[:, None, None].to(tl.int64) * pairs + cols[None, :, :]
+        xs = tl.load(at, mask=m_ok[:, None, None] & (cols < pairs)[None, :, :], other=0)
+        acc += _rows_slice(
+            w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr, nested_offset_ptr,
+            xs, low0, low1, low2, low3, high0, high1, high2, high3, rows, row_ok, start, pairs,
+            stride_w, stride_m, values, dot, in_registers, nested, group, dtype, block_pairs,
+            block_m, block_n, block_k,
+        )  # fmt: skip
+        if swiglu:
+            acc_up += _rows_slice(
+                w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr,
+                nested_offset_ptr, xs, low0, low1, low2, low3, high0, high1, high2, high3,
+                rows + rows_out, row_ok, start, pairs, stride_w, stride_m, values, dot,
+                in_registers, nested, group, dtype, block_pairs, block_m, block_n, block_k,
+            )  # fmt: skip
+    out = tl.sum(acc, axis=2)
+    if swiglu:
+        # Each of the three values rounded to the model's dtype, as transformers' MLP does.
+        gate = out.to(dtype).to(tl.float32)
+        activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        out = activated * tl.sum(acc_up, axis=2).to(dtype).to(tl.float32)
+    at = ms[:, None].to(tl.int64) * rows_out + rows[None, :]
+    ok = m_ok[:, None] & row_ok[None, :]
+    if has_residual:
+        out = out.to(dtype).to(tl.float32) + tl.load(residual_ptr + at, mask=ok).to(tl.float32)
+    tl.store(out_ptr + at, out.to(dtype), mask=ok)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _rows_slice(  # type: ignore[no-untyped-def]
+    w_ptr,
+    maxima_ptr,
+    code_ptr,
+    nested_code_ptr,
+    nested_absmax_ptr,
+    nested_offset_ptr,
+    xs,
+    low0,
+    low1,
+    low2,
+    low3,
+    high0,
+    high1,
+    high2,
+    high3,
+    rows,
+    row_ok,
+    start,
+    pairs,
+    stride_w,
+    stride_m,
+    values: tl.constexpr,
+    dot: tl.constexpr,
+    in_registers: tl.constexpr,
+    nested: tl.constexpr,
+    group: tl.constexpr,
+    dtype: tl.constexpr,
+    block_pairs: tl.constexpr,
+    block_m: tl.constexpr,
+    block_n: tl.constexpr,
+    block_k: tl.constexpr,
+):
+    """One slice of ``four_bit_rows``: ``[block_m, block_n, block_k // block_pairs]`` block
+    sums of every row of activations, each scaled by its maximum."""
+    codes = _codes(w_ptr, rows, row_ok, start, pairs, stride_w, block_k)
+    # Byte k's pair of activations of every word, per row: [block_m, block_k // 4] each.
+    even, odd = tl.split(tl.reshape(xs, (block_m, block_k // 4, 2, 2)))
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    if in_registers:
+        zeros = tl.zeros((block_n, block_k // 4), dtype=tl.int32)
+        # fmt: off
+        v0, v1, v2, v3 = tl.inline_asm_elementwise(
+            values, _VALUES_CONSTRAINTS,
+            [codes, zeros + low0, zeros + low1, zeros + low2, zeros + low3, zeros + high0,
+             zeros + high1, zeros + high2, zeros + high3],
+            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1,
+        )
+        operands = [
+            _over_rows(v0, block_m), _over_rows(v1, block_m),
+            _over_rows(v2, block_m), _over_rows(v3, block_m),
+            _over_codes(x0, block_n), _over_codes(x1, block_n),
+            _over_codes(x2, block_n), _over_codes(x3, block_n),
+        ]
+        # fmt: on
+        sums = tl.inline_asm_elementwise(
+            dot, _DOT_CONSTRAINTS, operands, dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        wide = _over_rows(codes, block_m)
+        sums = _byte_from_memory(wide, 0, _over_codes(x0, block_n), code_ptr, dtype)
+        sums += _byte_from_memory(wide, 1, _over_codes(x1, block_n), code_ptr, dtype)
+        sums += _byte_from_memory(wide, 2, _over_codes(x2, block_n), code_ptr, dtype)
+        sums += _byte_from_memory(wide, 3, _over_codes(x3, block_n), code_ptr, dtype)
+    sums = tl.sum(
+        tl.reshape(sums, (block_m, block_n, block_k // block_pairs, block_pairs // 4)), axis=3
+    )
+    maxima = _block_maxima(
+        maxima_ptr, nested_code_ptr, nested_absmax_ptr, nested_offset_ptr, rows, row_ok, start,
+        pairs, stride_m, nested, group, block_pairs, block_k,
+    )  # fmt: skip
+    return sums * maxima[None, :, :]
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _over_rows(words, block_m: tl.constexpr):  # type: ignore[no-untyped-def]
+    """``[block_n, W]`` of the codes, the same for each of ``block_m`` rows of activations."""
+    return tl.broadcast_to(words[None, :, :], (block_m, words.shape[0], words.shape[1]))
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _over_codes(x, block_n: tl.constexpr):  # type: ignore[no-untyped-def]
+    """``[block_m, W]`` activations, the same for each of ``block_n`` rows of codes."""
+    return tl.broadcast_to(x[:, None, :], (x.shape[0], block_n, x.shape[1]))

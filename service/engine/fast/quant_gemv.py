@@ -3,7 +3,8 @@ and the engine's own Triton kernels among them, which read the packed weights an
 them where they multiply: ``one_row`` for a lone request's int8 decode step and ``four_bit_row``
 for its 4-bit one (the codes looked up in registers, ``four_bit_lookup``), ``rows`` for an int8
 batch (a decode step of many rows, a short prefill); and ``dequantized``, the weight once into
-16 bits for cuBLAS.
+16 bits for cuBLAS. ``four_bit_rows`` (a few rows, each word of codes looked up once for all)
+is measured by the benchmarks and taken by no step yet.
 
 Compiled by inductor, the same product (``linear.row_product`` over ``linear.dequantize``) looks
 each 4-bit code up inside the reduction, far slower than bf16 at one row (docs/benchmarks.md).
@@ -40,7 +41,7 @@ from typing import Any
 
 import torch
 
-from service.engine.fast.four_bit_lookup import lookup_asm
+from service.engine.fast.four_bit_lookup import dot_asm, lookup_asm, values_asm
 from service.engine.fast.gemv import GemvConfig
 from service.engine.fast.linear import GROUP, Linear, NestedMaxima
 
@@ -49,14 +50,17 @@ _batch_kernel: Any
 _dequantize_kernel: Any
 _maxima_kernel: Any
 _four_bit_kernel: Any
+_four_bit_rows_kernel: Any
 try:
     from service.engine.fast.four_bit_kernel import four_bit_row as _four_bit_kernel
+    from service.engine.fast.four_bit_kernel import four_bit_rows as _four_bit_rows_kernel
     from service.engine.fast.quant_gemv_kernel import dequantize as _dequantize_kernel
     from service.engine.fast.quant_gemv_kernel import nested_maxima as _maxima_kernel
     from service.engine.fast.quant_gemv_kernel import quant_gemv as _kernel
     from service.engine.fast.quant_gemv_kernel import quant_matmul as _batch_kernel
 except ImportError:  # no Triton (a CPU build of torch)
-    _kernel = _batch_kernel = _dequantize_kernel = _maxima_kernel = _four_bit_kernel = None
+    _kernel = _batch_kernel = _dequantize_kernel = _maxima_kernel = None
+    _four_bit_kernel = _four_bit_rows_kernel = None
 
 # int8 batches of more rows than this dequantize the weight once into the activations' dtype and
 # take cuBLAS: a wider batch reads the weight again per tile of 128 batch rows. Up to it, with
@@ -74,6 +78,10 @@ DEFAULT = GemvConfig(block_n=4, block_k=1024, warps=4, stages=2)
 # ``four_bit_row``'s: four warps of 32 lanes read a row's slice of 1,024 inputs (512 bytes) as
 # 16 bytes a lane, each warp its row.
 FOUR_BIT_DEFAULT = GemvConfig(block_n=4, block_k=1024, warps=4, stages=3)
+# ``four_bit_rows``': slices of 512 inputs, each looked-up word multiplied by up to
+# ``FOUR_BIT_ROWS`` rows of activations.
+FOUR_BIT_ROWS_DEFAULT = GemvConfig(block_n=4, block_k=512, warps=4, stages=2)
+FOUR_BIT_ROWS = 16
 
 
 def runs(dtype: torch.dtype, device: torch.device) -> bool:
@@ -189,6 +197,62 @@ def four_bit_row(
         block_pairs=block // 2,
         swiglu=gated,
         has_residual=residual is not None,
+        block_n=chosen.block_n,
+        block_k=max(chosen.block_k, block) // 2,
+        num_warps=chosen.warps,
+        num_stages=chosen.stages,
+    )
+    return out
+
+
+def four_bit_rows(
+    x: torch.Tensor,
+    p: Linear,
+    *,
+    gated: bool = False,
+    residual: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+    in_registers: bool = True,
+) -> torch.Tensor:
+    """``four_bit_row`` for up to ``FOUR_BIT_ROWS`` rows ``x`` (``[m, K]``): each word of codes
+    looked up once for every row. Measured by ``loadtests.quant_kernels`` (``nf4-lookup-rows``);
+    no decode step takes it yet (a batch dequantizes the weight for cuBLAS)."""
+    assert p.scale is not None, "a 4-bit weight has its maxima"
+    assert p.code is not None, "a 4-bit weight has its table"
+    m, inputs = x.shape
+    assert m <= FOUR_BIT_ROWS, f"at most {FOUR_BIT_ROWS} rows, not {m}"
+    chosen = config or FOUR_BIT_ROWS_DEFAULT
+    total = p.weight.shape[0]
+    outputs = total // 2 if gated else total
+    blocks = p.scale.shape[1]
+    block = inputs // blocks
+    nested = p.nested
+    maxima = p.scale if nested is not None else p.scale.reshape(-1)
+    out = torch.empty(m, outputs, dtype=x.dtype, device=x.device)
+    _four_bit_rows_kernel[(-(-outputs // chosen.block_n),)](
+        x.contiguous().view(torch.int32),
+        p.weight.view(torch.int32),
+        maxima,
+        p.code,
+        p.scale if nested is None else nested.code,
+        p.scale if nested is None else nested.absmax,
+        p.scale if nested is None else nested.offset,
+        x if residual is None else residual.contiguous(),
+        out,
+        m,
+        outputs,
+        inputs // 2,
+        p.weight.stride(0) // 4,
+        blocks,
+        values=values_asm(),
+        dot=dot_asm(x.dtype),
+        in_registers=in_registers,
+        nested=nested is not None,
+        group=GROUP,
+        block_pairs=block // 2,
+        swiglu=gated,
+        has_residual=residual is not None,
+        block_m=max(2, 1 << (m - 1).bit_length()),
         block_n=chosen.block_n,
         block_k=max(chosen.block_k, block) // 2,
         num_warps=chosen.warps,
