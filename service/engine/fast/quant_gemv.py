@@ -163,44 +163,11 @@ def four_bit_row(
     (``four_bit_lookup``), each block's sum scaled by its maximum once (nested maxima read in
     their 8-bit form). Not ``in_registers``: the table read from memory, for Triton's
     interpreter (the tests)."""
-    assert p.scale is not None, "a 4-bit weight has its maxima"
-    assert p.code is not None, "a 4-bit weight has its table"
     chosen = config or FOUR_BIT_DEFAULT
-    total = p.weight.shape[0]
-    outputs = total // 2 if gated else total
-    inputs = x.shape[-1]
-    blocks = p.scale.shape[1]
-    block = inputs // blocks
-    nested = p.nested
-    # Nested maxima are read as they are kept (a byte each, their groups' scale and offset
-    # from the cache), not dequantized into float32 first: a quarter of the bytes.
-    maxima = p.scale if nested is not None else p.scale.reshape(-1)
-    out = torch.empty(1, outputs, dtype=x.dtype, device=x.device)
-    _four_bit_kernel[(-(-outputs // chosen.block_n),)](
-        x.contiguous().view(torch.int32),
-        p.weight.view(torch.int32),  # four bytes of codes a word
-        maxima,
-        p.code,
-        p.scale if nested is None else nested.code,
-        p.scale if nested is None else nested.absmax,
-        p.scale if nested is None else nested.offset,
-        x if residual is None else residual,
-        out,
-        outputs,
-        inputs // 2,
-        p.weight.stride(0) // 4,
-        blocks,
-        lookup=lookup_asm(x.dtype),
-        in_registers=in_registers,
-        nested=nested is not None,
-        group=GROUP,
-        block_pairs=block // 2,
-        swiglu=gated,
-        has_residual=residual is not None,
-        block_n=chosen.block_n,
-        block_k=max(chosen.block_k, block) // 2,
-        num_warps=chosen.warps,
-        num_stages=chosen.stages,
+    tensors, sizes, flags = _four_bit_arguments(x, p, gated, residual, chosen, in_registers)
+    out = torch.empty(1, sizes[0], dtype=x.dtype, device=x.device)
+    _four_bit_kernel[(-(-sizes[0] // chosen.block_n),)](
+        *tensors, out, *sizes, lookup=lookup_asm(x.dtype), **flags
     )
     return out
 
@@ -217,48 +184,62 @@ def four_bit_rows(
     """``four_bit_row`` for up to ``FOUR_BIT_ROWS`` rows ``x`` (``[m, K]``): each word of codes
     looked up once for every row. Measured by ``loadtests.quant_kernels`` (``nf4-lookup-rows``);
     no decode step takes it yet (a batch dequantizes the weight for cuBLAS)."""
-    assert p.scale is not None, "a 4-bit weight has its maxima"
-    assert p.code is not None, "a 4-bit weight has its table"
-    m, inputs = x.shape
+    m = x.shape[0]
     assert m <= FOUR_BIT_ROWS, f"at most {FOUR_BIT_ROWS} rows, not {m}"
     chosen = config or FOUR_BIT_ROWS_DEFAULT
+    tensors, sizes, flags = _four_bit_arguments(x, p, gated, residual, chosen, in_registers)
+    out = torch.empty(m, sizes[0], dtype=x.dtype, device=x.device)
+    _four_bit_rows_kernel[(-(-sizes[0] // chosen.block_n),)](
+        *tensors, out, m, *sizes, values=values_asm(), dot=dot_asm(x.dtype),
+        block_m=max(2, 1 << (m - 1).bit_length()), **flags,
+    )  # fmt: skip
+    return out
+
+
+def _four_bit_arguments(
+    x: torch.Tensor,
+    p: Linear,
+    gated: bool,
+    residual: torch.Tensor | None,
+    config: GemvConfig,
+    in_registers: bool,
+) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...], dict[str, Any]]:
+    """What ``four_bit_row`` and ``four_bit_rows`` launch with: the tensors (activations and
+    codes as 32-bit words, maxima, tables, the residual), the sizes (outputs, pairs of
+    inputs, the strides of codes and maxima) and the ``constexpr`` flags."""
+    assert p.scale is not None, "a 4-bit weight has its maxima"
+    assert p.code is not None, "a 4-bit weight has its table"
     total = p.weight.shape[0]
-    outputs = total // 2 if gated else total
-    blocks = p.scale.shape[1]
-    block = inputs // blocks
+    inputs, blocks = x.shape[-1], p.scale.shape[1]
     nested = p.nested
+    # Nested maxima are read as they are kept (a byte each, their groups' scale and offset
+    # from the cache), not dequantized into float32 first: a quarter of the bytes.
     maxima = p.scale if nested is not None else p.scale.reshape(-1)
-    out = torch.empty(m, outputs, dtype=x.dtype, device=x.device)
-    _four_bit_rows_kernel[(-(-outputs // chosen.block_n),)](
+    tensors = (
         x.contiguous().view(torch.int32),
-        p.weight.view(torch.int32),
+        p.weight.view(torch.int32),  # four bytes of codes a word
         maxima,
         p.code,
         p.scale if nested is None else nested.code,
         p.scale if nested is None else nested.absmax,
         p.scale if nested is None else nested.offset,
         x if residual is None else residual.contiguous(),
-        out,
-        m,
-        outputs,
-        inputs // 2,
-        p.weight.stride(0) // 4,
-        blocks,
-        values=values_asm(),
-        dot=dot_asm(x.dtype),
-        in_registers=in_registers,
-        nested=nested is not None,
-        group=GROUP,
-        block_pairs=block // 2,
-        swiglu=gated,
-        has_residual=residual is not None,
-        block_m=max(2, 1 << (m - 1).bit_length()),
-        block_n=chosen.block_n,
-        block_k=max(chosen.block_k, block) // 2,
-        num_warps=chosen.warps,
-        num_stages=chosen.stages,
     )
-    return out
+    sizes = (total // 2 if gated else total, inputs // 2, p.weight.stride(0) // 4, blocks)
+    block = inputs // blocks
+    flags = {
+        "in_registers": in_registers,
+        "nested": nested is not None,
+        "group": GROUP,
+        "block_pairs": block // 2,
+        "swiglu": gated,
+        "has_residual": residual is not None,
+        "block_n": config.block_n,
+        "block_k": max(config.block_k, block) // 2,
+        "num_warps": config.warps,
+        "num_stages": config.stages,
+    }
+    return tensors, sizes, flags
 
 
 def _format(p: Linear, inputs: int) -> tuple[tuple[torch.Tensor, ...], dict[str, int | bool]]:
