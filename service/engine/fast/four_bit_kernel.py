@@ -337,17 +337,13 @@ def four_bit_rows(  # type: ignore[no-untyped-def]
                 rows + rows_out, row_ok, start, pairs, stride_w, stride_m, values, dot,
                 in_registers, nested, group, dtype, block_pairs, block_m, block_n, block_k,
             )  # fmt: skip
-    out = tl.sum(acc, axis=2)
-    if swiglu:
-        # Each of the three values rounded to the model's dtype, as transformers' MLP does.
-        gate = out.to(dtype).to(tl.float32)
-        activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        out = activated * tl.sum(acc_up, axis=2).to(dtype).to(tl.float32)
+    # The one-row epilogue, elementwise over every row's outputs.
     at = ms[:, None].to(tl.int64) * rows_out + rows[None, :]
     ok = m_ok[:, None] & row_ok[None, :]
-    if has_residual:
-        out = out.to(dtype).to(tl.float32) + tl.load(residual_ptr + at, mask=ok).to(tl.float32)
-    tl.store(out_ptr + at, out.to(dtype), mask=ok)
+    finish_row(
+        tl.sum(acc, axis=2), tl.sum(acc_up, axis=2), residual_ptr, out_ptr, at, ok, swiglu,
+        has_residual,
+    )  # fmt: skip
 
 
 @triton.jit  # type: ignore[untyped-decorator]

@@ -193,7 +193,8 @@ def finish_row(  # type: ignore[no-untyped-def]
     has_residual: tl.constexpr,
 ):
     """A one-row product's epilogue: ``silu(gate) * up`` of the two halves' sums when
-    ``swiglu``, plus the residual when given, stored in the output's dtype."""
+    ``swiglu``, plus the residual when given, stored in the output's dtype at the offsets
+    ``rows`` (any shape: several rows' outputs alike) where ``row_ok``."""
     dtype = out_ptr.dtype.element_ty
     if swiglu:
         # Each of the three values rounded to the model's dtype, as transformers' MLP does.
