@@ -377,26 +377,40 @@ def test_each_shape_takes_its_kernel_where_they_run(monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_a_lone_16_bit_row_of_4_bit_codes_takes_the_engine_s_kernel(
-    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("rows", "kernel"),
+    [(1, "four_bit_row"), (3, "four_bit_rows"), (16, "four_bit_rows"), (17, "dequantized")],
+)
+def test_a_few_16_bit_rows_of_4_bit_codes_take_the_engine_s_kernels(
+    dtype: torch.dtype, rows: int, kernel: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # As on a GPU: the projection, its residual and the gated product in the 4-bit row kernel
-    # (its table read from memory here: the interpreter runs no PTX), not bitsandbytes' GEMV,
-    # unless the kernel cannot run.
+    # for one row, the few-rows kernel up to FOUR_BIT_ROWS (their tables read from memory here:
+    # the interpreter runs no PTX), the weight dequantized past it; bitsandbytes' GEMV or the
+    # dequantized weight where the kernels cannot run.
     pytest.importorskip("bitsandbytes")  # its operators, which ``_bitsandbytes_gemv`` calls
     monkeypatch.setattr(quant_gemv, "available", lambda x: True)
     monkeypatch.setattr(quant_gemv, "_gemv_4bit", _bitsandbytes_gemv)
     taken: list[str] = []
-    kernel = partial(quant_gemv.four_bit_row, in_registers=False)
 
-    def four_bit_row(*args: Any, **kwargs: Any) -> torch.Tensor:
-        taken.append("four_bit_row")
-        return kernel(*args, **kwargs)
+    def counted(name: str, in_registers: bool | None) -> None:
+        original = getattr(quant_gemv, name)
+        call = original if in_registers is None else partial(original, in_registers=False)
 
-    monkeypatch.setattr(quant_gemv, "four_bit_row", four_bit_row)
+        def wrapped(*args: Any, **kwargs: Any) -> torch.Tensor:
+            taken.append(name)
+            out: torch.Tensor = call(*args, **kwargs)
+            return out
+
+        monkeypatch.setattr(quant_gemv, name, wrapped)
+
+    counted("four_bit_row", False)
+    counted("four_bit_rows", False)
+    counted("dequantized", None)
+    counted("_gemv_4bit", None)
     generator = torch.Generator().manual_seed(5)
-    x = torch.randn(1, 256, generator=generator).to(dtype)
-    residual = torch.randn(1, 64, generator=generator).to(dtype)
+    x = torch.randn(rows, 256, generator=generator).to(dtype)
+    residual = torch.randn(rows, 64, generator=generator).to(dtype)
     for nested in (False, True):
         nf4 = _nf4(64, 256, nested=nested, seed=5)
         exact = x.float() @ _dense(nf4).T
@@ -406,12 +420,12 @@ def test_a_lone_16_bit_row_of_4_bit_codes_takes_the_engine_s_kernel(
         gated = gated_product(x, nf4)
         torch.testing.assert_close(gated.float(), _swiglu(exact), rtol=2e-2, atol=2e-2)
         torch.testing.assert_close(quant_gemv.product(x, nf4).float(), exact, rtol=2e-2, atol=2e-2)
-        assert taken == ["four_bit_row"] * 3
+        assert taken == [kernel] * 3
     taken.clear()
     monkeypatch.setattr(quant_gemv, "four_bit_row_runs", lambda x, p: False)
     project(x, nf4)
     gated_product(x, nf4)
-    assert taken == []
+    assert taken == ["_gemv_4bit" if rows == 1 else "dequantized"] * 2
 
 
 @pytest.mark.parametrize("kind", ["nf4", "nf4-nested", "int8"])

@@ -2,8 +2,8 @@
 
 A single row on the GPU (a lone request's decode step) takes one of the engine's own one-row
 kernels with the SwiGLU after gate/up and the residual add after a projection fused in: 16-bit
-and FP8 weights ``gemv.py``'s, bitsandbytes' int8 weights (and 4-bit codes, once chosen)
-``quant_gemv.py``'s.
+and FP8 weights ``gemv.py``'s, bitsandbytes' int8 weights ``quant_gemv.py``'s; 4-bit codes take
+``quant_gemv.py``'s for up to ``quant_gemv.FOUR_BIT_ROWS`` rows (a decode step of a few).
 Every other shape (prefill, batches, a CPU, float32) takes ``product`` (bitsandbytes' formats on
 CUDA by ``quant_gemv.product``, which picks the kernel for the shape; else ``linear``: cuBLAS,
 ``_scaled_mm`` for FP8, bitsandbytes' formats dequantized first) with the same operations
@@ -33,13 +33,11 @@ def _one_row(x: torch.Tensor, p: Linear) -> bool:
     return x.shape[0] == 1 and not p.bitsandbytes and gemv.available(x)
 
 
-def _one_quantized_row(x: torch.Tensor, p: Linear, norm_eps: float | None) -> bool:
-    """Whether ``quant_gemv.py``'s one-row kernels compute it: one row of bitsandbytes' int8
-    weights, or of 4-bit codes where ``four_bit_row`` runs (norms never fold into these
-    weights; elsewhere 4-bit codes take bitsandbytes' own kernel, through ``product``)."""
-    one = x.shape[0] == 1 and p.bitsandbytes and quant_gemv.available(x)
-    kernel = p.code is None or quant_gemv.four_bit_row_runs(x, p)
-    return one and kernel and norm_eps is None
+def _few_quantized_rows(x: torch.Tensor, p: Linear, norm_eps: float | None) -> bool:
+    """Whether ``quant_gemv.few_rows`` computes it, with the SwiGLU and residual fused in: one
+    row of bitsandbytes' int8 weights, or a few of 4-bit codes (``quant_gemv.few_rows_run``);
+    norms never fold into these weights."""
+    return norm_eps is None and quant_gemv.few_rows_run(x, p)
 
 
 def project(
@@ -55,8 +53,8 @@ def project(
     """``x @ p.T``, plus ``residual`` when given; with ``norm_eps``, of ``x`` RMS-normalised
     first (the norm's weight folded into ``p``). ``norm_sum``, ``sum_into``, ``zero`` and
     ``pdl`` are the one-row kernel's (``gemv.one_row``); other shapes do without them."""
-    if _one_quantized_row(x, p, norm_eps):
-        return quant_gemv.one_row(x, p, residual=residual)
+    if _few_quantized_rows(x, p, norm_eps):
+        return quant_gemv.few_rows(x, p, residual=residual)
     if _one_row(x, p):
         return gemv.one_row(
             x,
@@ -83,8 +81,8 @@ def gated_product(
 ) -> torch.Tensor:
     """``silu(gate) * up`` of the fused gate/up projection of ``x`` (RMS-normalised first with
     ``norm_eps``, and ``norm_sum`` and ``pdl`` on one row, as ``project``)."""
-    if _one_quantized_row(x, gate_up, norm_eps):
-        return quant_gemv.one_row(x, gate_up, gated=True)
+    if _few_quantized_rows(x, gate_up, norm_eps):
+        return quant_gemv.few_rows(x, gate_up, gated=True)
     if _one_row(x, gate_up):
         return gemv.one_row(
             x,

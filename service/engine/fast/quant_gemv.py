@@ -1,10 +1,10 @@
 """Projections of bitsandbytes weights on a GPU (``product``): which kernel multiplies each shape,
 and the engine's own Triton kernels among them, which read the packed weights and dequantize
 them where they multiply: ``one_row`` for a lone request's int8 decode step and ``four_bit_row``
-for its 4-bit one (the codes looked up in registers, ``four_bit_lookup``), ``rows`` for an int8
+for its 4-bit one (the codes looked up in registers, ``four_bit_lookup``), ``four_bit_rows`` for
+a few rows of 4-bit codes (each word looked up once for all of them), ``rows`` for an int8
 batch (a decode step of many rows, a short prefill); and ``dequantized``, the weight once into
-16 bits for cuBLAS. ``four_bit_rows`` (a few rows, each word of codes looked up once for all)
-is measured by the benchmarks and taken by no step yet.
+16 bits for cuBLAS.
 
 Compiled by inductor, the same product (``linear.row_product`` over ``linear.dequantize``) looks
 each 4-bit code up inside the reduction, far slower than bf16 at one row (docs/benchmarks.md).
@@ -24,8 +24,9 @@ Which one runs (``product``), from what the kernels measured side by side (docs/
 ``loadtests/quant_kernels.py``): 4-bit codes cost a table lookup per weight, which held
 bitsandbytes' GEMV and the engine's first kernel (a load per lookup) far under the memory's pace;
 ``four_bit_row``'s lookup is a few byte permutes per four codes in registers, so one 16-bit row of
-them takes it (bitsandbytes' own GEMV where it cannot run: float32, no Triton), and every batch
-dequantizes the weight into 16 bits once and takes cuBLAS, as bitsandbytes does; int8 values go
+them takes it (bitsandbytes' own GEMV where it cannot run: float32, no Triton), up to
+``FOUR_BIT_ROWS`` rows take ``four_bit_rows``, and wider batches dequantize the weight into 16
+bits once and take cuBLAS, as bitsandbytes does; int8 values go
 into the tensor cores' product as they are, so ``rows`` keeps int8 batches of up to ``INT8_ROWS``
 in its packed bytes (each output scaled by its row's maximum once, which rounds differently from a
 weight dequantized first, within float16's precision), and wider ones dequantize too. A weight is
@@ -133,6 +134,26 @@ def one_row(
     return out
 
 
+def few_rows_run(x: torch.Tensor, p: Linear) -> bool:
+    """Whether ``few_rows`` multiplies ``x`` by ``p``: one 16-bit row on CUDA of int8 weights,
+    or up to ``FOUR_BIT_ROWS`` rows of 4-bit codes where ``four_bit_row_runs``."""
+    if not (p.bitsandbytes and available(x)):
+        return False
+    if p.code is None:
+        return x.shape[0] == 1
+    return x.shape[0] <= FOUR_BIT_ROWS and four_bit_row_runs(x, p)
+
+
+def few_rows(
+    x: torch.Tensor, p: Linear, *, gated: bool = False, residual: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x @ W.T`` (or SwiGLU of its halves when ``gated``, plus ``residual``) where
+    ``few_rows_run``: ``one_row`` for one row, ``four_bit_rows`` for more."""
+    if x.shape[0] == 1:
+        return one_row(x, p, gated=gated, residual=residual)
+    return four_bit_rows(x, p, gated=gated, residual=residual)
+
+
 def four_bit_row_runs(x: torch.Tensor, p: Linear) -> bool:
     """Whether ``four_bit_row`` multiplies the row ``x`` by the 4-bit weight ``p``: 16-bit on
     CUDA with Triton, whole words of codes (eight inputs, their rows and first byte at a 4-byte
@@ -182,8 +203,7 @@ def four_bit_rows(
     in_registers: bool = True,
 ) -> torch.Tensor:
     """``four_bit_row`` for up to ``FOUR_BIT_ROWS`` rows ``x`` (``[m, K]``): each word of codes
-    looked up once for every row. Measured by ``loadtests.quant_kernels`` (``nf4-lookup-rows``);
-    no decode step takes it yet (a batch dequantizes the weight for cuBLAS)."""
+    looked up once for every row."""
     m = x.shape[0]
     assert m <= FOUR_BIT_ROWS, f"at most {FOUR_BIT_ROWS} rows, not {m}"
     chosen = config or FOUR_BIT_ROWS_DEFAULT
@@ -372,17 +392,18 @@ def product(x: torch.Tensor, p: Linear) -> torch.Tensor:
     """``x @ W.T`` (``x``: ``[M, K]``) for the bitsandbytes weight ``p`` on a GPU, by the kernel
     that multiplies this shape fastest (the module's docstring says which)."""
     batch = x.shape[0]
-    if p.code is not None and batch == 1:
-        return four_bit_row(x, p) if four_bit_row_runs(x, p) else _bitsandbytes_row(x, p)
-    if batch > dequantizes_above(p):
-        return dequantized_product(x, p)
-    return rows(x, p)
+    if p.code is not None:
+        if batch <= FOUR_BIT_ROWS and four_bit_row_runs(x, p):
+            return few_rows(x, p)
+        return _bitsandbytes_row(x, p) if batch == 1 else dequantized_product(x, p)
+    return dequantized_product(x, p) if batch > INT8_ROWS else rows(x, p)
 
 
 def dequantizes_above(p: Linear) -> int:
-    """Rows past which ``product`` dequantizes ``p`` into cuBLAS: every batch of 4-bit codes,
-    int8 past ``INT8_ROWS``."""
-    return 1 if p.code is not None else INT8_ROWS
+    """Rows past which ``product`` dequantizes ``p`` into cuBLAS: 4-bit codes past
+    ``FOUR_BIT_ROWS`` (where ``four_bit_row_runs``; every batch elsewhere), int8 past
+    ``INT8_ROWS``."""
+    return FOUR_BIT_ROWS if p.code is not None else INT8_ROWS
 
 
 def _bitsandbytes_row(x: torch.Tensor, p: Linear) -> torch.Tensor:
