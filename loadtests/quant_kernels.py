@@ -16,12 +16,13 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
   (``quant_gemv.one_row``: for NF4 ``four_bit_row``, its lookup in registers), which a lone
   request's step takes;
 - ``nf4-lookup-rows``: ``quant_gemv.four_bit_rows``, each word of 4-bit codes looked up once in
-  registers for 2 to ``quant_gemv.FOUR_BIT_ROWS`` rows, which a decode step of that many takes;
+  registers for 2 to ``quant_gemv.FOUR_BIT_ROWS`` rows (a step takes it up to
+  ``quant_gemv.FOUR_BIT_ROWS_TAKEN``);
 - ``nf4-rows`` and ``int8-rows``: the engine's own batch kernel for them (``quant_gemv.rows``:
   slices dequantized straight into the tensor cores' product), which decode batches take on a GPU
   (``nf4`` and ``int8`` above 1 row are the whole-weight dequantization in torch it replaced);
 - ``nf4-dequantized`` and ``int8-dequantized``: the weight dequantized whole by the engine's own
-  kernel, then cuBLAS, which 4-bit codes past ``quant_gemv.FOUR_BIT_ROWS`` rows and int8 past
+  kernel, then cuBLAS, which 4-bit codes past ``quant_gemv.FOUR_BIT_ROWS_TAKEN`` rows and int8 past
   ``quant_gemv.INT8_ROWS`` take;
 - ``int4-reduction``: the same int4 numbers dequantized inside the engine's compiled one-row
   reduction (the form the engine would take for such a checkpoint at one row);

@@ -44,13 +44,16 @@ def test_a_mixture_of_experts_is_captured_in_graphs_in_bf16_only(
 def test_the_prefill_compiles_before_ready_for_every_branch_a_chunk_can_take() -> None:
     # The prompt count turns dynamic at its second size; bitsandbytes weights on a GPU take a
     # second branch past their bound (int8's INT8_ROWS tokens), compiled too where a chunk can
-    # get there; 4-bit codes leave one row behind, which the two counts are past already.
+    # get there; 4-bit codes take a kernel of their own up to a few rows, a count of which
+    # compiles too (without it, a prompt's few uncached tokens compiled while requests waited).
     bound = quant_gemv.INT8_ROWS
     assert prefill_warmups(None, 8192, 4096, 128) == [1, 16, 17]
     assert prefill_warmups(bound, 8192, 4096, 128) == [1, 16, 17, bound + 1]
     assert prefill_warmups(bound, bound, 4096, 128) == [1, 16, 17]  # chunks never get there
     assert prefill_warmups(bound, 8192, 1, 128) == [1, 16, 17]  # a cache too small to try
     assert prefill_warmups(1, 8192, 4096, 128) == [1, 16, 17]
+    few = quant_gemv.FOUR_BIT_ROWS_TAKEN
+    assert prefill_warmups(few, 8192, 4096, 128) == [1, few, 16, 17]
 
 
 def test_uncompiled_flex_attention_never_goes_into_a_decode_graph(

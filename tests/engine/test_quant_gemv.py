@@ -379,13 +379,18 @@ def test_each_shape_takes_its_kernel_where_they_run(monkeypatch: pytest.MonkeyPa
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(
     ("rows", "kernel"),
-    [(1, "four_bit_row"), (3, "four_bit_rows"), (16, "four_bit_rows"), (17, "dequantized")],
+    [
+        (1, "four_bit_row"),
+        (2, "four_bit_rows"),
+        (quant_gemv.FOUR_BIT_ROWS_TAKEN, "four_bit_rows"),
+        (quant_gemv.FOUR_BIT_ROWS_TAKEN + 1, "dequantized"),
+    ],
 )
 def test_a_few_16_bit_rows_of_4_bit_codes_take_the_engine_s_kernels(
     dtype: torch.dtype, rows: int, kernel: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # As on a GPU: the projection, its residual and the gated product in the 4-bit row kernel
-    # for one row, the few-rows kernel up to FOUR_BIT_ROWS (their tables read from memory here:
+    # for one row, the few-rows kernel up to FOUR_BIT_ROWS_TAKEN (tables read from memory here:
     # the interpreter runs no PTX), the weight dequantized past it; bitsandbytes' GEMV or the
     # dequantized weight where the kernels cannot run.
     pytest.importorskip("bitsandbytes")  # its operators, which ``_bitsandbytes_gemv`` calls

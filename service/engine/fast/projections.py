@@ -3,7 +3,7 @@
 A single row on the GPU (a lone request's decode step) takes one of the engine's own one-row
 kernels with the SwiGLU after gate/up and the residual add after a projection fused in: 16-bit
 and FP8 weights ``gemv.py``'s, bitsandbytes' int8 weights ``quant_gemv.py``'s; 4-bit codes take
-``quant_gemv.py``'s for up to ``quant_gemv.FOUR_BIT_ROWS`` rows (a decode step of a few).
+``quant_gemv.py``'s for up to ``quant_gemv.FOUR_BIT_ROWS_TAKEN`` rows (a decode step of a few).
 Every other shape (prefill, batches, a CPU, float32) takes ``product`` (bitsandbytes' formats on
 CUDA by ``quant_gemv.product``, which picks the kernel for the shape; else ``linear``: cuBLAS,
 ``_scaled_mm`` for FP8, bitsandbytes' formats dequantized first) with the same operations

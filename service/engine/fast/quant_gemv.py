@@ -25,8 +25,8 @@ Which one runs (``product``), from what the kernels measured side by side (docs/
 bitsandbytes' GEMV and the engine's first kernel (a load per lookup) far under the memory's pace;
 ``four_bit_row``'s lookup is a few byte permutes per four codes in registers, so one 16-bit row of
 them takes it (bitsandbytes' own GEMV where it cannot run: float32, no Triton), up to
-``FOUR_BIT_ROWS`` rows take ``four_bit_rows``, and wider batches dequantize the weight into 16
-bits once and take cuBLAS, as bitsandbytes does; int8 values go
+``FOUR_BIT_ROWS_TAKEN`` rows take ``four_bit_rows``, and wider batches dequantize the weight
+into 16 bits once and take cuBLAS, as bitsandbytes does; int8 values go
 into the tensor cores' product as they are, so ``rows`` keeps int8 batches of up to ``INT8_ROWS``
 in its packed bytes (each output scaled by its row's maximum once, which rounds differently from a
 weight dequantized first, within float16's precision), and wider ones dequantize too. A weight is
@@ -83,6 +83,10 @@ FOUR_BIT_DEFAULT = GemvConfig(block_n=4, block_k=1024, warps=4, stages=3)
 # ``FOUR_BIT_ROWS`` rows of activations.
 FOUR_BIT_ROWS_DEFAULT = GemvConfig(block_n=4, block_k=512, warps=4, stages=2)
 FOUR_BIT_ROWS = 16
+# The most rows of 4-bit codes ``product`` gives ``four_bit_rows``: its time grows with the rows
+# (each row's products cost as much as the lookup they share), so past a few rows the weight
+# dequantized once for cuBLAS, whose time does not, is faster (docs/benchmarks.md, run 117).
+FOUR_BIT_ROWS_TAKEN = 4
 
 
 def runs(dtype: torch.dtype, device: torch.device) -> bool:
@@ -136,12 +140,12 @@ def one_row(
 
 def few_rows_run(x: torch.Tensor, p: Linear) -> bool:
     """Whether ``few_rows`` multiplies ``x`` by ``p``: one 16-bit row on CUDA of int8 weights,
-    or up to ``FOUR_BIT_ROWS`` rows of 4-bit codes where ``four_bit_row_runs``."""
+    or up to ``FOUR_BIT_ROWS_TAKEN`` rows of 4-bit codes where ``four_bit_row_runs``."""
     if not (p.bitsandbytes and available(x)):
         return False
     if p.code is None:
         return x.shape[0] == 1
-    return x.shape[0] <= FOUR_BIT_ROWS and four_bit_row_runs(x, p)
+    return x.shape[0] <= FOUR_BIT_ROWS_TAKEN and four_bit_row_runs(x, p)
 
 
 def few_rows(
@@ -393,7 +397,7 @@ def product(x: torch.Tensor, p: Linear) -> torch.Tensor:
     that multiplies this shape fastest (the module's docstring says which)."""
     batch = x.shape[0]
     if p.code is not None:
-        if batch <= FOUR_BIT_ROWS and four_bit_row_runs(x, p):
+        if batch <= FOUR_BIT_ROWS_TAKEN and four_bit_row_runs(x, p):
             return few_rows(x, p)
         return _bitsandbytes_row(x, p) if batch == 1 else dequantized_product(x, p)
     return dequantized_product(x, p) if batch > INT8_ROWS else rows(x, p)
@@ -401,9 +405,9 @@ def product(x: torch.Tensor, p: Linear) -> torch.Tensor:
 
 def dequantizes_above(p: Linear) -> int:
     """Rows past which ``product`` dequantizes ``p`` into cuBLAS: 4-bit codes past
-    ``FOUR_BIT_ROWS`` (where ``four_bit_row_runs``; every batch elsewhere), int8 past
+    ``FOUR_BIT_ROWS_TAKEN`` (where ``four_bit_row_runs``; every batch elsewhere), int8 past
     ``INT8_ROWS``."""
-    return FOUR_BIT_ROWS if p.code is not None else INT8_ROWS
+    return FOUR_BIT_ROWS_TAKEN if p.code is not None else INT8_ROWS
 
 
 def _bitsandbytes_row(x: torch.Tensor, p: Linear) -> torch.Tensor:

@@ -490,9 +490,12 @@ class ModelRunner:
 def prefill_warmups(bound: int | None, chunk: int, pages: int, page_size: int) -> list[int]:
     """The token counts the prefill is run with before ready (``_compile_prefill``): one, then
     two more (the count turns dynamic), and where chunks of bitsandbytes weights past ``bound``
-    rows take the dequantized weight, one past it if the two did not and a chunk can reach it
-    and the cache holds it."""
+    rows take the dequantized weight, ``bound`` itself where a few rows past one take a kernel
+    of their own (4-bit codes), and one past it if the two did not and a chunk can reach it and
+    the cache holds it."""
     counts = [1, 16, 17]
+    if bound is not None and 1 < bound < counts[1]:
+        counts.insert(1, bound)
     if bound is None or bound + 1 <= counts[-1]:
         return counts
     wide = bound + 1
