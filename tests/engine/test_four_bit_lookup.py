@@ -2,7 +2,7 @@
 instructions it uses: every word of codes must come out as its values times their activations,
 whatever the codes, the values and the activations; and the table words the kernel makes from a
 format's values (``four_bit_kernel.table_word``, in Triton's interpreter). A GPU runs the same
-text in ``four_bit_kernel.four_bit_row`` (measured by ``loadtests.quant_kernels``; compiled by
+text in ``four_bit_kernel``'s kernels (measured by ``loadtests.quant_kernels``; compiled by
 ptxas in ``test_kernels_compile.py``)."""
 
 from __future__ import annotations
@@ -202,6 +202,24 @@ def test_the_lookup_and_the_products_apart_are_the_lookup_s_sum(
     got = _f32(_execute(dot_asm(dtype), operands)["$0"])
     assert got == _expected(values, word, pairs, dtype)
     assert got == _run(lookup_asm(dtype), word, pairs, values, dtype)
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=_VALUES, word=st.integers(0, MASK), dtype=_DTYPES)
+def test_the_lookup_alone_gives_each_byte_s_two_values_as_one_pair(
+    values: tuple[float, ...], word: int, dtype: torch.dtype
+) -> None:
+    # ``four_bit_kernel.four_bit_matmul`` splits the pairs into the tensor cores' operands,
+    # byte k's pair the inputs 2k (the low half: the byte's high code) and 2k + 1; its tests in
+    # Triton's interpreter build the same pairs from the table in memory.
+    tables = table_words(values, dtype)
+    looked_up = _execute(
+        values_asm(), {"$4": word} | {f"${5 + i}": t for i, t in enumerate(tables)}
+    )
+    for k in range(4):
+        byte = word >> 8 * k & 0xFF
+        expected = _pair([values[byte >> 4], values[byte & 15]], dtype)
+        assert looked_up[f"${k}"] & MASK == expected
 
 
 def test_every_code_is_looked_up_in_every_place_of_a_word() -> None:

@@ -192,6 +192,18 @@ def test_the_four_bit_rows_kernel_compiles(
     _compiles(stand_in, full=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_four_bit_matmul_kernel_compiles(
+    dtype: torch.dtype, caught: Callable[[Any, str], Caught]
+) -> None:
+    # The lookup's PTX feeding the tensor cores' product (the pairs split, joined and
+    # permuted into the operand's layout) through ptxas, at each tile of ``matmul_config``.
+    stand_in = caught(quant_gemv, "_four_bit_matmul_kernel")
+    for m, nested in ((5, False), (40, True), (300, False)):
+        quant_gemv.four_bit_matmul(torch.randn(m, 512, dtype=dtype), _nf4(128, 512, nested, 0))
+    _compiles(stand_in, full=True)
+
+
 def test_the_one_row_kernel_compiles(caught: Callable[[Any, str], Caught]) -> None:
     stand_in = caught(gemv, "_kernel")
     weight = torch.randn(128, 512, dtype=BF16)

@@ -183,6 +183,44 @@ def test_the_four_bit_rows_kernel_computes_each_row_s_product(
     close(rows(x, p, gated=True), _swiglu(exact))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@settings(max_examples=6, deadline=None)
+@given(
+    m=st.integers(1, 40),
+    outputs=st.sampled_from([64, 96]),
+    nested=st.booleans(),
+    config=st.sampled_from(
+        [quant_gemv.MatmulConfig(16, 32, 0, 4, 2), quant_gemv.MatmulConfig(32, 64, 0, 4, 3)]
+    ),
+    seed=st.integers(0, 2**16),
+)
+@example(m=33, outputs=96, nested=True, config=quant_gemv.MatmulConfig(16, 32, 0, 4, 2), seed=1)
+def test_the_four_bit_matmul_kernel_scales_each_block_s_product_once(
+    dtype: torch.dtype,
+    m: int,
+    outputs: int,
+    nested: bool,
+    config: quant_gemv.MatmulConfig,
+    seed: int,
+) -> None:
+    # Rows of activations on the tensor cores (the table read from memory here, in the
+    # layout the lookup's PTX gives): each block's codes as their 16-bit table values, their
+    # product summed in float32 and scaled by the block's maximum, so the result is the
+    # product over the weights of a table rounded to the dtype, rounded once at the end. A
+    # code in the wrong place, or a maximum of another block, is off by whole units.
+    p = _nf4(outputs, 512, nested, seed)
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, 512, generator=generator).to(dtype)
+    assert p.code is not None
+    rounded = Linear(p.weight, p.scale, p.code.to(dtype).float(), p.nested)
+    expected = x.float() @ _dense(rounded).T
+    got = quant_gemv.four_bit_matmul(x, p, config, in_registers=False)
+    assert got.dtype == dtype
+    assert got.shape == (m, outputs)
+    tolerance = 8e-3 if dtype == torch.bfloat16 else 1e-3
+    torch.testing.assert_close(got.float(), expected, rtol=tolerance, atol=tolerance)
+
+
 @settings(max_examples=12, deadline=None)
 @given(offset=st.integers(0, 7), padding=st.integers(0, 7), seed=st.integers(0, 2**16))
 @example(offset=0, padding=0, seed=1)

@@ -1,6 +1,7 @@
 """The Triton kernels that look 4-bit codes up in registers (``four_bit_lookup``'s PTX):
-``four_bit_row`` for one row of activations, ``four_bit_rows`` for a few (``quant_gemv.py``
-says what they compute and which shapes take them).
+``four_bit_row`` for one row of activations, ``four_bit_rows`` for a few, ``four_bit_matmul``
+for batches on the tensor cores (``quant_gemv.py`` says what they compute and which shapes take
+them).
 
 Their own module, so that ``quant_gemv.py`` imports where there is no Triton (a CPU build of torch
 has none): there this module's import fails and the kernels are never used.
@@ -96,17 +97,23 @@ def table_word(code_ptr, first, high: tl.constexpr, dtype: tl.constexpr):  # typ
     ``8 * j`` (``four_bit_lookup``'s layout)."""
     word = tl.zeros([], dtype=tl.int32)
     for j in tl.static_range(4):
-        value = tl.load(code_ptr + first + j)
-        if dtype == tl.bfloat16:
-            # Rounded to nearest even by the bits (the top half of the float32's), as torch
-            # rounds the weights it compares with.
-            wide = value.to(tl.int32, bitcast=True)
-            bits = ((wide + 0x7FFF + ((wide >> 16) & 1)) >> 16) & 0xFFFF
-        else:
-            bits = value.to(dtype).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        bits = _sixteen_bits(tl.load(code_ptr + first + j), dtype)
         byte = (bits >> 8) if high else (bits & 0xFF)
         word = word | (byte << (8 * j))
     return word
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _sixteen_bits(value, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The float32 ``value`` rounded to ``dtype``, its 16 bits in the low half of an int32."""
+    if dtype == tl.bfloat16:
+        # Rounded to nearest even by the bits (the top half of the float32's), as torch
+        # rounds the weights it compares with.
+        wide = value.to(tl.int32, bitcast=True)
+        bits = ((wide + 0x7FFF + ((wide >> 16) & 1)) >> 16) & 0xFFFF
+    else:
+        bits = value.to(dtype).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return bits
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -432,3 +439,114 @@ def _over_rows(words, block_m: tl.constexpr):  # type: ignore[no-untyped-def]
 def _over_codes(x, block_n: tl.constexpr):  # type: ignore[no-untyped-def]
     """``[block_m, W]`` activations, the same for each of ``block_n`` rows of codes."""
     return tl.broadcast_to(x[:, None, :], (x.shape[0], block_n, x.shape[1]))
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def four_bit_matmul(  # type: ignore[no-untyped-def]
+    x_ptr,
+    w_ptr,
+    maxima_ptr,
+    code_ptr,
+    nested_code_ptr,
+    nested_absmax_ptr,
+    nested_offset_ptr,
+    out_ptr,
+    m,
+    rows_out,
+    pairs,
+    stride_w,
+    stride_m,
+    values: tl.constexpr,
+    in_registers: tl.constexpr,
+    nested: tl.constexpr,
+    group: tl.constexpr,
+    block_pairs: tl.constexpr,
+    block_m: tl.constexpr,
+    block_n: tl.constexpr,
+):
+    """``x @ W.T`` for ``m`` rows of ``x`` (``[m, 2 * pairs]`` 16-bit values) on the tensor
+    cores: a program's ``block_n`` rows of codes one block (``block_pairs`` bytes) at a time,
+    each word's eight codes looked up in registers into 16-bit values (``values``,
+    ``four_bit_lookup.values_asm``; read from memory where not ``in_registers``), the block's
+    unscaled values multiplied by ``block_m`` rows of activations (``tl.dot``, float32), and
+    that product scaled by the block's maximum: no weight is dequantized into memory, and each
+    is rounded once, as the table's 16-bit value."""
+    dtype = out_ptr.dtype.element_ty
+    low0 = table_word(code_ptr, 0, False, dtype)
+    low1 = table_word(code_ptr, 4, False, dtype)
+    low2 = table_word(code_ptr, 8, False, dtype)
+    low3 = table_word(code_ptr, 12, False, dtype)
+    high0 = table_word(code_ptr, 0, True, dtype)
+    high1 = table_word(code_ptr, 4, True, dtype)
+    high2 = table_word(code_ptr, 8, True, dtype)
+    high3 = table_word(code_ptr, 12, True, dtype)
+    rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
+    row_ok = rows < rows_out
+    lines = tl.program_id(1) * block_m + tl.arange(0, block_m)
+    line_ok = lines < m
+    x_lines = x_ptr + lines.to(tl.int64)[:, None] * (2 * pairs)
+    acc = tl.zeros([block_m, block_n], dtype=tl.float32)
+    for start in range(0, pairs, block_pairs):
+        codes = _codes(w_ptr, rows, row_ok, start, pairs, stride_w, block_pairs)
+        if in_registers:
+            zeros = tl.zeros((block_n, block_pairs // 4), dtype=tl.int32)
+            # fmt: off
+            v0, v1, v2, v3 = tl.inline_asm_elementwise(
+                values, _VALUES_CONSTRAINTS,
+                [codes, zeros + low0, zeros + low1, zeros + low2, zeros + low3, zeros + high0,
+                 zeros + high1, zeros + high2, zeros + high3],
+                dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1,
+            )
+            # fmt: on
+        else:
+            v0 = _pair_from_memory(codes, 0, code_ptr, dtype)
+            v1 = _pair_from_memory(codes, 1, code_ptr, dtype)
+            v2 = _pair_from_memory(codes, 2, code_ptr, dtype)
+            v3 = _pair_from_memory(codes, 3, code_ptr, dtype)
+        weights = _in_order(v0, v1, v2, v3, dtype, block_n, block_pairs)
+        cols = 2 * start + tl.arange(0, 2 * block_pairs)
+        xs = tl.load(x_lines + cols[None, :], mask=line_ok[:, None], other=0.0)
+        maxima = _block_maxima(
+            maxima_ptr, nested_code_ptr, nested_absmax_ptr, nested_offset_ptr, rows, row_ok,
+            start, pairs, stride_m, nested, group, block_pairs, block_pairs,
+        )  # fmt: skip
+        if not in_registers:
+            # Triton's interpreter multiplies bfloat16 tiles as integers; in float32 the
+            # products are the same (exact) and summed as the tensor cores sum them.
+            xs, weights = xs.to(tl.float32), weights.to(tl.float32)
+        acc += tl.dot(xs, tl.trans(weights)) * tl.reshape(maxima, (1, block_n))
+    at = out_ptr + lines.to(tl.int64)[:, None] * rows_out + rows[None, :]
+    tl.store(at, acc.to(dtype), mask=line_ok[:, None] & row_ok[None, :])
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _pair_from_memory(codes, k: tl.constexpr, code_ptr, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
+    """``values_asm``'s pair of byte ``k`` of each word, the table read from memory: the high
+    code's value in the low half, the low code's in the high half (for Triton's interpreter)."""
+    byte = (codes >> (8 * k)) & 0xFF
+    first = _sixteen_bits(tl.load(code_ptr + (byte >> 4)), dtype)
+    second = _sixteen_bits(tl.load(code_ptr + (byte & 15)), dtype)
+    return first | (second << 16)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _in_order(  # type: ignore[no-untyped-def]
+    v0, v1, v2, v3, dtype: tl.constexpr, block_n: tl.constexpr, block_pairs: tl.constexpr
+):
+    """The four pairs of each word (``[block_n, block_pairs // 4]`` each) as
+    ``[block_n, 2 * block_pairs]`` values of ``dtype`` in the inputs' order: word ``w``'s byte
+    ``k`` holds inputs ``8w + 2k`` (its pair's low half) and ``8w + 2k + 1``."""
+    a0 = tl.join(_half(v0, 0, dtype), _half(v0, 16, dtype))  # [n, w, half]
+    a1 = tl.join(_half(v1, 0, dtype), _half(v1, 16, dtype))
+    a2 = tl.join(_half(v2, 0, dtype), _half(v2, 16, dtype))
+    a3 = tl.join(_half(v3, 0, dtype), _half(v3, 16, dtype))
+    # [n, w, half, k % 2, k // 2], then the byte's place before the half's.
+    joined = tl.join(tl.join(a0, a1), tl.join(a2, a3))
+    ordered = tl.permute(joined, (0, 1, 4, 3, 2))
+    return tl.reshape(ordered, (block_n, 2 * block_pairs))
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _half(pair, shift: tl.constexpr, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The 16-bit value at bit ``shift`` of each 32-bit ``pair``."""
+    return ((pair >> shift) & 0xFFFF).to(tl.int16).to(dtype, bitcast=True)

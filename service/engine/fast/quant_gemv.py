@@ -4,7 +4,9 @@ them where they multiply: ``one_row`` for a lone request's int8 decode step and 
 for its 4-bit one (the codes looked up in registers, ``four_bit_lookup``), ``four_bit_rows`` for
 a few rows of 4-bit codes (each word looked up once for all of them), ``rows`` for an int8
 batch (a decode step of many rows, a short prefill); and ``dequantized``, the weight once into
-16 bits for cuBLAS.
+16 bits for cuBLAS. ``four_bit_matmul`` (a batch of 4-bit codes looked up in registers into the
+tensor cores' operands, each block's product scaled once) is measured by the benchmarks and
+taken by no step yet.
 
 Compiled by inductor, the same product (``linear.row_product`` over ``linear.dequantize``) looks
 each 4-bit code up inside the reduction, far slower than bf16 at one row (docs/benchmarks.md).
@@ -52,7 +54,9 @@ _dequantize_kernel: Any
 _maxima_kernel: Any
 _four_bit_kernel: Any
 _four_bit_rows_kernel: Any
+_four_bit_matmul_kernel: Any
 try:
+    from service.engine.fast.four_bit_kernel import four_bit_matmul as _four_bit_matmul_kernel
     from service.engine.fast.four_bit_kernel import four_bit_row as _four_bit_kernel
     from service.engine.fast.four_bit_kernel import four_bit_rows as _four_bit_rows_kernel
     from service.engine.fast.quant_gemv_kernel import dequantize as _dequantize_kernel
@@ -61,7 +65,7 @@ try:
     from service.engine.fast.quant_gemv_kernel import quant_matmul as _batch_kernel
 except ImportError:  # no Triton (a CPU build of torch)
     _kernel = _batch_kernel = _dequantize_kernel = _maxima_kernel = None
-    _four_bit_kernel = _four_bit_rows_kernel = None
+    _four_bit_kernel = _four_bit_rows_kernel = _four_bit_matmul_kernel = None
 
 # int8 batches of more rows than this dequantize the weight once into the activations' dtype and
 # take cuBLAS: a wider batch reads the weight again per tile of 128 batch rows. Up to it, with
@@ -231,39 +235,74 @@ def _four_bit_arguments(
     """What ``four_bit_row`` and ``four_bit_rows`` launch with: the tensors (activations and
     codes as 32-bit words, maxima, tables, the residual), the sizes (outputs, pairs of
     inputs, the strides of codes and maxima) and the ``constexpr`` flags."""
+    total = p.weight.shape[0]
+    weight, weight_flags = _four_bit_weight(p, x.shape[-1], in_registers)
+    tensors = (
+        x.contiguous().view(torch.int32),
+        *weight,
+        x if residual is None else residual.contiguous(),
+    )
+    pairs, block_pairs = x.shape[-1] // 2, weight_flags["block_pairs"]
+    sizes = (total // 2 if gated else total, pairs, p.weight.stride(0) // 4, pairs // block_pairs)
+    flags = weight_flags | {
+        "swiglu": gated,
+        "has_residual": residual is not None,
+        "block_n": config.block_n,
+        "block_k": max(config.block_k // 2, block_pairs),
+        "num_warps": config.warps,
+        "num_stages": config.stages,
+    }
+    return tensors, sizes, flags
+
+
+def _four_bit_weight(
+    p: Linear, inputs: int, in_registers: bool
+) -> tuple[tuple[torch.Tensor, ...], dict[str, int]]:
+    """The 4-bit kernels' weight arguments: the codes as 32-bit words, the maxima, the table
+    and the nested maxima's code, scales and offsets; and their ``constexpr`` flags."""
     assert p.scale is not None, "a 4-bit weight has its maxima"
     assert p.code is not None, "a 4-bit weight has its table"
-    total = p.weight.shape[0]
-    inputs, blocks = x.shape[-1], p.scale.shape[1]
     nested = p.nested
     # Nested maxima are read as they are kept (a byte each, their groups' scale and offset
     # from the cache), not dequantized into float32 first: a quarter of the bytes.
     maxima = p.scale if nested is not None else p.scale.reshape(-1)
     tensors = (
-        x.contiguous().view(torch.int32),
         p.weight.view(torch.int32),  # four bytes of codes a word
         maxima,
         p.code,
         p.scale if nested is None else nested.code,
         p.scale if nested is None else nested.absmax,
         p.scale if nested is None else nested.offset,
-        x if residual is None else residual.contiguous(),
     )
-    sizes = (total // 2 if gated else total, inputs // 2, p.weight.stride(0) // 4, blocks)
-    block = inputs // blocks
     flags = {
-        "in_registers": in_registers,
-        "nested": nested is not None,
+        "in_registers": int(in_registers),
+        "nested": int(nested is not None),
         "group": GROUP,
-        "block_pairs": block // 2,
-        "swiglu": gated,
-        "has_residual": residual is not None,
-        "block_n": config.block_n,
-        "block_k": max(config.block_k, block) // 2,
-        "num_warps": config.warps,
-        "num_stages": config.stages,
+        "block_pairs": inputs // p.scale.shape[1] // 2,
     }
-    return tensors, sizes, flags
+    return tensors, flags
+
+
+def four_bit_matmul(
+    x: torch.Tensor, p: Linear, config: MatmulConfig | None = None, in_registers: bool = True
+) -> torch.Tensor:
+    """``x @ W.T`` (``x``: ``[M, K]``, 16-bit) for the 4-bit codes ``p`` on the tensor cores,
+    each block of codes looked up in registers and its product with the activations scaled by
+    the block's maximum once (``four_bit_kernel.four_bit_matmul``; ``config``'s ``block_k`` is
+    the weight's block). Not ``in_registers``: the table read from memory, for Triton's
+    interpreter (the tests)."""
+    batch, inputs = x.shape
+    outputs = p.weight.shape[0]
+    chosen = config or matmul_config(batch, outputs)
+    tensors, flags = _four_bit_weight(p, inputs, in_registers)
+    out = torch.empty(batch, outputs, dtype=x.dtype, device=x.device)
+    grid = (-(-outputs // chosen.block_n), -(-batch // chosen.block_m))
+    _four_bit_matmul_kernel[grid](
+        x.contiguous(), *tensors, out, batch, outputs, inputs // 2, p.weight.stride(0) // 4,
+        inputs // 2 // flags["block_pairs"], values=values_asm(), block_m=chosen.block_m,
+        block_n=chosen.block_n, num_warps=chosen.warps, num_stages=chosen.stages, **flags,
+    )  # fmt: skip
+    return out
 
 
 def _format(p: Linear, inputs: int) -> tuple[tuple[torch.Tensor, ...], dict[str, int | bool]]:
