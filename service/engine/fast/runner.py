@@ -265,9 +265,8 @@ class ModelRunner:
     def _compile_prefill(self, chunk: int, pages: int) -> None:
         """The prefill's compiled parts, before ready: for one token (sizes 0 and 1 are always
         specialised) and two other counts, the second of which makes the count dynamic, so no
-        prompt length compiles while requests wait. bitsandbytes weights on a GPU also take a
-        count past ``quant_gemv.dequantizes_above`` where a chunk can reach it: wider chunks
-        take another branch (the weight dequantized), which compiles apart."""
+        prompt length compiles while requests wait; for bitsandbytes weights on a GPU, each
+        branch of ``quant_gemv.dequantizes_above`` a chunk can reach (``prefill_warmups``)."""
         qkv = self.weights.layers[0].qkv
         bound = None
         if qkv.bitsandbytes and quant_gemv.runs(self.weights.embed.dtype, self.device):
@@ -489,10 +488,9 @@ class ModelRunner:
 
 def prefill_warmups(bound: int | None, chunk: int, pages: int, page_size: int) -> list[int]:
     """The token counts the prefill is run with before ready (``_compile_prefill``): one, then
-    two more (the count turns dynamic), and where chunks of bitsandbytes weights past ``bound``
-    rows take the dequantized weight, ``bound`` itself where a few rows past one take a kernel
-    of their own (4-bit codes), and one past it if the two did not and a chunk can reach it and
-    the cache holds it."""
+    two more (the count turns dynamic); where bitsandbytes weights past ``bound`` rows take the
+    dequantized weight, ``bound`` if past one (a few rows' kernel) and one past it if a chunk
+    and the cache reach it."""
     counts = [1, 16, 17]
     if bound is not None and 1 < bound < counts[1]:
         counts.insert(1, bound)
