@@ -18,9 +18,10 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
 - ``nf4-lookup-rows``: ``quant_gemv.four_bit_rows``, each word of 4-bit codes looked up once in
   registers for 2 to ``quant_gemv.FOUR_BIT_ROWS`` rows (a step takes it up to
   ``quant_gemv.FOUR_BIT_ROWS_TAKEN``);
-- ``nf4-tensor-cores``: ``quant_gemv.four_bit_matmul``, each block of 4-bit codes looked up in
-  registers into the tensor cores' operand and its product scaled by the block's maximum once
-  (no step takes it yet), the maxima double-quantized as the engine loads them;
+- ``nf4-tensor-cores`` and ``nf4-tensor-cores-nested``: ``quant_gemv.four_bit_matmul``, each
+  block of 4-bit codes looked up in registers into the tensor cores' operand and its product
+  scaled by the block's maximum once (no step takes it yet), with float32 maxima and with them
+  double-quantized as the engine loads them (read in the loop, a gather each);
 - ``nf4-rows`` and ``int8-rows``: the engine's own batch kernel for them (``quant_gemv.rows``:
   slices dequantized straight into the tensor cores' product), which decode batches take on a GPU
   (``nf4`` and ``int8`` above 1 row are the whole-weight dequantization in torch it replaced);
@@ -174,7 +175,8 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
         for name in ("nf4-gemv", "int8-gemv"):
             formats[name] = _Format(lambda x, p: quant_gemv.one_row(x, p), [], [])
         formats["nf4-lookup-rows"] = _Format(lambda x, p: quant_gemv.four_bit_rows(x, p), [], [])
-        formats["nf4-tensor-cores"] = _Format(lambda x, p: quant_gemv.four_bit_matmul(x, p), [], [])
+        for name in ("nf4-tensor-cores", "nf4-tensor-cores-nested"):
+            formats[name] = _Format(lambda x, p: quant_gemv.four_bit_matmul(x, p), [], [])
         for name in ("nf4-rows", "int8-rows"):
             formats[name] = _Format(lambda x, p: quant_gemv.rows(x, p), [], [])
         for name in ("nf4-dequantized", "int8-dequantized"):
@@ -222,9 +224,9 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
             parts["nf4-gemv"] = ((Linear(codes, maxima, table),), parts["nf4"][1])
             parts["int8-gemv"] = ((Linear(int8, row_max),), parts["int8"][1])
             parts["nf4-rows"] = parts["nf4-dequantized"] = parts["nf4-gemv"]
-            parts["nf4-lookup-rows"] = parts["nf4-gemv"]
+            parts["nf4-lookup-rows"] = parts["nf4-tensor-cores"] = parts["nf4-gemv"]
             # As the engine loads it: the maxima double-quantized.
-            parts["nf4-tensor-cores"] = _double_quantized(codes, maxima, table)
+            parts["nf4-tensor-cores-nested"] = _double_quantized(codes, maxima, table)
             parts["int8-rows"] = parts["int8-dequantized"] = parts["int8-gemv"]
         if "nf4-engine" in formats:
             parts["nf4-engine"] = _double_quantized(codes, maxima, table)
