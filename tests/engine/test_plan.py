@@ -11,6 +11,7 @@ from service.config.engine import EngineSettings
 from service.engine.capability import Capability
 from service.engine.fast import prefill_graphs, quant_gemv
 from service.engine.fast.cache import KV_FP8
+from service.engine.fast.linear import Linear
 from service.engine.fast.plan import kv_dtype_for, plan_for, prefill_graph_tokens_for
 from service.engine.fast.runner import prefill_warmups
 
@@ -41,19 +42,32 @@ def test_a_mixture_of_experts_is_captured_in_graphs_in_bf16_only(
     assert not _graphs(torch.bfloat16, moe=True, setting="off")
 
 
-def test_the_prefill_compiles_before_ready_for_every_branch_a_chunk_can_take() -> None:
-    # The prompt count turns dynamic at its second size; bitsandbytes weights on a GPU take a
-    # second branch past their bound (int8's INT8_ROWS tokens), compiled too where a chunk can
-    # get there; 4-bit codes take a kernel of their own up to a few rows, a count of which
-    # compiles too (without it, a prompt's few uncached tokens compiled while requests waited).
+def test_the_prefill_compiles_before_ready_for_every_branch_a_chunk_can_take(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The prompt count turns dynamic at its second size; bitsandbytes weights on a GPU take
+    # other branches past their bounds (int8's INT8_ROWS tokens), compiled too where a chunk
+    # can get there; 4-bit codes take a kernel of their own up to a few rows, a count of which
+    # compiles too (without it, a prompt's few uncached tokens compiled while requests waited),
+    # and the tensor cores' kernel up to FOUR_BIT_MATMUL_ROWS where set.
+    int8 = quant_gemv.branches(_linear(code=False))
     bound = quant_gemv.INT8_ROWS
-    assert prefill_warmups(None, 8192, 4096, 128) == [1, 16, 17]
-    assert prefill_warmups(bound, 8192, 4096, 128) == [1, 16, 17, bound + 1]
-    assert prefill_warmups(bound, bound, 4096, 128) == [1, 16, 17]  # chunks never get there
-    assert prefill_warmups(bound, 8192, 1, 128) == [1, 16, 17]  # a cache too small to try
-    assert prefill_warmups(1, 8192, 4096, 128) == [1, 16, 17]
+    assert prefill_warmups((), 8192, 4096, 128) == [1, 16, 17]
+    assert prefill_warmups(int8, 8192, 4096, 128) == [1, 16, 17, bound + 1]
+    assert prefill_warmups(int8, bound, 4096, 128) == [1, 16, 17]  # chunks never get there
+    assert prefill_warmups(int8, 8192, 1, 128) == [1, 16, 17]  # a cache too small to try
     few = quant_gemv.FOUR_BIT_ROWS_TAKEN
-    assert prefill_warmups(few, 8192, 4096, 128) == [1, few, 16, 17]
+    nf4 = quant_gemv.branches(_linear(code=True))
+    assert prefill_warmups(nf4, 8192, 4096, 128) == [1, few, 16, 17]
+    monkeypatch.setattr(quant_gemv, "FOUR_BIT_MATMUL_ROWS", 256)
+    nf4 = quant_gemv.branches(_linear(code=True))
+    assert prefill_warmups(nf4, 8192, 4096, 128) == [1, few, 16, 17, 257]
+
+
+def _linear(code: bool) -> Linear:
+    """A bitsandbytes weight's stand-in: int8 values, or 4-bit codes with their table."""
+    weight = torch.zeros(64, 32 if code else 64, dtype=torch.uint8 if code else torch.int8)
+    return Linear(weight, torch.ones(64, 1), torch.zeros(16) if code else None)
 
 
 def test_uncompiled_flex_attention_never_goes_into_a_decode_graph(

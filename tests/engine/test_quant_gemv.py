@@ -416,22 +416,31 @@ def test_each_shape_takes_its_kernel_where_they_run(monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(
-    ("rows", "kernel"),
+    ("rows", "kernel", "matmul_rows"),
     [
-        (1, "four_bit_row"),
-        (2, "four_bit_rows"),
-        (quant_gemv.FOUR_BIT_ROWS_TAKEN, "four_bit_rows"),
-        (quant_gemv.FOUR_BIT_ROWS_TAKEN + 1, "dequantized"),
+        (1, "four_bit_row", 0),
+        (2, "four_bit_rows", 0),
+        (quant_gemv.FOUR_BIT_ROWS_TAKEN, "four_bit_rows", 0),
+        (quant_gemv.FOUR_BIT_ROWS_TAKEN + 1, "dequantized", 0),
+        (quant_gemv.FOUR_BIT_ROWS_TAKEN + 1, "four_bit_matmul", 8),
+        (8, "four_bit_matmul", 8),
+        (9, "dequantized", 8),
     ],
 )
 def test_a_few_16_bit_rows_of_4_bit_codes_take_the_engine_s_kernels(
-    dtype: torch.dtype, rows: int, kernel: str, monkeypatch: pytest.MonkeyPatch
+    dtype: torch.dtype,
+    rows: int,
+    kernel: str,
+    matmul_rows: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # As on a GPU: the projection, its residual and the gated product in the 4-bit row kernel
     # for one row, the few-rows kernel up to FOUR_BIT_ROWS_TAKEN (tables read from memory here:
-    # the interpreter runs no PTX), the weight dequantized past it; bitsandbytes' GEMV or the
-    # dequantized weight where the kernels cannot run.
+    # the interpreter runs no PTX), the tensor cores' kernel up to FOUR_BIT_MATMUL_ROWS where
+    # set, the weight dequantized past them; bitsandbytes' GEMV or the dequantized weight where
+    # the kernels cannot run.
     pytest.importorskip("bitsandbytes")  # its operators, which ``_bitsandbytes_gemv`` calls
+    monkeypatch.setattr(quant_gemv, "FOUR_BIT_MATMUL_ROWS", matmul_rows)
     monkeypatch.setattr(quant_gemv, "available", lambda x: True)
     monkeypatch.setattr(quant_gemv, "_gemv_4bit", _bitsandbytes_gemv)
     taken: list[str] = []
@@ -449,6 +458,7 @@ def test_a_few_16_bit_rows_of_4_bit_codes_take_the_engine_s_kernels(
 
     counted("four_bit_row", False)
     counted("four_bit_rows", False)
+    counted("four_bit_matmul", False)
     counted("dequantized", None)
     counted("_gemv_4bit", None)
     generator = torch.Generator().manual_seed(5)

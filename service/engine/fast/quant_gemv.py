@@ -5,8 +5,8 @@ for its 4-bit one (the codes looked up in registers, ``four_bit_lookup``), ``fou
 a few rows of 4-bit codes (each word looked up once for all of them), ``rows`` for an int8
 batch (a decode step of many rows, a short prefill); and ``dequantized``, the weight once into
 16 bits for cuBLAS. ``four_bit_matmul`` (a batch of 4-bit codes looked up in registers into the
-tensor cores' operands, each block's product scaled once) is measured by the benchmarks and
-taken by no step yet.
+tensor cores' operands, each block's product scaled once) takes batches of up to
+``FOUR_BIT_MATMUL_ROWS`` once that is set from its measurement (none until then).
 
 Compiled by inductor, the same product (``linear.row_product`` over ``linear.dequantize``) looks
 each 4-bit code up inside the reduction, far slower than bf16 at one row (docs/benchmarks.md).
@@ -91,6 +91,10 @@ FOUR_BIT_ROWS = 16
 # (each row's products cost as much as the lookup they share), so past a few rows the weight
 # dequantized once for cuBLAS, whose time does not, is faster (docs/benchmarks.md, run 117).
 FOUR_BIT_ROWS_TAKEN = 4
+# The most rows of 4-bit codes past ``FOUR_BIT_ROWS_TAKEN`` that ``product`` gives
+# ``four_bit_matmul`` (0: none; every wider batch dequantizes the weight for cuBLAS), to be set
+# from its measurement against the dequantized product (docs/benchmarks.md).
+FOUR_BIT_MATMUL_ROWS = 0
 
 
 def runs(dtype: torch.dtype, device: torch.device) -> bool:
@@ -438,15 +442,19 @@ def product(x: torch.Tensor, p: Linear) -> torch.Tensor:
     if p.code is not None:
         if batch <= FOUR_BIT_ROWS_TAKEN and four_bit_row_runs(x, p):
             return few_rows(x, p)
+        if batch <= FOUR_BIT_MATMUL_ROWS and four_bit_row_runs(x, p):
+            return four_bit_matmul(x, p)
         return _bitsandbytes_row(x, p) if batch == 1 else dequantized_product(x, p)
     return dequantized_product(x, p) if batch > INT8_ROWS else rows(x, p)
 
 
-def dequantizes_above(p: Linear) -> int:
-    """Rows past which ``product`` dequantizes ``p`` into cuBLAS: 4-bit codes past
-    ``FOUR_BIT_ROWS_TAKEN`` (where ``four_bit_row_runs``; every batch elsewhere), int8 past
-    ``INT8_ROWS``."""
-    return FOUR_BIT_ROWS_TAKEN if p.code is not None else INT8_ROWS
+def branches(p: Linear) -> tuple[int, ...]:
+    """The row counts past which ``product`` takes another kernel for ``p``: 4-bit codes past
+    ``FOUR_BIT_ROWS_TAKEN`` and ``FOUR_BIT_MATMUL_ROWS`` (where ``four_bit_row_runs``; every
+    batch dequantizes elsewhere), int8 past one row and ``INT8_ROWS``."""
+    if p.code is None:
+        return (1, INT8_ROWS)
+    return (1, FOUR_BIT_ROWS_TAKEN, *([FOUR_BIT_MATMUL_ROWS] if FOUR_BIT_MATMUL_ROWS else []))
 
 
 def _bitsandbytes_row(x: torch.Tensor, p: Linear) -> torch.Tensor:

@@ -266,12 +266,12 @@ class ModelRunner:
         """The prefill's compiled parts, before ready: for one token (sizes 0 and 1 are always
         specialised) and two other counts, the second of which makes the count dynamic, so no
         prompt length compiles while requests wait; for bitsandbytes weights on a GPU, each
-        branch of ``quant_gemv.dequantizes_above`` a chunk can reach (``prefill_warmups``)."""
+        branch of ``quant_gemv.branches`` a chunk can reach (``prefill_warmups``)."""
         qkv = self.weights.layers[0].qkv
-        bound = None
+        bounds: tuple[int, ...] = ()
         if qkv.bitsandbytes and quant_gemv.runs(self.weights.embed.dtype, self.device):
-            bound = quant_gemv.dequantizes_above(qkv)
-        for tokens in prefill_warmups(bound, chunk, pages, self.page_size):
+            bounds = quant_gemv.branches(qkv)
+        for tokens in prefill_warmups(bounds, chunk, pages, self.page_size):
             scratch = list(range(1, 1 + pages_for(tokens, self.page_size)))
             piece = Piece(tuple(range(tokens)), scratch, 0, tokens)
             with torch.inference_mode():  # the last token's logits only, as a prefill's
@@ -486,20 +486,18 @@ class ModelRunner:
         self.cache.assign(owners.pages, owners.rows, owners.logical)
 
 
-def prefill_warmups(bound: int | None, chunk: int, pages: int, page_size: int) -> list[int]:
+def prefill_warmups(bounds: tuple[int, ...], chunk: int, pages: int, page_size: int) -> list[int]:
     """The token counts the prefill is run with before ready (``_compile_prefill``): one, then
-    two more (the count turns dynamic); where bitsandbytes weights past ``bound`` rows take the
-    dequantized weight, ``bound`` if past one (a few rows' kernel) and one past it if a chunk
-    and the cache reach it."""
+    two more (the count turns dynamic), and for each of ``bounds`` (bitsandbytes weights take
+    another kernel past so many rows) a count in each branch that a chunk and the cache reach."""
     counts = [1, 16, 17]
-    if bound is not None and 1 < bound < counts[1]:
-        counts.insert(1, bound)
-    if bound is None or bound + 1 <= counts[-1]:
-        return counts
-    wide = bound + 1
-    if chunk >= wide and pages_for(wide, page_size) < pages:
-        counts.append(wide)
-    return counts
+    for bound in bounds:
+        if 1 < bound < counts[-1] and bound not in counts:
+            counts.append(bound)
+        wide = bound + 1
+        if wide > 17 and chunk >= wide and pages_for(wide, page_size) < pages:
+            counts.append(wide)
+    return sorted(counts)
 
 
 def _size(
