@@ -55,14 +55,7 @@ def four_bit_row(  # type: ignore[no-untyped-def]
     bitsandbytes' double quantization, dequantized where it is read); ``gated`` and ``residual``
     as ``quant_gemv``."""
     dtype = out_ptr.dtype.element_ty
-    low0 = table_word(code_ptr, 0, False, dtype)
-    low1 = table_word(code_ptr, 4, False, dtype)
-    low2 = table_word(code_ptr, 8, False, dtype)
-    low3 = table_word(code_ptr, 12, False, dtype)
-    high0 = table_word(code_ptr, 0, True, dtype)
-    high1 = table_word(code_ptr, 4, True, dtype)
-    high2 = table_word(code_ptr, 8, True, dtype)
-    high3 = table_word(code_ptr, 12, True, dtype)
+    low0, low1, low2, low3, high0, high1, high2, high3 = table_words(code_ptr, dtype)
     rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
     row_ok = rows < rows_out
     acc = tl.zeros([block_n, block_k // block_pairs], dtype=tl.float32)
@@ -88,6 +81,20 @@ def four_bit_row(  # type: ignore[no-untyped-def]
         tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), residual_ptr, out_ptr, rows, row_ok,
         swiglu, has_residual,
     )  # fmt: skip
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def table_words(code_ptr, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The eight table words ``four_bit_lookup`` reads: the low bytes' four, then the high
+    bytes' (``table_word``)."""
+    # fmt: off
+    return (
+        table_word(code_ptr, 0, False, dtype), table_word(code_ptr, 4, False, dtype),
+        table_word(code_ptr, 8, False, dtype), table_word(code_ptr, 12, False, dtype),
+        table_word(code_ptr, 0, True, dtype), table_word(code_ptr, 4, True, dtype),
+        table_word(code_ptr, 8, True, dtype), table_word(code_ptr, 12, True, dtype),
+    )
+    # fmt: on
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -313,14 +320,7 @@ def four_bit_rows(  # type: ignore[no-untyped-def]
     ``block_m``): each word of codes looked up once (``values``, ``four_bit_lookup.values_asm``)
     and multiplied by every row's activations (``dot``); ``[m, rows_out]`` out."""
     dtype = out_ptr.dtype.element_ty
-    low0 = table_word(code_ptr, 0, False, dtype)
-    low1 = table_word(code_ptr, 4, False, dtype)
-    low2 = table_word(code_ptr, 8, False, dtype)
-    low3 = table_word(code_ptr, 12, False, dtype)
-    high0 = table_word(code_ptr, 0, True, dtype)
-    high1 = table_word(code_ptr, 4, True, dtype)
-    high2 = table_word(code_ptr, 8, True, dtype)
-    high3 = table_word(code_ptr, 12, True, dtype)
+    low0, low1, low2, low3, high0, high1, high2, high3 = table_words(code_ptr, dtype)
     rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
     row_ok = rows < rows_out
     ms = tl.arange(0, block_m)
@@ -472,14 +472,7 @@ def four_bit_matmul(  # type: ignore[no-untyped-def]
     that product scaled by the block's maximum: no weight is dequantized into memory, and each
     is rounded once, as the table's 16-bit value."""
     dtype = out_ptr.dtype.element_ty
-    low0 = table_word(code_ptr, 0, False, dtype)
-    low1 = table_word(code_ptr, 4, False, dtype)
-    low2 = table_word(code_ptr, 8, False, dtype)
-    low3 = table_word(code_ptr, 12, False, dtype)
-    high0 = table_word(code_ptr, 0, True, dtype)
-    high1 = table_word(code_ptr, 4, True, dtype)
-    high2 = table_word(code_ptr, 8, True, dtype)
-    high3 = table_word(code_ptr, 12, True, dtype)
+    low0, low1, low2, low3, high0, high1, high2, high3 = table_words(code_ptr, dtype)
     rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
     row_ok = rows < rows_out
     lines = tl.program_id(1) * block_m + tl.arange(0, block_m)
