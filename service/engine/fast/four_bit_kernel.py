@@ -395,14 +395,10 @@ def _rows_slice(  # type: ignore[no-untyped-def]
     x0, x2 = tl.split(even)
     x1, x3 = tl.split(odd)
     if in_registers:
-        zeros = tl.zeros((block_n, block_k // 4), dtype=tl.int32)
-        # fmt: off
-        v0, v1, v2, v3 = tl.inline_asm_elementwise(
-            values, _VALUES_CONSTRAINTS,
-            [codes, zeros + low0, zeros + low1, zeros + low2, zeros + low3, zeros + high0,
-             zeros + high1, zeros + high2, zeros + high3],
-            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1,
+        v0, v1, v2, v3 = _pairs_in_registers(
+            codes, values, low0, low1, low2, low3, high0, high1, high2, high3
         )
+        # fmt: off
         operands = [
             _over_rows(v0, block_m), _over_rows(v1, block_m),
             _over_rows(v2, block_m), _over_rows(v3, block_m),
@@ -482,15 +478,9 @@ def four_bit_matmul(  # type: ignore[no-untyped-def]
     for start in range(0, pairs, block_pairs):
         codes = _codes(w_ptr, rows, row_ok, start, pairs, stride_w, block_pairs)
         if in_registers:
-            zeros = tl.zeros((block_n, block_pairs // 4), dtype=tl.int32)
-            # fmt: off
-            v0, v1, v2, v3 = tl.inline_asm_elementwise(
-                values, _VALUES_CONSTRAINTS,
-                [codes, zeros + low0, zeros + low1, zeros + low2, zeros + low3, zeros + high0,
-                 zeros + high1, zeros + high2, zeros + high3],
-                dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1,
+            v0, v1, v2, v3 = _pairs_in_registers(
+                codes, values, low0, low1, low2, low3, high0, high1, high2, high3
             )
-            # fmt: on
         else:
             v0 = _pair_from_memory(codes, 0, code_ptr, dtype)
             v1 = _pair_from_memory(codes, 1, code_ptr, dtype)
@@ -510,6 +500,23 @@ def four_bit_matmul(  # type: ignore[no-untyped-def]
         acc += tl.dot(xs, tl.trans(weights)) * tl.reshape(maxima, (1, block_n))
     at = out_ptr + lines.to(tl.int64)[:, None] * rows_out + rows[None, :]
     tl.store(at, acc.to(dtype), mask=line_ok[:, None] & row_ok[None, :])
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _pairs_in_registers(  # type: ignore[no-untyped-def]
+    codes, values: tl.constexpr, low0, low1, low2, low3, high0, high1, high2, high3
+):
+    """Each word of ``codes``' four pairs of 16-bit values (``values``, the lookup's PTX),
+    the table words the same in every element."""
+    zeros = tl.zeros(codes.shape, dtype=tl.int32)
+    # fmt: off
+    return tl.inline_asm_elementwise(
+        values, _VALUES_CONSTRAINTS,
+        [codes, zeros + low0, zeros + low1, zeros + low2, zeros + low3, zeros + high0,
+         zeros + high1, zeros + high2, zeros + high3],
+        dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1,
+    )
+    # fmt: on
 
 
 @triton.jit  # type: ignore[untyped-decorator]
