@@ -57,6 +57,12 @@ def test_workspace_grows_with_rows_and_prefill_chunk() -> None:
     # pool, the prefill graphs' and the eager prefill's alike.
     slice_bytes = 256 * 2**20
     assert workspace_bytes(GEOMETRY, 1024, 0, 0, slice_bytes) == wide + 3 * slice_bytes
+    # Not where the pool's widest step never dequantizes: int8 decode batches of up to
+    # INT8_ROWS rows read the codes in their kernel, as the prefill's up to as many tokens.
+    base = workspace_bytes(GEOMETRY, 128, 2048, 2048)
+    for above, pools in ((None, 3), (128, 2), (2048, 0), (127, 3)):
+        got = workspace_bytes(GEOMETRY, 128, 2048, 2048, slice_bytes, above)
+        assert got == base + pools * slice_bytes, above
 
 
 def test_reserve_comes_off_before_the_fraction(monkeypatch: pytest.MonkeyPatch) -> None:

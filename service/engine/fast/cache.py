@@ -82,11 +82,13 @@ def workspace_bytes(
     prefill_tokens: int,
     graph_tokens: int = 0,
     dequantized: int = 0,
+    dequantized_above: int | None = None,
 ) -> int:
     """What a step needs beside the weights and the cache: the sampling buffers of the widest
     decode batch, the activations of the largest prefill chunk and of the largest captured
     prefill step (``graph_tokens``), and the largest weight a product dequantizes at once
-    (``dequantized`` bytes, bitsandbytes weights on a GPU). Reserved before the cache
+    (``dequantized`` bytes, bitsandbytes weights on a GPU), for each of the three that has
+    more rows than ``dequantized_above`` (unset: all three). Reserved before the cache
     takes its share, so that a device with little free memory (a second copy of the weights, a
     neighbour on the GPU) still captures its largest graph instead of running out of memory."""
     sampling = rows * geometry.vocab * SAMPLING_BYTES_PER_LOGIT
@@ -97,8 +99,11 @@ def workspace_bytes(
     # The captured prefill steps' pool (``prefill_graphs.py``) holds the activations of the
     # largest of them for good, beside the eager prefill's.
     graphs = graph_tokens * width * PREFILL_BYTES_PER_HIDDEN
-    # The decode graphs' pool, the prefill graphs' and the eager prefill's each keep one.
-    return sampling + prefill + graphs + 3 * dequantized
+    # The decode graphs' pool, the prefill graphs' and the eager prefill's each keep one, where
+    # their widest step dequantizes (past ``dequantized_above`` rows its kernel reads codes).
+    widest = (rows, prefill_tokens, graph_tokens)
+    pools = sum(1 for n in widest if dequantized_above is None or n > dequantized_above)
+    return sampling + prefill + graphs + pools * dequantized
 
 
 # The KV cache's page count is rounded down to a multiple of this (``budget_pages``).
@@ -184,6 +189,7 @@ def fit_rows_and_pages(
     prefill_given: bool = False,
     graph_tokens: int = 0,
     dequantized: int = 0,
+    dequantized_above: int | None = None,
 ) -> Fitted:
     """Decode rows, KV-cache pages and the prefill chunk for this device: ``budget_pages`` with
     the workspace of ``rows`` rows and a ``prefill_tokens`` chunk reserved. Where that leaves
@@ -194,7 +200,8 @@ def fit_rows_and_pages(
     what to change)."""
     fitted, chunk = rows, prefill_tokens
     while True:
-        reserved = workspace_bytes(geometry, fitted, chunk, min(graph_tokens, chunk), dequantized)
+        graphs = min(graph_tokens, chunk)
+        reserved = workspace_bytes(geometry, fitted, chunk, graphs, dequantized, dequantized_above)
         # Never more than every row could fill at the model's longest sequence (on a CPU
         # the free memory is the host's, far more than a small model's rows ever need).
         most = fitted * pages_for(geometry.max_positions, page_size) + 1
