@@ -21,7 +21,8 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
 - ``nf4-tensor-cores`` and ``nf4-tensor-cores-nested``: ``quant_gemv.four_bit_matmul``, each
   block of 4-bit codes looked up in registers into the tensor cores' operand and its product
   scaled by the block's maximum once (no step takes it yet), with float32 maxima and with them
-  double-quantized as the engine loads them (read in the loop, a gather each);
+  double-quantized as the engine loads them (read in the loop, a gather each), and
+  ``nf4-tensor-cores-float-maxima``: those dequantized by their own kernel first;
 - ``nf4-rows`` and ``int8-rows``: the engine's own batch kernel for them (``quant_gemv.rows``:
   slices dequantized straight into the tensor cores' product), which decode batches take on a GPU
   (``nf4`` and ``int8`` above 1 row are the whole-weight dequantization in torch it replaced);
@@ -177,6 +178,9 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
         formats["nf4-lookup-rows"] = _Format(lambda x, p: quant_gemv.four_bit_rows(x, p), [], [])
         for name in ("nf4-tensor-cores", "nf4-tensor-cores-nested"):
             formats[name] = _Format(lambda x, p: quant_gemv.four_bit_matmul(x, p), [], [])
+        formats["nf4-tensor-cores-float-maxima"] = _Format(
+            partial(quant_gemv.four_bit_matmul, float_maxima=True), [], []
+        )
         for name in ("nf4-rows", "int8-rows"):
             formats[name] = _Format(lambda x, p: quant_gemv.rows(x, p), [], [])
         for name in ("nf4-dequantized", "int8-dequantized"):
@@ -227,6 +231,7 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
             parts["nf4-lookup-rows"] = parts["nf4-tensor-cores"] = parts["nf4-gemv"]
             # As the engine loads it: the maxima double-quantized.
             parts["nf4-tensor-cores-nested"] = _double_quantized(codes, maxima, table)
+            parts["nf4-tensor-cores-float-maxima"] = parts["nf4-tensor-cores-nested"]
             parts["int8-rows"] = parts["int8-dequantized"] = parts["int8-gemv"]
         if "nf4-engine" in formats:
             parts["nf4-engine"] = _double_quantized(codes, maxima, table)

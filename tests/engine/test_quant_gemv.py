@@ -219,6 +219,9 @@ def test_the_four_bit_matmul_kernel_scales_each_block_s_product_once(
     assert got.shape == (m, outputs)
     tolerance = 8e-3 if dtype == torch.bfloat16 else 1e-3
     torch.testing.assert_close(got.float(), expected, rtol=tolerance, atol=tolerance)
+    # The nested maxima dequantized by their own kernel first: the same float32 numbers.
+    first = quant_gemv.four_bit_matmul(x, p, config, in_registers=False, float_maxima=True)
+    torch.testing.assert_close(first, got, rtol=0, atol=0)
 
 
 @settings(max_examples=12, deadline=None)

@@ -95,6 +95,9 @@ FOUR_BIT_ROWS_TAKEN = 4
 # ``four_bit_matmul`` (0: none; every wider batch dequantizes the weight for cuBLAS), to be set
 # from its measurement against the dequantized product (docs/benchmarks.md).
 FOUR_BIT_MATMUL_ROWS = 0
+# Whether ``four_bit_matmul`` reads double-quantized maxima dequantized first by one kernel a
+# layer (``_maxima``) rather than each where its block is multiplied (a gather in the loop).
+FOUR_BIT_MATMUL_FLOAT_MAXIMA = False
 
 
 def runs(dtype: torch.dtype, device: torch.device) -> bool:
@@ -288,13 +291,19 @@ def _four_bit_weight(
 
 
 def four_bit_matmul(
-    x: torch.Tensor, p: Linear, config: MatmulConfig | None = None, in_registers: bool = True
+    x: torch.Tensor,
+    p: Linear,
+    config: MatmulConfig | None = None,
+    in_registers: bool = True,
+    float_maxima: bool = False,
 ) -> torch.Tensor:
     """``x @ W.T`` (``x``: ``[M, K]``, 16-bit) for the 4-bit codes ``p`` on the tensor cores,
     each block of codes looked up in registers and its product with the activations scaled by
     the block's maximum once (``four_bit_kernel.four_bit_matmul``; ``config``'s ``block_k`` is
-    the weight's block). Not ``in_registers``: the table read from memory, for Triton's
-    interpreter (the tests)."""
+    the weight's block); ``float_maxima``: nested maxima dequantized first (``_maxima``). Not
+    ``in_registers``: the table read from memory, for Triton's interpreter (the tests)."""
+    if float_maxima and p.nested is not None and p.scale is not None:
+        p = Linear(p.weight, _maxima(p).view(p.scale.shape), p.code)
     batch, inputs = x.shape
     outputs = p.weight.shape[0]
     chosen = config or matmul_config(batch, outputs)
@@ -443,7 +452,7 @@ def product(x: torch.Tensor, p: Linear) -> torch.Tensor:
         if batch <= FOUR_BIT_ROWS_TAKEN and four_bit_row_runs(x, p):
             return few_rows(x, p)
         if batch <= FOUR_BIT_MATMUL_ROWS and four_bit_row_runs(x, p):
-            return four_bit_matmul(x, p)
+            return four_bit_matmul(x, p, float_maxima=FOUR_BIT_MATMUL_FLOAT_MAXIMA)
         return _bitsandbytes_row(x, p) if batch == 1 else dequantized_product(x, p)
     return dequantized_product(x, p) if batch > INT8_ROWS else rows(x, p)
 
