@@ -23,9 +23,9 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
   scaled by the block's maximum once (no step takes it yet), with float32 maxima and with them
   double-quantized as the engine loads them (read in the loop, a gather each), and
   ``nf4-tensor-cores-float-maxima``: those dequantized by their own kernel first;
-- ``nf4-rows`` and ``int8-rows``: the engine's own batch kernel for them (``quant_gemv.rows``:
-  slices dequantized straight into the tensor cores' product), which decode batches take on a GPU
-  (``nf4`` and ``int8`` above 1 row are the whole-weight dequantization in torch it replaced);
+- ``int8-rows``: the engine's own int8 batch kernel (``quant_gemv.rows``: the values straight
+  into the tensor cores' product), which int8 decode batches take on a GPU (``nf4`` and ``int8``
+  above 1 row are the whole-weight dequantization in torch it replaced);
 - ``nf4-dequantized`` and ``int8-dequantized``: the weight dequantized whole by the engine's own
   kernel, then cuBLAS, which 4-bit codes past ``quant_gemv.FOUR_BIT_ROWS_TAKEN`` rows and int8 past
   ``quant_gemv.INT8_ROWS`` take;
@@ -181,8 +181,7 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
         formats["nf4-tensor-cores-float-maxima"] = _Format(
             partial(quant_gemv.four_bit_matmul, float_maxima=True), [], []
         )
-        for name in ("nf4-rows", "int8-rows"):
-            formats[name] = _Format(lambda x, p: quant_gemv.rows(x, p), [], [])
+        formats["int8-rows"] = _Format(lambda x, p: quant_gemv.rows(x, p), [], [])
         for name in ("nf4-dequantized", "int8-dequantized"):
             formats[name] = _Format(_dequantized_product, [], [])
     if cuda and torch.cuda.get_device_capability(device) >= (8, 9):
@@ -227,7 +226,7 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
         if "nf4-gemv" in formats:
             parts["nf4-gemv"] = ((Linear(codes, maxima, table),), parts["nf4"][1])
             parts["int8-gemv"] = ((Linear(int8, row_max),), parts["int8"][1])
-            parts["nf4-rows"] = parts["nf4-dequantized"] = parts["nf4-gemv"]
+            parts["nf4-dequantized"] = parts["nf4-gemv"]
             parts["nf4-lookup-rows"] = parts["nf4-tensor-cores"] = parts["nf4-gemv"]
             # As the engine loads it: the maxima double-quantized.
             parts["nf4-tensor-cores-nested"] = _double_quantized(codes, maxima, table)
@@ -355,8 +354,8 @@ def rows_sweep(
     kinds: list[str],
 ) -> dict[str, Any]:
     """Per batch size, per tile configuration of ``quant_gemv.rows``: microseconds for one
-    layer's four products for each of ``kinds`` (``nf4-rows``, ``int8-rows``; a configuration
-    that fails is reported so)."""
+    layer's four products for each of ``kinds`` (``int8-rows``, ``nf4-tensor-cores``; a
+    configuration that fails is reported so)."""
     results: dict[str, Any] = {}
     for rows in rows_list:
         xs = [torch.randn(rows, inputs, dtype=dtype, device=device) for _, inputs, _ in SHAPES]
@@ -432,8 +431,12 @@ def _dequantized_product(x: torch.Tensor, p: Linear) -> torch.Tensor:
 def _rows_layer(
     xs: list[torch.Tensor], held: list[tuple[Any, ...]], config: quant_gemv.MatmulConfig
 ) -> list[torch.Tensor]:
-    """One layer's four products by the batch kernel with tiles ``config``."""
-    return [quant_gemv.rows(x, w[0], config) for x, w in zip(xs, held, strict=True)]
+    """One layer's four products by the batch kernel of the weights' format (int8's, or
+    ``four_bit_matmul`` for 4-bit codes) with tiles ``config``."""
+    return [
+        (quant_gemv.rows if w[0].code is None else quant_gemv.four_bit_matmul)(x, w[0], config)
+        for x, w in zip(xs, held, strict=True)
+    ]
 
 
 def _eager_us(call: Callable[[], object], repeat: int, device: torch.device) -> float:
@@ -469,7 +472,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--rows-sweep", action="store_true", help="also every tile of the batch kernel (GPU)"
     )
     parser.add_argument(
-        "--sweep-formats", default="nf4-rows,int8-rows", help="the formats --rows-sweep times"
+        "--sweep-formats",
+        default="int8-rows,nf4-tensor-cores",
+        help="the formats --rows-sweep times",
     )
     parser.add_argument(
         "--gemv-sweep", action="store_true", help="also the one-row kernel's block sizes (GPU)"

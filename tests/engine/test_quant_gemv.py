@@ -1,8 +1,8 @@
 """The kernels for bitsandbytes weights (``quant_gemv.py``) in Triton's interpreter: NF4 codes
 with float32 block maxima and with bitsandbytes' 8-bit double quantization of them, and int8
 rows, each equal to the product over ``linear.dequantize``'s weights: one row with the SwiGLU and
-residual epilogues, and batches; the weight dequantized a slice at a time; and the projections
-taking each kernel (or bitsandbytes' own one-row 4-bit product) where it runs."""
+residual epilogues, a few rows, and batches; the weight dequantized a slice at a time; and the
+projections taking each kernel (or bitsandbytes' own one-row 4-bit product) where it runs."""
 
 from __future__ import annotations
 
@@ -69,27 +69,18 @@ def _swiglu(product: torch.Tensor) -> torch.Tensor:
 CONFIGS = [GemvConfig(4, 128, 4, 2), GemvConfig(16, 1024, 4, 2)]
 
 
-@pytest.mark.parametrize("kind", ["nf4", "nf4-nested", "int8"])
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(
-    # Outputs and inputs off the blocks' multiples (the masks); nested maxima come in whole
-    # groups of 256 (several per matrix, so a maximum's group is found by its place).
+    # Outputs and inputs off the blocks' multiples (the masks).
     shape=st.sampled_from([(50, 640), (64, 256), (128, 512)]),
-    nested_shape=st.sampled_from([(96, 512), (128, 512)]),
     config=st.sampled_from(CONFIGS),
     seed=st.integers(0, 2**16),
 )
-def test_the_kernel_computes_the_product_of_the_dequantized_weights(
-    kind: str,
-    shape: tuple[int, int],
-    nested_shape: tuple[int, int],
-    config: GemvConfig,
-    seed: int,
+def test_the_int8_row_kernel_computes_the_product_of_the_dequantized_weights(
+    shape: tuple[int, int], config: GemvConfig, seed: int
 ) -> None:
-    nested = kind == "nf4-nested"
-    outputs, inputs = nested_shape if nested else shape
-    p = _int8(outputs, inputs, seed) if kind == "int8" else _nf4(outputs, inputs, nested, seed)
-    _check_row_kernel(quant_gemv.one_row, p, config, seed)
+    outputs, inputs = shape
+    _check_row_kernel(quant_gemv.one_row, _int8(outputs, inputs, seed), config, seed)
 
 
 def _check_row_kernel(
@@ -283,11 +274,9 @@ def test_int8_values_become_16_bit_floats_exactly_without_a_conversion(dtype: to
     assert torch.equal(out, values.to(dtype))
 
 
-@pytest.mark.parametrize("kind", ["nf4", "nf4-nested", "int8"])
-@settings(max_examples=5, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(
     shape=st.sampled_from([(50, 640), (64, 256), (136, 512)]),
-    nested_shape=st.sampled_from([(96, 512), (128, 512)]),
     batch=st.integers(2, 40),
     config=st.sampled_from(
         [
@@ -299,18 +288,12 @@ def test_int8_values_become_16_bit_floats_exactly_without_a_conversion(dtype: to
     ),
     seed=st.integers(0, 2**16),
 )
-def test_the_batch_kernel_computes_the_product_of_the_dequantized_weights(
-    kind: str,
-    shape: tuple[int, int],
-    nested_shape: tuple[int, int],
-    batch: int,
-    config: quant_gemv.MatmulConfig | None,
-    seed: int,
+def test_the_int8_batch_kernel_computes_the_product_of_the_dequantized_weights(
+    shape: tuple[int, int], batch: int, config: quant_gemv.MatmulConfig | None, seed: int
 ) -> None:
     # Batches off the tiles' multiples, weight rows off block_n's: the masks.
-    nested = kind == "nf4-nested"
-    outputs, inputs = nested_shape if nested else shape
-    p = _int8(outputs, inputs, seed) if kind == "int8" else _nf4(outputs, inputs, nested, seed)
+    outputs, inputs = shape
+    p = _int8(outputs, inputs, seed)
     x = torch.randn(batch, inputs, generator=torch.Generator().manual_seed(seed))
     torch.testing.assert_close(quant_gemv.rows(x, p, config), x @ _dense(p).T, rtol=1e-4, atol=1e-4)
 

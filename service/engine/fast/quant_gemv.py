@@ -10,17 +10,17 @@ tensor cores' operands, each block's product scaled once) takes batches of up to
 
 Compiled by inductor, the same product (``linear.row_product`` over ``linear.dequantize``) looks
 each 4-bit code up inside the reduction, far slower than bf16 at one row (docs/benchmarks.md).
-These kernels read a program's ``block_n`` output rows in slices of ``block_k`` inputs: for NF4 (or
-FP4) the packed codes (two to a byte, the first in the high half), looked up in the format's 16
-values and multiplied by their block's maximum (float32, or bitsandbytes' 8-bit double
-quantization: ``nested``); for int8 each row's values times its maximum over 127. Every 4-bit
-weight is rounded to the activations' dtype as bitsandbytes' own dequantization rounds it, so the
-product is the one ``dequantize`` then a 16-bit product gives, summed in float32; int8 values are
-summed as they are (made floats by a bit trick, not the GPU's slower conversion units) and each
-output scaled by its row's maximum once, as ``rows`` does, which rounds differently from a weight
-dequantized first, within the dtype's precision. ``gated`` (SwiGLU over the fused gate/up halves)
-and ``residual`` are fused as in ``gemv.py``; norms never fold into bitsandbytes weights, so there
-is no norm option.
+The kernels read a program's ``block_n`` output rows in slices of inputs: NF4 (or FP4) codes two
+to a byte (the first in the high half), each stood for by one of the format's 16 values times its
+block's maximum (float32, or bitsandbytes' 8-bit double quantization: ``nested``); int8 values
+each row's times its maximum over 127. ``dequantized`` rounds every weight to the activations'
+dtype as bitsandbytes' own dequantization does; the 4-bit kernels sum a block's table values
+times their activations and scale the block's sum once, and the int8 ones sum the values as they
+are (made floats by a bit trick, not the GPU's slower conversion units) and scale each output
+once: each rounds differently from a weight dequantized first, within the dtype's precision.
+``gated`` (SwiGLU over the fused gate/up halves) and ``residual`` are fused into the one-row
+kernels as in ``gemv.py``; norms never fold into bitsandbytes weights, so there is no norm
+option.
 
 Which one runs (``product``), from what the kernels measured side by side (docs/benchmarks.md,
 ``loadtests/quant_kernels.py``): 4-bit codes cost a table lookup per weight, which held
@@ -48,8 +48,8 @@ from service.engine.fast.four_bit_lookup import dot_asm, lookup_asm, values_asm
 from service.engine.fast.gemv import GemvConfig
 from service.engine.fast.linear import GROUP, Linear, NestedMaxima
 
-_kernel: Any
-_batch_kernel: Any
+_int8_row_kernel: Any
+_int8_rows_kernel: Any
 _dequantize_kernel: Any
 _maxima_kernel: Any
 _four_bit_kernel: Any
@@ -60,11 +60,11 @@ try:
     from service.engine.fast.four_bit_kernel import four_bit_row as _four_bit_kernel
     from service.engine.fast.four_bit_kernel import four_bit_rows as _four_bit_rows_kernel
     from service.engine.fast.quant_gemv_kernel import dequantize as _dequantize_kernel
+    from service.engine.fast.quant_gemv_kernel import int8_row as _int8_row_kernel
+    from service.engine.fast.quant_gemv_kernel import int8_rows as _int8_rows_kernel
     from service.engine.fast.quant_gemv_kernel import nested_maxima as _maxima_kernel
-    from service.engine.fast.quant_gemv_kernel import quant_gemv as _kernel
-    from service.engine.fast.quant_gemv_kernel import quant_matmul as _batch_kernel
 except ImportError:  # no Triton (a CPU build of torch)
-    _kernel = _batch_kernel = _dequantize_kernel = _maxima_kernel = None
+    _int8_row_kernel = _int8_rows_kernel = _dequantize_kernel = _maxima_kernel = None
     _four_bit_kernel = _four_bit_rows_kernel = _four_bit_matmul_kernel = None
 
 # int8 batches of more rows than this dequantize the weight once into the activations' dtype and
@@ -104,7 +104,7 @@ def runs(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether one row of ``dtype`` on ``device`` takes the kernel: 16-bit on CUDA, Triton
     present."""
     cuda = device.type == "cuda"
-    return cuda and dtype in (torch.bfloat16, torch.float16) and _kernel is not None
+    return cuda and dtype in (torch.bfloat16, torch.float16) and _int8_row_kernel is not None
 
 
 def available(x: torch.Tensor) -> bool:
@@ -121,31 +121,22 @@ def one_row(
 ) -> torch.Tensor:
     """``x @ W.T`` (``x``: ``[1, K]``) for the bitsandbytes weight ``p``, or ``silu(gate) * up``
     of its two halves when ``gated``, plus ``residual`` when given; ``[1, N]`` in ``x``'s
-    dtype. 4-bit codes take ``four_bit_row`` where ``four_bit_row_runs``."""
-    if p.code is not None and four_bit_row_runs(x, p):
+    dtype: int8 rows by the one-row kernel, 4-bit codes by ``four_bit_row`` (where
+    ``four_bit_row_runs``)."""
+    if p.code is not None:
+        assert four_bit_row_runs(x, p), "4-bit codes the row kernel reads"
         return four_bit_row(x, p, gated=gated, residual=residual, config=config)
+    assert p.scale is not None, "int8 rows have their maxima"
     chosen = config or DEFAULT
     total = p.weight.shape[0]
     outputs = total // 2 if gated else total
-    inputs = x.shape[-1]
-    tensors, flags = _format(p, inputs)
     out = torch.empty(1, outputs, dtype=x.dtype, device=x.device)
-    _kernel[(-(-outputs // chosen.block_n),)](
-        x,
-        *tensors,
-        x if residual is None else residual,
-        out,
-        outputs,
-        inputs,
-        *_strides(p),
-        **flags,
-        swiglu=gated,
-        has_residual=residual is not None,
-        block_n=chosen.block_n,
-        block_k=_slice(chosen.block_k, flags),
-        num_warps=chosen.warps,
+    _int8_row_kernel[(-(-outputs // chosen.block_n),)](
+        x, p.weight, p.scale, x if residual is None else residual, out, outputs, x.shape[-1],
+        p.weight.stride(0), swiglu=gated, has_residual=residual is not None,
+        block_n=chosen.block_n, block_k=chosen.block_k, num_warps=chosen.warps,
         num_stages=chosen.stages,
-    )
+    )  # fmt: skip
     return out
 
 
@@ -319,7 +310,7 @@ def four_bit_matmul(
 
 
 def _format(p: Linear, inputs: int) -> tuple[tuple[torch.Tensor, ...], dict[str, int | bool]]:
-    """The weight's tensors as both kernels take them (the codes, their maxima, the code table,
+    """The weight's tensors as ``dequantize`` takes them (the codes, their maxima, the code table,
     the nested maxima's table, scales and offsets; an unused one stands in as the maxima, never
     read: its flag is off), and the format's flags."""
     scale, nested = p.scale, p.nested
@@ -398,31 +389,21 @@ def matmul_config(batch: int, outputs: int | None = None) -> MatmulConfig:
 
 
 def rows(x: torch.Tensor, p: Linear, config: MatmulConfig | None = None) -> torch.Tensor:
-    """``x @ W.T`` (``x``: ``[M, K]``, contiguous rows) for the bitsandbytes weight ``p``;
-    ``[M, N]`` in ``x``'s dtype."""
+    """``x @ W.T`` (``x``: ``[M, K]``) for the int8 weight ``p``; ``[M, N]`` in ``x``'s
+    dtype."""
+    assert p.code is None, "int8 rows"
+    assert p.scale is not None, "int8 rows have their maxima"
     batch, inputs = x.shape
     outputs = p.weight.shape[0]
     chosen = config or matmul_config(batch, outputs)
-    tensors, flags = _format(p, inputs)
     x = x.contiguous()
     out = torch.empty(batch, outputs, dtype=x.dtype, device=x.device)
     grid = (-(-outputs // chosen.block_n), -(-batch // chosen.block_m))
-    _batch_kernel[grid](
-        x,
-        *tensors,
-        out,
-        batch,
-        outputs,
-        inputs,
-        x.stride(0),
-        *_strides(p),
-        **flags,
-        block_m=chosen.block_m,
-        block_n=chosen.block_n,
-        block_k=_slice(chosen.block_k, flags),
-        num_warps=chosen.warps,
-        num_stages=chosen.stages,
-    )
+    _int8_rows_kernel[grid](
+        x, p.weight, p.scale, out, batch, outputs, inputs, x.stride(0), p.weight.stride(0),
+        block_m=chosen.block_m, block_n=chosen.block_n, block_k=chosen.block_k,
+        num_warps=chosen.warps, num_stages=chosen.stages,
+    )  # fmt: skip
     return out
 
 

@@ -1,5 +1,5 @@
-"""The Triton kernels behind ``quant_gemv.one_row`` and ``quant_gemv.rows`` (``quant_gemv.py``
-says what they compute).
+"""The Triton kernels behind ``quant_gemv.one_row`` and ``quant_gemv.rows`` for int8 weights, and
+``quant_gemv.dequantized`` for both formats (``quant_gemv.py`` says what they compute).
 
 Their own module, so that ``quant_gemv.py`` imports where there is no Triton (a CPU build of torch
 has none): there this module's import fails and the kernel is never used.
@@ -117,30 +117,23 @@ def _int8_step(maxima_ptr, rows, row_ok):  # type: ignore[no-untyped-def]
 
 
 @triton.jit  # type: ignore[untyped-decorator]
-def quant_gemv(  # type: ignore[no-untyped-def]
+def int8_row(  # type: ignore[no-untyped-def]
     x_ptr,
     w_ptr,
     maxima_ptr,
-    code_ptr,
-    nested_code_ptr,
-    nested_absmax_ptr,
-    nested_offset_ptr,
     residual_ptr,
     out_ptr,
     rows_out,
     inputs,
     stride_w,
-    stride_m,
-    four_bit: tl.constexpr,
-    nested: tl.constexpr,
-    block: tl.constexpr,
-    group: tl.constexpr,
     swiglu: tl.constexpr,
     has_residual: tl.constexpr,
     block_n: tl.constexpr,
     block_k: tl.constexpr,
 ):
-    dtype = out_ptr.dtype.element_ty
+    """``x @ W.T`` for one row ``x`` and int8 rows ``W``: the values as they are, each row's
+    sum scaled by its maximum once at the end (as ``int8_rows`` does), so a weight costs no
+    conversion instruction; ``swiglu`` and ``has_residual`` as ``finish_row``."""
     rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
     row_ok = rows < rows_out
     # Sums kept per column slot and reduced once at the end.
@@ -149,35 +142,16 @@ def quant_gemv(  # type: ignore[no-untyped-def]
     for start in range(0, inputs, block_k):
         cols = start + tl.arange(0, block_k)
         xs = tl.load(x_ptr + cols, mask=cols < inputs, other=0.0).to(tl.float32)
-        if four_bit:
-            weights = _weights(
-                w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr,
-                nested_offset_ptr, rows, row_ok, start, inputs, stride_w, stride_m,
-                dtype, four_bit, nested, block, group, block_k,
-            )  # fmt: skip
-            acc += weights.to(tl.float32) * xs[None, :]
-            if swiglu:
-                up = _weights(
-                    w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr,
-                    nested_offset_ptr, rows + rows_out, row_ok, start, inputs, stride_w,
-                    stride_m, dtype, four_bit, nested, block, group, block_k,
-                )  # fmt: skip
-                acc_up += up.to(tl.float32) * xs[None, :]
-        else:
-            # int8: the values as they are, each row scaled by its maximum once at the end
-            # (as ``quant_matmul`` does), so a weight costs no conversion instruction.
-            values = _int8_slice(w_ptr, rows, row_ok, cols, inputs, stride_w, tl.float32)
-            acc += values * xs[None, :]
-            if swiglu:
-                up_rows = rows + rows_out
-                up = _int8_slice(w_ptr, up_rows, row_ok, cols, inputs, stride_w, tl.float32)
-                acc_up += up * xs[None, :]
-    out = tl.sum(acc, axis=1)
-    up_sum = tl.sum(acc_up, axis=1)
-    if not four_bit:
-        out = out * _int8_step(maxima_ptr, rows, row_ok)
+        values = _int8_slice(w_ptr, rows, row_ok, cols, inputs, stride_w, tl.float32)
+        acc += values * xs[None, :]
         if swiglu:
-            up_sum = up_sum * _int8_step(maxima_ptr, rows + rows_out, row_ok)
+            up_rows = rows + rows_out
+            up = _int8_slice(w_ptr, up_rows, row_ok, cols, inputs, stride_w, tl.float32)
+            acc_up += up * xs[None, :]
+    out = tl.sum(acc, axis=1) * _int8_step(maxima_ptr, rows, row_ok)
+    up_sum = tl.sum(acc_up, axis=1)
+    if swiglu:
+        up_sum = up_sum * _int8_step(maxima_ptr, rows + rows_out, row_ok)
     finish_row(out, up_sum, residual_ptr, out_ptr, rows, row_ok, swiglu, has_residual)
 
 
@@ -208,34 +182,25 @@ def finish_row(  # type: ignore[no-untyped-def]
 
 
 @triton.jit  # type: ignore[untyped-decorator]
-def quant_matmul(  # type: ignore[no-untyped-def]
+def int8_rows(  # type: ignore[no-untyped-def]
     x_ptr,
     w_ptr,
     maxima_ptr,
-    code_ptr,
-    nested_code_ptr,
-    nested_absmax_ptr,
-    nested_offset_ptr,
     out_ptr,
     batch,
     rows_out,
     inputs,
     stride_x,
     stride_w,
-    stride_m,
-    four_bit: tl.constexpr,
-    nested: tl.constexpr,
-    block: tl.constexpr,
-    group: tl.constexpr,
     block_m: tl.constexpr,
     block_n: tl.constexpr,
     block_k: tl.constexpr,
 ):
-    """``x @ W.T`` for ``batch`` rows of ``x``: a program's ``block_n`` weight rows dequantized
-    a slice at a time straight into the tensor cores' product with ``block_m`` rows of ``x``,
-    summed in float32: 4-bit codes as ``_weights`` dequantizes them (rounded as bitsandbytes
-    rounds them), int8 values as they are, each output scaled by its row's maximum at the end
-    (the product rounded once instead of every weight)."""
+    """``x @ W.T`` for ``batch`` rows of ``x`` and int8 rows ``W``: a program's ``block_n``
+    weight rows a slice at a time straight into the tensor cores' product with ``block_m``
+    rows of ``x``, summed in float32, each output scaled by its row's maximum at the end: int8
+    values are exact in 16 bits and a row's scale is one number, so there is no float work per
+    weight and the product is rounded once."""
     dtype = out_ptr.dtype.element_ty
     rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
     row_ok = rows < rows_out
@@ -247,19 +212,9 @@ def quant_matmul(  # type: ignore[no-untyped-def]
         cols = start + tl.arange(0, block_k)
         col_ok = (cols < inputs)[None, :]
         xs = tl.load(x_lines + cols[None, :], mask=line_ok[:, None] & col_ok, other=0.0)
-        if four_bit:
-            weights = _weights(
-                w_ptr, maxima_ptr, code_ptr, nested_code_ptr, nested_absmax_ptr,
-                nested_offset_ptr, rows, row_ok, start, inputs, stride_w, stride_m,
-                dtype, four_bit, nested, block, group, block_k,
-            )  # fmt: skip
-        else:
-            # int8 values are exact in 16 bits, and a row's scale is one number: the product
-            # over the values, scaled once at the end (no float work per weight).
-            weights = _int8_slice(w_ptr, rows, row_ok, cols, inputs, stride_w, dtype)
+        weights = _int8_slice(w_ptr, rows, row_ok, cols, inputs, stride_w, dtype)
         acc = tl.dot(xs, tl.trans(weights), acc)
-    if not four_bit:
-        acc = acc * _int8_step(maxima_ptr, rows, row_ok)[None, :]
+    acc = acc * _int8_step(maxima_ptr, rows, row_ok)[None, :]
     at = out_ptr + lines.to(tl.int64)[:, None] * rows_out + rows[None, :]
     tl.store(at, acc.to(dtype), mask=line_ok[:, None] & row_ok[None, :])
 
