@@ -52,6 +52,7 @@ def test_the_prefill_compiles_before_ready_for_every_branch_a_chunk_can_take(
     # and the tensor cores' kernel up to FOUR_BIT_MATMUL_ROWS where set.
     int8 = quant_gemv.branches(_linear(code=False))
     bound = quant_gemv.INT8_ROWS
+    assert quant_gemv.branches(Linear(torch.zeros(64, 64, dtype=torch.bfloat16))) == ()
     assert prefill_warmups((), 8192, 4096, 128) == [1, 16, 17]
     assert prefill_warmups(int8, 8192, 4096, 128) == [1, 16, 17, bound + 1]
     assert prefill_warmups(int8, bound, 4096, 128) == [1, 16, 17]  # chunks never get there

@@ -210,9 +210,20 @@ def test_the_four_bit_matmul_kernel_scales_each_block_s_product_once(
     assert got.shape == (m, outputs)
     tolerance = 8e-3 if dtype == torch.bfloat16 else 1e-3
     torch.testing.assert_close(got.float(), expected, rtol=tolerance, atol=tolerance)
-    # The nested maxima dequantized by their own kernel first: the same float32 numbers.
-    first = quant_gemv.four_bit_matmul(x, p, config, in_registers=False, float_maxima=True)
+    # The nested maxima dequantized by their own kernel first: the same float32 numbers, and
+    # that kernel ran (float32 maxima need none).
+    dequantized: list[torch.Tensor] = []
+    original = quant_gemv._maxima
+
+    def maxima(q: Linear) -> torch.Tensor:
+        dequantized.append(original(q))
+        return dequantized[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quant_gemv, "_maxima", maxima)
+        first = quant_gemv.four_bit_matmul(x, p, config, in_registers=False, float_maxima=True)
     torch.testing.assert_close(first, got, rtol=0, atol=0)
+    assert len(dequantized) == (1 if nested else 0)
 
 
 @settings(max_examples=12, deadline=None)

@@ -441,7 +441,10 @@ def product(x: torch.Tensor, p: Linear) -> torch.Tensor:
 def branches(p: Linear) -> tuple[int, ...]:
     """The row counts past which ``product`` takes another kernel for ``p``: 4-bit codes past
     ``FOUR_BIT_ROWS_TAKEN`` and ``FOUR_BIT_MATMUL_ROWS`` (where ``four_bit_row_runs``; every
-    batch dequantizes elsewhere), int8 past one row and ``INT8_ROWS``."""
+    batch dequantizes elsewhere), int8 past one row and ``INT8_ROWS``; none for weights of
+    other formats."""
+    if not p.bitsandbytes:
+        return ()
     if p.code is None:
         return (1, INT8_ROWS)
     return (1, FOUR_BIT_ROWS_TAKEN, *([FOUR_BIT_MATMUL_ROWS] if FOUR_BIT_MATMUL_ROWS else []))

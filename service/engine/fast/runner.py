@@ -550,7 +550,7 @@ def _size(
         prefill_given=fast.prefill_tokens is not None,
         graph_tokens=choices.prefill_graph_tokens,
         dequantized=_dequantized_bytes(weights, loaded),
-        dequantized_above=max(quant_gemv.branches(weights.layers[0].qkv)),
+        dequantized_above=max(quant_gemv.branches(weights.layers[0].qkv), default=None),
     )
     return fitted.rows, fitted.pages, fitted.prefill_tokens
 
