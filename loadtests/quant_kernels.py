@@ -20,9 +20,10 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
   ``quant_gemv.FOUR_BIT_ROWS_TAKEN``);
 - ``nf4-tensor-cores`` and ``nf4-tensor-cores-nested``: ``quant_gemv.four_bit_matmul``, each
   block of 4-bit codes looked up in registers into the tensor cores' operand and its product
-  scaled by the block's maximum once (no step takes it yet), with float32 maxima and with them
-  double-quantized as the engine loads them (read in the loop, a gather each), and
-  ``nf4-tensor-cores-float-maxima``: those dequantized by their own kernel first;
+  scaled by the block's maximum once (a step takes it up to ``FOUR_BIT_MATMUL_ROWS``), with
+  float32 maxima and with them double-quantized as the engine loads them (read in the loop, a
+  gather each), and ``nf4-tensor-cores-float-maxima``: those dequantized by their own kernel
+  first, as a step takes them;
 - ``int8-rows``: the engine's own int8 batch kernel (``quant_gemv.rows``: the values straight
   into the tensor cores' product), which int8 decode batches take on a GPU (``nf4`` and ``int8``
   above 1 row are the whole-weight dequantization in torch it replaced);

@@ -58,6 +58,7 @@ def test_the_prefill_compiles_before_ready_for_every_branch_a_chunk_can_take(
     assert prefill_warmups(int8, bound, 4096, 128) == [1, 16, 17]  # chunks never get there
     assert prefill_warmups(int8, 8192, 1, 128) == [1, 16, 17]  # a cache too small to try
     few = quant_gemv.FOUR_BIT_ROWS_TAKEN
+    monkeypatch.setattr(quant_gemv, "FOUR_BIT_MATMUL_ROWS", 0)
     nf4 = quant_gemv.branches(_linear(code=True))
     assert prefill_warmups(nf4, 8192, 4096, 128) == [1, few, 16, 17]
     monkeypatch.setattr(quant_gemv, "FOUR_BIT_MATMUL_ROWS", 256)

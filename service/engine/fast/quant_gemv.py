@@ -5,8 +5,8 @@ for its 4-bit one (the codes looked up in registers, ``four_bit_lookup``), ``fou
 a few rows of 4-bit codes (each word looked up once for all of them), ``rows`` for an int8
 batch (a decode step of many rows, a short prefill); and ``dequantized``, the weight once into
 16 bits for cuBLAS. ``four_bit_matmul`` (a batch of 4-bit codes looked up in registers into the
-tensor cores' operands, each block's product scaled once) takes batches of up to
-``FOUR_BIT_MATMUL_ROWS`` once that is set from its measurement (none until then).
+tensor cores' operands, each block's product scaled once) takes the batches past those up to
+``FOUR_BIT_MATMUL_ROWS``.
 
 Compiled by inductor, the same product (``linear.row_product`` over ``linear.dequantize``) looks
 each 4-bit code up inside the reduction, far slower than bf16 at one row (docs/benchmarks.md).
@@ -27,8 +27,9 @@ Which one runs (``product``), from what the kernels measured side by side (docs/
 bitsandbytes' GEMV and the engine's first kernel (a load per lookup) far under the memory's pace;
 ``four_bit_row``'s lookup is a few byte permutes per four codes in registers, so one 16-bit row of
 them takes it (bitsandbytes' own GEMV where it cannot run: float32, no Triton), up to
-``FOUR_BIT_ROWS_TAKEN`` rows take ``four_bit_rows``, and wider batches dequantize the weight
-into 16 bits once and take cuBLAS, as bitsandbytes does; int8 values go
+``FOUR_BIT_ROWS_TAKEN`` rows take ``four_bit_rows``, up to ``FOUR_BIT_MATMUL_ROWS``
+``four_bit_matmul``, and wider batches dequantize the weight into 16 bits once and take cuBLAS,
+as bitsandbytes does; int8 values go
 into the tensor cores' product as they are, so ``rows`` keeps int8 batches of up to ``INT8_ROWS``
 in its packed bytes (each output scaled by its row's maximum once, which rounds differently from a
 weight dequantized first, within float16's precision), and wider ones dequantize too. A weight is
@@ -92,12 +93,16 @@ FOUR_BIT_ROWS = 16
 # dequantized once for cuBLAS, whose time does not, is faster (docs/benchmarks.md, run 117).
 FOUR_BIT_ROWS_TAKEN = 4
 # The most rows of 4-bit codes past ``FOUR_BIT_ROWS_TAKEN`` that ``product`` gives
-# ``four_bit_matmul`` (0: none; every wider batch dequantizes the weight for cuBLAS), to be set
-# from its measurement against the dequantized product (docs/benchmarks.md).
-FOUR_BIT_MATMUL_ROWS = 0
+# ``four_bit_matmul`` (0: none): up to 64 rows its lookup, once a weight for a tile of rows, costs
+# less than writing and reading the dequantized weight; past them a program's tile repeats the
+# lookup for each tile of rows, and cuBLAS over the weight dequantized once is faster
+# (docs/benchmarks.md, runs 120-121).
+FOUR_BIT_MATMUL_ROWS = 64
 # Whether ``four_bit_matmul`` reads double-quantized maxima dequantized first by one kernel a
-# layer (``_maxima``) rather than each where its block is multiplied (a gather in the loop).
-FOUR_BIT_MATMUL_FLOAT_MAXIMA = False
+# layer (``_maxima``, into the layer's shared buffer) rather than each where its block is
+# multiplied (a gather in the loop, which the pipeliner leaves unhidden: slower the more rows a
+# program's codes serve, docs/benchmarks.md, run 120).
+FOUR_BIT_MATMUL_FLOAT_MAXIMA = True
 
 
 def runs(dtype: torch.dtype, device: torch.device) -> bool:
