@@ -199,10 +199,17 @@ def test_the_four_bit_matmul_kernel_compiles(
     dtype: torch.dtype, caught: Callable[[Any, str], Caught]
 ) -> None:
     # The lookup's PTX feeding the tensor cores' product (the pairs split, joined and
-    # permuted into the operand's layout) through ptxas, at each tile of ``matmul_config``.
+    # permuted into the operand's layout) through ptxas, at each tile of ``four_bit_config``
+    # (a slice of one block up to 64 rows, of several past them), the codes either operand.
     stand_in = caught(quant_gemv, "_four_bit_matmul_kernel")
-    for m, nested in ((5, False), (40, True), (300, False)):
-        quant_gemv.four_bit_matmul(torch.randn(m, 512, dtype=dtype), _nf4(128, 512, nested, 0))
+    for m, nested, swap in (
+        (5, False, False),
+        (40, True, True),
+        (300, False, False),
+        (300, True, True),
+    ):
+        x = torch.randn(m, 512, dtype=dtype)
+        quant_gemv.four_bit_matmul(x, _nf4(128, 512, nested, 0), swap=swap)
     _compiles(stand_in, full=True)
 
 

@@ -226,6 +226,58 @@ def test_the_four_bit_matmul_kernel_scales_each_block_s_product_once(
     assert len(dequantized) == (1 if nested else 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@settings(max_examples=6, deadline=None)
+@given(
+    m=st.integers(1, 40),
+    # Inputs off the slice's multiple: the last slice's missing blocks are masked.
+    inputs=st.sampled_from([512, 448]),
+    nested=st.booleans(),
+    config=st.sampled_from(
+        [quant_gemv.MatmulConfig(16, 32, 128, 4, 2), quant_gemv.MatmulConfig(32, 32, 256, 4, 1)]
+    ),
+    swap=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+@example(
+    m=3,
+    inputs=448,
+    nested=True,
+    config=quant_gemv.MatmulConfig(32, 32, 256, 4, 1),
+    swap=True,
+    seed=1,
+)
+def test_the_four_bit_matmul_kernel_scales_each_value_where_a_slice_spans_blocks(
+    dtype: torch.dtype,
+    m: int,
+    inputs: int,
+    nested: bool,
+    config: quant_gemv.MatmulConfig,
+    swap: bool,
+    seed: int,
+) -> None:
+    # A slice of several blocks, one product for them all: each looked-up value times its
+    # block's maximum, rounded to the dtype as bitsandbytes' dequantization rounds it; the
+    # codes the product's first operand or its second, the same numbers. A value scaled by
+    # another block's maximum, or a masked block let in, is off by whole units.
+    outputs = 64 if inputs % 256 == 0 else 256  # nested maxima in whole groups of 256
+    p = _nf4(outputs, inputs, nested, seed)
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, inputs, generator=generator).to(dtype)
+    assert p.code is not None
+    rounded = Linear(p.weight, p.scale, p.code.to(dtype).float(), p.nested)
+    expected = x.float() @ _dense(rounded).to(dtype).float().T
+    got = quant_gemv.four_bit_matmul(x, p, config, in_registers=False, swap=swap)
+    assert got.dtype == dtype
+    assert got.shape == (m, outputs)
+    tolerance = 8e-3 if dtype == torch.bfloat16 else 1e-3
+    torch.testing.assert_close(got.float(), expected, rtol=tolerance, atol=tolerance)
+    one_block = quant_gemv.MatmulConfig(config.block_m, config.block_n, 0, 4, 1)
+    swapped = quant_gemv.four_bit_matmul(x, p, one_block, in_registers=False, swap=not swap)
+    unswapped = quant_gemv.four_bit_matmul(x, p, one_block, in_registers=False, swap=swap)
+    torch.testing.assert_close(swapped, unswapped, rtol=0, atol=0)
+
+
 @settings(max_examples=12, deadline=None)
 @given(offset=st.integers(0, 7), padding=st.integers(0, 7), seed=st.integers(0, 2**16))
 @example(offset=0, padding=0, seed=1)

@@ -457,26 +457,37 @@ def four_bit_matmul(  # type: ignore[no-untyped-def]
     nested: tl.constexpr,
     group: tl.constexpr,
     block_pairs: tl.constexpr,
+    slice_pairs: tl.constexpr,
+    swap: tl.constexpr,
     block_m: tl.constexpr,
     block_n: tl.constexpr,
 ):
     """``x @ W.T`` for ``m`` rows of ``x`` (``[m, 2 * pairs]`` 16-bit values) on the tensor
-    cores: a program's ``block_n`` rows of codes one block (``block_pairs`` bytes) at a time,
-    each word's eight codes looked up in registers into 16-bit values (``values``,
-    ``four_bit_lookup.values_asm``; read from memory where not ``in_registers``), the block's
-    unscaled values multiplied by ``block_m`` rows of activations (``tl.dot``, float32), and
-    that product scaled by the block's maximum: no weight is dequantized into memory, and each
-    is rounded once, as the table's 16-bit value."""
+    cores: a program's ``block_n`` rows of codes ``slice_pairs`` bytes at a time, each word's
+    eight codes looked up in registers into 16-bit values (``values``,
+    ``four_bit_lookup.values_asm``; read from memory where not ``in_registers``) and multiplied
+    by ``block_m`` rows of activations (``tl.dot``, float32): no weight is dequantized into
+    memory. A slice of one block (``block_pairs`` bytes) multiplies the block's unscaled
+    values and scales that product by the block's maximum once, each weight rounded once (as
+    the table's 16-bit value); a slice of several scales each value by its block's maximum
+    first (rounded again, as bitsandbytes' dequantization rounds it), so that one product
+    covers them all. ``swap`` makes the codes the product's first operand (``W @ x.T``, a
+    tile of outputs by a tile of rows), so that the warps split the weight rows between them
+    rather than the activations' rows."""
     dtype = out_ptr.dtype.element_ty
+    blocks: tl.constexpr = slice_pairs // block_pairs
     low0, low1, low2, low3, high0, high1, high2, high3 = table_words(code_ptr, dtype)
     rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
     row_ok = rows < rows_out
     lines = tl.program_id(1) * block_m + tl.arange(0, block_m)
     line_ok = lines < m
     x_lines = x_ptr + lines.to(tl.int64)[:, None] * (2 * pairs)
-    acc = tl.zeros([block_m, block_n], dtype=tl.float32)
-    for start in range(0, pairs, block_pairs):
-        codes = _codes(w_ptr, rows, row_ok, start, pairs, stride_w, block_pairs)
+    if swap:
+        acc = tl.zeros([block_n, block_m], dtype=tl.float32)
+    else:
+        acc = tl.zeros([block_m, block_n], dtype=tl.float32)
+    for start in range(0, pairs, slice_pairs):
+        codes = _codes(w_ptr, rows, row_ok, start, pairs, stride_w, slice_pairs)
         if in_registers:
             v0, v1, v2, v3 = _pairs_in_registers(
                 codes, values, low0, low1, low2, low3, high0, high1, high2, high3
@@ -486,20 +497,53 @@ def four_bit_matmul(  # type: ignore[no-untyped-def]
             v1 = _pair_from_memory(codes, 1, code_ptr, dtype)
             v2 = _pair_from_memory(codes, 2, code_ptr, dtype)
             v3 = _pair_from_memory(codes, 3, code_ptr, dtype)
-        weights = _in_order(v0, v1, v2, v3, dtype, block_n, block_pairs)
-        cols = 2 * start + tl.arange(0, 2 * block_pairs)
-        xs = tl.load(x_lines + cols[None, :], mask=line_ok[:, None], other=0.0)
+        weights = _in_order(v0, v1, v2, v3, dtype, block_n, slice_pairs)
+        cols = 2 * start + tl.arange(0, 2 * slice_pairs)
+        xs = tl.load(
+            x_lines + cols[None, :], mask=line_ok[:, None] & (cols < 2 * pairs)[None, :], other=0.0
+        )
         maxima = _block_maxima(
             maxima_ptr, nested_code_ptr, nested_absmax_ptr, nested_offset_ptr, rows, row_ok,
-            start, pairs, stride_m, nested, group, block_pairs, block_pairs,
+            start, pairs, stride_m, nested, group, block_pairs, slice_pairs,
         )  # fmt: skip
+        if blocks > 1:
+            weights = _scaled(weights, maxima, dtype, block_n, blocks, 2 * block_pairs)
         if not in_registers:
             # Triton's interpreter multiplies bfloat16 tiles as integers; in float32 the
             # products are the same (exact) and summed as the tensor cores sum them.
             xs, weights = xs.to(tl.float32), weights.to(tl.float32)
-        acc += tl.dot(xs, tl.trans(weights)) * tl.reshape(maxima, (1, block_n))
-    at = out_ptr + lines.to(tl.int64)[:, None] * rows_out + rows[None, :]
-    tl.store(at, acc.to(dtype), mask=line_ok[:, None] & row_ok[None, :])
+        if swap:
+            if blocks > 1:
+                acc = tl.dot(weights, tl.trans(xs), acc)
+            else:
+                acc += tl.dot(weights, tl.trans(xs)) * tl.reshape(maxima, (block_n, 1))
+        else:
+            if blocks > 1:
+                acc = tl.dot(xs, tl.trans(weights), acc)
+            else:
+                acc += tl.dot(xs, tl.trans(weights)) * tl.reshape(maxima, (1, block_n))
+    if swap:
+        at = out_ptr + lines.to(tl.int64)[None, :] * rows_out + rows[:, None]
+        tl.store(at, acc.to(dtype), mask=row_ok[:, None] & line_ok[None, :])
+    else:
+        at = out_ptr + lines.to(tl.int64)[:, None] * rows_out + rows[None, :]
+        tl.store(at, acc.to(dtype), mask=line_ok[:, None] & row_ok[None, :])
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _scaled(  # type: ignore[no-untyped-def]
+    weights,
+    maxima,
+    dtype: tl.constexpr,
+    block_n: tl.constexpr,
+    blocks: tl.constexpr,
+    block_inputs: tl.constexpr,
+):
+    """``[block_n, blocks * block_inputs]`` table values each times its block's maximum
+    (``maxima``: ``[block_n, blocks]``, float32), rounded to ``dtype``."""
+    by_block = tl.reshape(weights, (block_n, blocks, block_inputs)).to(tl.float32)
+    scaled = by_block * tl.reshape(maxima, (block_n, blocks, 1))
+    return tl.reshape(scaled.to(dtype), (block_n, blocks * block_inputs))
 
 
 @triton.jit  # type: ignore[untyped-decorator]

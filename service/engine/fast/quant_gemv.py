@@ -40,7 +40,7 @@ that what a captured step keeps in its memory pool stays the size of a layer's l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -292,26 +292,40 @@ def four_bit_matmul(
     config: MatmulConfig | None = None,
     in_registers: bool = True,
     float_maxima: bool = False,
+    swap: bool = False,
 ) -> torch.Tensor:
     """``x @ W.T`` (``x``: ``[M, K]``, 16-bit) for the 4-bit codes ``p`` on the tensor cores,
-    each block of codes looked up in registers and its product with the activations scaled by
-    the block's maximum once (``four_bit_kernel.four_bit_matmul``; ``config``'s ``block_k`` is
-    the weight's block); ``float_maxima``: nested maxima dequantized first (``_maxima``). Not
-    ``in_registers``: the table read from memory, for Triton's interpreter (the tests)."""
+    each slice of codes looked up in registers (``four_bit_kernel.four_bit_matmul``;
+    ``config``'s ``block_k``: inputs a slice, at least the weight's block, whose product is
+    then scaled by the block's maximum once; ``four_bit_config``'s by default);
+    ``float_maxima``: nested maxima dequantized first (``_maxima``); ``swap``: the codes the
+    product's first operand. Not ``in_registers``: the table read from memory, for Triton's
+    interpreter (the tests)."""
     if float_maxima and p.nested is not None and p.scale is not None:
         p = Linear(p.weight, _maxima(p).view(p.scale.shape), p.code)
     batch, inputs = x.shape
     outputs = p.weight.shape[0]
-    chosen = config or matmul_config(batch, outputs)
     tensors, flags = _four_bit_weight(p, inputs, in_registers)
+    chosen = config or four_bit_config(batch, outputs)
+    block_pairs = flags["block_pairs"]
     out = torch.empty(batch, outputs, dtype=x.dtype, device=x.device)
     grid = (-(-outputs // chosen.block_n), -(-batch // chosen.block_m))
     _four_bit_matmul_kernel[grid](
         x.contiguous(), *tensors, out, batch, outputs, inputs // 2, p.weight.stride(0) // 4,
-        inputs // 2 // flags["block_pairs"], values=values_asm(), block_m=chosen.block_m,
-        block_n=chosen.block_n, num_warps=chosen.warps, num_stages=chosen.stages, **flags,
+        inputs // 2 // block_pairs, values=values_asm(), block_m=chosen.block_m,
+        block_n=chosen.block_n, slice_pairs=max(block_pairs, chosen.block_k // 2), swap=swap,
+        num_warps=chosen.warps, num_stages=chosen.stages, **flags,
     )  # fmt: skip
     return out
+
+
+def four_bit_config(batch: int, outputs: int) -> MatmulConfig:
+    """``four_bit_matmul``'s tiles: ``matmul_config``'s, a slice of one 4-bit block for up to
+    64 rows (the tiles measured against the dequantized product, docs/benchmarks.md, run 120),
+    and of ``WIDE_SLICE`` inputs for wider batches, so that one product covers several blocks
+    (each value scaled first) where the tensor cores' work grows with the rows."""
+    chosen = matmul_config(batch, outputs)
+    return replace(chosen, block_k=1 if batch <= 64 else WIDE_SLICE)
 
 
 def _format(p: Linear, inputs: int) -> tuple[tuple[torch.Tensor, ...], dict[str, int | bool]]:
@@ -360,6 +374,9 @@ class MatmulConfig:
     stages: int
 
 
+# Inputs a slice of ``four_bit_matmul`` takes past 64 rows (``four_bit_config``): four 4-bit
+# blocks of 64, one product for them all.
+WIDE_SLICE = 256
 # Programs a batch product launches at least where its weight allows (``matmul_config``): two
 # waves on the 132 multiprocessors of an H100 or H200, more on smaller cards (a T4's 40, an
 # A10's 72), where narrower programs cost only the activations' reads again, from the cache.
