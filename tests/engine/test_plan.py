@@ -12,8 +12,12 @@ from service.engine.capability import Capability
 from service.engine.fast import prefill_graphs, quant_gemv
 from service.engine.fast.cache import KV_FP8
 from service.engine.fast.linear import Linear
-from service.engine.fast.plan import kv_dtype_for, plan_for, prefill_graph_tokens_for
-from service.engine.fast.runner import prefill_warmups
+from service.engine.fast.plan import (
+    kv_dtype_for,
+    plan_for,
+    prefill_graph_tokens_for,
+    prefill_warmups,
+)
 
 CUDA = torch.device("cuda")  # only named here: resolving a plan calls nothing on the device
 

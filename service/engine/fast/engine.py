@@ -26,6 +26,7 @@ from service.contract.errors import (
     ServiceError,
 )
 from service.contract.types import LOOP_PARTS, Completion, GenerationRequest, TextSink
+from service.engine.fast.cache import reserved_gib
 from service.engine.fast.output import Client, OutputProcessor, TokenObserver
 from service.engine.fast.pages import PageManager, pages_for
 from service.engine.fast.prefix_cache import PREFIX_BLOCK, PrefixCache
@@ -95,6 +96,7 @@ class FastEngine(LoadedEngine):
                 "step_ms": {b: round(1000 * t, 3) for b, t in self._step_seconds.items()},
                 # The most the allocator held so far (graphs captured, every step shape run
                 # once): what a budget's workspace estimate is checked against.
+                **reserved_gib(self.runner.device),
                 "peak_gib": {
                     kind.removeprefix("peak_"): round(value / 2**30, 3)
                     for kind, value in self.memory_bytes().items()

@@ -17,6 +17,7 @@ from service.engine.fast import gemv, launch, rope
 from service.engine.fast.attention import triton_runs
 from service.engine.fast.cache import KV_FP8
 from service.engine.fast.checkpoint import Fp8Checkpoint
+from service.engine.fast.pages import pages_for
 from service.engine.loading import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -213,3 +214,17 @@ def one_row_pdl_for(setting: str, possible: bool) -> bool:
             "a dense model) and the triton attention"
         )
     return possible and setting != "off"
+
+
+def prefill_warmups(bounds: tuple[int, ...], chunk: int, pages: int, page_size: int) -> list[int]:
+    """The token counts the prefill is run with before ready (``_compile_prefill``): one, then
+    two more (the count turns dynamic), and for each of ``bounds`` (bitsandbytes weights take
+    another kernel past so many rows) a count in each branch that a chunk and the cache reach."""
+    counts = [1, 16, 17]
+    for bound in bounds:
+        if 1 < bound < counts[-1] and bound not in counts:
+            counts.append(bound)
+        wide = bound + 1
+        if wide > 17 and chunk >= wide and pages_for(wide, page_size) < pages:
+            counts.append(wide)
+    return sorted(counts)

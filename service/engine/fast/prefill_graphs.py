@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from service.engine.fast.cache import reserved_gib
 from service.engine.fast.prefill import Bucket, HostPrefill, PackedPrefill, prefill_buckets
 from service.engine.fast.transfer import copy_into
 
@@ -122,9 +123,14 @@ def capture(
     if not buckets:
         return None
     try:
-        return PrefillGraphs(prefill, buckets, device)
+        graphs = PrefillGraphs(prefill, buckets, device)
     except Exception as failure:  # a capture that fails costs speed, never the service
         if required:
             raise
         log.warning("prefill graphs off: the capture failed", extra={"error": str(failure)[:500]})
         return None
+    log.info(
+        "prefill graphs captured",
+        extra={"buckets": len(buckets), "tokens": tokens, **reserved_gib(device)},
+    )
+    return graphs

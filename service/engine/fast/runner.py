@@ -37,7 +37,13 @@ from service.engine.fast.attention_choice import (
     measured_triton_rows,
 )
 from service.engine.fast.batch import DeviceRows, Joining
-from service.engine.fast.cache import KV_FP8, CacheShape, PagedKVCache, fit_rows_and_pages
+from service.engine.fast.cache import (
+    KV_FP8,
+    CacheShape,
+    PagedKVCache,
+    fit_rows_and_pages,
+    reserved_gib,
+)
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.compile_cache import use_compile_cache
 from service.engine.fast.device_clock import DeviceClock
@@ -54,6 +60,7 @@ from service.engine.fast.plan import (
     pdl_ready,
     plan_for,
     prefill_graph_tokens_for,
+    prefill_warmups,
 )
 from service.engine.fast.prefill import Piece, layout, pack
 from service.engine.fast.prefill_graphs import capture
@@ -258,6 +265,7 @@ class ModelRunner:
                 "seconds": round(time.perf_counter() - started, 3),
                 "decode_shapes": fast.decode_shapes,
                 **({"graphs": graphs.count} if graphs is not None else {}),
+                **reserved_gib(self.device),
             },
         )
         return graphs
@@ -484,20 +492,6 @@ class ModelRunner:
 
     def _own(self, owners: PageOwners) -> None:
         self.cache.assign(owners.pages, owners.rows, owners.logical)
-
-
-def prefill_warmups(bounds: tuple[int, ...], chunk: int, pages: int, page_size: int) -> list[int]:
-    """The token counts the prefill is run with before ready (``_compile_prefill``): one, then
-    two more (the count turns dynamic), and for each of ``bounds`` (bitsandbytes weights take
-    another kernel past so many rows) a count in each branch that a chunk and the cache reach."""
-    counts = [1, 16, 17]
-    for bound in bounds:
-        if 1 < bound < counts[-1] and bound not in counts:
-            counts.append(bound)
-        wide = bound + 1
-        if wide > 17 and chunk >= wide and pages_for(wide, page_size) < pages:
-            counts.append(wide)
-    return sorted(counts)
 
 
 def _size(
