@@ -94,8 +94,9 @@ class FastEngine(LoadedEngine):
                 "prefix_cache_tokens": 0 if prefixes is None else prefixes.capacity * PREFIX_BLOCK,
                 "memory_budget_gib": config.fast.memory_gib,
                 "step_ms": {b: round(1000 * t, 3) for b, t in self._step_seconds.items()},
-                # The most the allocator held so far (graphs captured, every step shape run
-                # once): what a budget's workspace estimate is checked against.
+                # What the allocator holds now (graphs captured, every step shape run once),
+                # and the most it held so far: what a budget's workspace estimate is checked
+                # against (a load's temporaries can set the peak).
                 **reserved_gib(self.runner.device),
                 "peak_gib": {
                     kind.removeprefix("peak_"): round(value / 2**30, 3)

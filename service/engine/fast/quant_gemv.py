@@ -325,7 +325,7 @@ def four_bit_config(batch: int, outputs: int) -> MatmulConfig:
     and of ``WIDE_SLICE`` inputs for wider batches, so that one product covers several blocks
     (each value scaled first) where the tensor cores' work grows with the rows."""
     chosen = matmul_config(batch, outputs)
-    return replace(chosen, block_k=1 if batch <= 64 else WIDE_SLICE)
+    return replace(chosen, block_k=0 if batch <= 64 else WIDE_SLICE)
 
 
 def _format(p: Linear, inputs: int) -> tuple[tuple[torch.Tensor, ...], dict[str, int | bool]]:
