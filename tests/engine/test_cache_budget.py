@@ -210,11 +210,12 @@ def test_smaller_pages_buy_no_rows_the_cache_cannot_fill(
     assert fitted.rows <= widest.rows
 
 
-def test_the_start_s_log_lines_say_what_the_allocator_holds_on_a_gpu_only(
+def test_reserved_gib_reports_a_gpu_s_reserved_memory_and_nothing_on_a_cpu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The fit's workspace estimate is checked against these (docs/benchmarks.md): a GPU's
-    # reserved memory in GiB, nothing on a CPU, where the allocator is the host's.
+    # What the start's log lines carry, to check the fit's workspace estimate against
+    # (docs/benchmarks.md): a GPU's reserved memory in GiB, nothing on a CPU, where the
+    # allocator is the host's. (The lines themselves need a GPU to carry it.)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 3 * 2**30 + 2**20)
     assert cache.reserved_gib(torch.device("cuda")) == {"reserved_gib": 3.001}
     assert cache.reserved_gib(torch.device("cpu")) == {}
