@@ -23,8 +23,7 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
   scaled by the block's maximum once (a step takes it up to ``FOUR_BIT_MATMUL_ROWS``), with
   float32 maxima and with them double-quantized as the engine loads them (read in the loop, a
   gather each), and ``nf4-tensor-cores-float-maxima``: those dequantized by their own kernel
-  first, as a step takes them; ``nf4-tensor-cores-swapped``: the codes the product's first
-  operand (float32 maxima); past 64 rows a slice of the kernel spans several blocks
+  first, as a step takes them; past 64 rows a slice of the kernel spans several blocks
   (``quant_gemv.four_bit_config``);
 - ``int8-rows``: the engine's own int8 batch kernel (``quant_gemv.rows``: the values straight
   into the tensor cores' product), which int8 decode batches take on a GPU (``nf4`` and ``int8``
@@ -184,9 +183,6 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
         formats["nf4-tensor-cores-float-maxima"] = _Format(
             partial(quant_gemv.four_bit_matmul, float_maxima=True), [], []
         )
-        formats["nf4-tensor-cores-swapped"] = _Format(
-            partial(quant_gemv.four_bit_matmul, swap=True), [], []
-        )
         formats["int8-rows"] = _Format(lambda x, p: quant_gemv.rows(x, p), [], [])
         for name in ("nf4-dequantized", "int8-dequantized"):
             formats[name] = _Format(_dequantized_product, [], [])
@@ -234,7 +230,6 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
             parts["int8-gemv"] = ((Linear(int8, row_max),), parts["int8"][1])
             parts["nf4-dequantized"] = parts["nf4-gemv"]
             parts["nf4-lookup-rows"] = parts["nf4-tensor-cores"] = parts["nf4-gemv"]
-            parts["nf4-tensor-cores-swapped"] = parts["nf4-gemv"]
             # As the engine loads it: the maxima double-quantized.
             parts["nf4-tensor-cores-nested"] = _double_quantized(codes, maxima, table)
             parts["nf4-tensor-cores-float-maxima"] = parts["nf4-tensor-cores-nested"]
@@ -365,8 +360,8 @@ def rows_sweep(
     kinds: list[str],
 ) -> dict[str, Any]:
     """Per batch size, per tile configuration of ``quant_gemv.rows``: microseconds for one
-    layer's four products for each of ``kinds`` (``int8-rows``, ``nf4-tensor-cores``,
-    ``nf4-tensor-cores-swapped``; a configuration that fails is reported so)."""
+    layer's four products for each of ``kinds`` (``int8-rows``, ``nf4-tensor-cores``; a
+    configuration that fails is reported so)."""
     results: dict[str, Any] = {}
     for rows in rows_list:
         xs = [torch.randn(rows, inputs, dtype=dtype, device=device) for _, inputs, _ in SHAPES]
@@ -376,7 +371,7 @@ def rows_sweep(
             name += f"-w{config.warps}-s{config.stages}"
             for kind in kinds:
                 held = formats[kind].weights
-                layer = partial(_rows_layer, xs, held, config, kind.endswith("-swapped"))
+                layer = partial(_rows_layer, xs, held, config)
                 try:
                     measured[f"{name}_{kind}_us"] = graph_us(layer, repeat, device)
                 except Exception as failure:  # one configuration failing leaves the others
@@ -440,18 +435,14 @@ def _dequantized_product(x: torch.Tensor, p: Linear) -> torch.Tensor:
 
 
 def _rows_layer(
-    xs: list[torch.Tensor],
-    held: list[tuple[Any, ...]],
-    config: quant_gemv.MatmulConfig,
-    swap: bool = False,
+    xs: list[torch.Tensor], held: list[tuple[Any, ...]], config: quant_gemv.MatmulConfig
 ) -> list[torch.Tensor]:
     """One layer's four products by the batch kernel of the weights' format (int8's, or
-    ``four_bit_matmul`` for 4-bit codes, the codes its first operand where ``swap``) with
-    tiles ``config``."""
+    ``four_bit_matmul`` for 4-bit codes) with tiles ``config``."""
     return [
         quant_gemv.rows(x, w[0], config)
         if w[0].code is None
-        else quant_gemv.four_bit_matmul(x, w[0], config, swap=swap)
+        else quant_gemv.four_bit_matmul(x, w[0], config)
         for x, w in zip(xs, held, strict=True)
     ]
 

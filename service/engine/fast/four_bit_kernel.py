@@ -458,7 +458,6 @@ def four_bit_matmul(  # type: ignore[no-untyped-def]
     group: tl.constexpr,
     block_pairs: tl.constexpr,
     slice_pairs: tl.constexpr,
-    swap: tl.constexpr,
     block_m: tl.constexpr,
     block_n: tl.constexpr,
 ):
@@ -471,9 +470,7 @@ def four_bit_matmul(  # type: ignore[no-untyped-def]
     values and scales that product by the block's maximum once, each weight rounded once (as
     the table's 16-bit value); a slice of several scales each value by its block's maximum
     first (rounded again, as bitsandbytes' dequantization rounds it), so that one product
-    covers them all. ``swap`` makes the codes the product's first operand (``W @ x.T``, a
-    tile of outputs by a tile of rows), so that the warps split the weight rows between them
-    rather than the activations' rows."""
+    covers them all."""
     dtype = out_ptr.dtype.element_ty
     blocks: tl.constexpr = slice_pairs // block_pairs
     low0, low1, low2, low3, high0, high1, high2, high3 = table_words(code_ptr, dtype)
@@ -482,10 +479,7 @@ def four_bit_matmul(  # type: ignore[no-untyped-def]
     lines = tl.program_id(1) * block_m + tl.arange(0, block_m)
     line_ok = lines < m
     x_lines = x_ptr + lines.to(tl.int64)[:, None] * (2 * pairs)
-    if swap:
-        acc = tl.zeros([block_n, block_m], dtype=tl.float32)
-    else:
-        acc = tl.zeros([block_m, block_n], dtype=tl.float32)
+    acc = tl.zeros([block_m, block_n], dtype=tl.float32)
     for start in range(0, pairs, slice_pairs):
         codes = _codes(w_ptr, rows, row_ok, start, pairs, stride_w, slice_pairs)
         if in_registers:
@@ -512,22 +506,12 @@ def four_bit_matmul(  # type: ignore[no-untyped-def]
             # Triton's interpreter multiplies bfloat16 tiles as integers; in float32 the
             # products are the same (exact) and summed as the tensor cores sum them.
             xs, weights = xs.to(tl.float32), weights.to(tl.float32)
-        if swap:
-            if blocks > 1:
-                acc = tl.dot(weights, tl.trans(xs), acc)
-            else:
-                acc += tl.dot(weights, tl.trans(xs)) * tl.reshape(maxima, (block_n, 1))
+        if blocks > 1:
+            acc = tl.dot(xs, tl.trans(weights), acc)
         else:
-            if blocks > 1:
-                acc = tl.dot(xs, tl.trans(weights), acc)
-            else:
-                acc += tl.dot(xs, tl.trans(weights)) * tl.reshape(maxima, (1, block_n))
-    if swap:
-        at = out_ptr + lines.to(tl.int64)[None, :] * rows_out + rows[:, None]
-        tl.store(at, acc.to(dtype), mask=row_ok[:, None] & line_ok[None, :])
-    else:
-        at = out_ptr + lines.to(tl.int64)[:, None] * rows_out + rows[None, :]
-        tl.store(at, acc.to(dtype), mask=line_ok[:, None] & row_ok[None, :])
+            acc += tl.dot(xs, tl.trans(weights)) * tl.reshape(maxima, (1, block_n))
+    at = out_ptr + lines.to(tl.int64)[:, None] * rows_out + rows[None, :]
+    tl.store(at, acc.to(dtype), mask=line_ok[:, None] & row_ok[None, :])
 
 
 @triton.jit  # type: ignore[untyped-decorator]

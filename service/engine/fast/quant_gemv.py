@@ -93,11 +93,11 @@ FOUR_BIT_ROWS = 16
 # dequantized once for cuBLAS, whose time does not, is faster (docs/benchmarks.md, run 117).
 FOUR_BIT_ROWS_TAKEN = 4
 # The most rows of 4-bit codes past ``FOUR_BIT_ROWS_TAKEN`` that ``product`` gives
-# ``four_bit_matmul`` (0: none): up to 64 rows its lookup, once a weight for a tile of rows, costs
-# less than writing and reading the dequantized weight; past them a program's tile repeats the
-# lookup for each tile of rows, and cuBLAS over the weight dequantized once is faster
-# (docs/benchmarks.md, runs 120-121).
-FOUR_BIT_MATMUL_ROWS = 64
+# ``four_bit_matmul`` (0: none): up to 128 rows its lookup, once a weight for a tile of rows,
+# costs less than writing and reading the dequantized weight; past them a program's tile
+# repeats the lookup for each tile of rows, and cuBLAS over the weight dequantized once is
+# faster (docs/benchmarks.md, runs 120, 121 and 127).
+FOUR_BIT_MATMUL_ROWS = 128
 # Whether ``four_bit_matmul`` reads double-quantized maxima dequantized first by one kernel a
 # layer (``_maxima``, into the layer's shared buffer) rather than each where its block is
 # multiplied (a gather in the loop, which the pipeliner leaves unhidden: slower the more rows a
@@ -292,15 +292,13 @@ def four_bit_matmul(
     config: MatmulConfig | None = None,
     in_registers: bool = True,
     float_maxima: bool = False,
-    swap: bool = False,
 ) -> torch.Tensor:
     """``x @ W.T`` (``x``: ``[M, K]``, 16-bit) for the 4-bit codes ``p`` on the tensor cores,
     each slice of codes looked up in registers (``four_bit_kernel.four_bit_matmul``;
     ``config``'s ``block_k``: inputs a slice, at least the weight's block, whose product is
     then scaled by the block's maximum once; ``four_bit_config``'s by default);
-    ``float_maxima``: nested maxima dequantized first (``_maxima``); ``swap``: the codes the
-    product's first operand. Not ``in_registers``: the table read from memory, for Triton's
-    interpreter (the tests)."""
+    ``float_maxima``: nested maxima dequantized first (``_maxima``). Not ``in_registers``: the
+    table read from memory, for Triton's interpreter (the tests)."""
     if float_maxima and p.nested is not None and p.scale is not None:
         p = Linear(p.weight, _maxima(p).view(p.scale.shape), p.code)
     batch, inputs = x.shape
@@ -313,19 +311,20 @@ def four_bit_matmul(
     _four_bit_matmul_kernel[grid](
         x.contiguous(), *tensors, out, batch, outputs, inputs // 2, p.weight.stride(0) // 4,
         inputs // 2 // block_pairs, values=values_asm(), block_m=chosen.block_m,
-        block_n=chosen.block_n, slice_pairs=max(block_pairs, chosen.block_k // 2), swap=swap,
+        block_n=chosen.block_n, slice_pairs=max(block_pairs, chosen.block_k // 2),
         num_warps=chosen.warps, num_stages=chosen.stages, **flags,
     )  # fmt: skip
     return out
 
 
 def four_bit_config(batch: int, outputs: int) -> MatmulConfig:
-    """``four_bit_matmul``'s tiles: ``matmul_config``'s, a slice of one 4-bit block for up to
-    64 rows (the tiles measured against the dequantized product, docs/benchmarks.md, run 120),
-    and of ``WIDE_SLICE`` inputs for wider batches, so that one product covers several blocks
-    (each value scaled first) where the tensor cores' work grows with the rows."""
-    chosen = matmul_config(batch, outputs)
-    return replace(chosen, block_k=0 if batch <= 64 else WIDE_SLICE)
+    """``four_bit_matmul``'s tiles: ``matmul_config``'s with a slice of one 4-bit block for up
+    to 64 rows (the tiles measured against the dequantized product, docs/benchmarks.md, run
+    120); past them ``WIDE_TILE``, whose slice covers several blocks (each value scaled first),
+    so that one product takes them all where the tensor cores' work grows with the rows."""
+    if batch > 64:
+        return WIDE_TILE
+    return replace(matmul_config(batch, outputs), block_k=0)
 
 
 def _format(p: Linear, inputs: int) -> tuple[tuple[torch.Tensor, ...], dict[str, int | bool]]:
@@ -374,9 +373,11 @@ class MatmulConfig:
     stages: int
 
 
-# Inputs a slice of ``four_bit_matmul`` takes past 64 rows (``four_bit_config``): four 4-bit
-# blocks of 64, one product for them all.
-WIDE_SLICE = 256
+# ``four_bit_matmul``'s tile past 64 rows (``four_bit_config``): 128 rows by 32 weight rows, a
+# slice of 256 inputs (four 4-bit blocks of 64, one product for them all), the fastest of the
+# sweep's tiles at 128 rows (docs/benchmarks.md, run 127; the 128-by-128 tile of the other
+# batch products needs more shared memory than an H100 has at this slice).
+WIDE_TILE = MatmulConfig(128, 32, 256, 8, 3)
 # Programs a batch product launches at least where its weight allows (``matmul_config``): two
 # waves on the 132 multiprocessors of an H100 or H200, more on smaller cards (a T4's 40, an
 # A10's 72), where narrower programs cost only the activations' reads again, from the cache.
