@@ -8,7 +8,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -238,17 +238,28 @@ def test_the_probe_s_surrogates_are_4xx(
     assert "lone surrogate" in response.text
 
 
+def _raw(body: dict[str, Any]) -> bytes:
+    # A surrogate as the bytes UTF-8 would give it (ED A0 80), not escaped: not valid UTF-8,
+    # but Python's json.loads reads it as it reads the escape.
+    return json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
 @pytest.mark.parametrize(("method", "path"), [r for r in ROUTES if r[0] != "GET"])
 @pytest.mark.parametrize("field", ["text", "auth_key", "api_key", "model", "glossary_id", "name"])
+@pytest.mark.parametrize("encode", [_encoded, _raw], ids=["escaped", "raw"])
 def test_a_lone_surrogate_is_a_4xx_in_the_route_s_shape(
-    hostile: httpx.Client, method: str, path: str, field: str
+    hostile: httpx.Client,
+    method: str,
+    path: str,
+    field: str,
+    encode: Callable[[dict[str, Any]], bytes],
 ) -> None:
     body = {field: "\ud800", "target_lang": "de", "text": "hello", "q": "hi", "target": "de"}
     body[field] = "\ud800"
     response = hostile.request(
         method,
         path.replace("{id}", "0123"),
-        content=_encoded(body),
+        content=encode(body),
         headers={"content-type": "application/json", "authorization": f"Bearer {KEY}"},
     )
     assert 400 <= response.status_code < 500, response.text
@@ -301,6 +312,8 @@ def test_lone_surrogates_are_found_exactly(value: object) -> None:
 
     lone = any(not _encodable(text) for text in strings(value))
     assert (lone_surrogate(json.dumps(value).encode()) is not None) == lone
+    raw = json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    assert (lone_surrogate(raw) is not None) == lone
 
 
 @pytest.mark.parametrize(
