@@ -4,12 +4,16 @@ or broken ones are refused as client errors."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import zipfile
 
 import docx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from service.contract.errors import InvalidInput, Unsupported
+from service.contract.errors import InvalidInput, PayloadTooLarge, Unsupported
 from service.frontend.documents.formats import format_of, parse
 
 SRT = (
@@ -125,3 +129,58 @@ def test_other_types_and_broken_files_are_client_errors() -> None:
         parse(b"PK\x03\x04 not really a zip", "docx", 1000)
     with pytest.raises(InvalidInput, match="not a Word"):
         parse(b"plain text", "docx", 1000)
+
+
+def _package(parts: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as package:
+        for name, data in parts.items():
+            package.writestr(name, data)
+    return out.getvalue()
+
+
+def _word_parts() -> dict[str, bytes]:
+    document = docx.Document()
+    document.add_paragraph("Hello there.")
+    out = io.BytesIO()
+    document.save(out)
+    with zipfile.ZipFile(io.BytesIO(out.getvalue())) as package:
+        return {name: package.read(name) for name in package.namelist()}
+
+
+WORD_PARTS = _word_parts()
+# What a broken or hostile part holds: bytes, XML without the namespaces python-docx expects,
+# elements it reads as others (a content-types part of the wrong shape), entity declarations.
+PART_CONTENTS = st.one_of(
+    st.binary(max_size=64),
+    st.sampled_from(
+        [
+            b"",
+            b"<Types/>",
+            b'<Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types">'
+            b"<Override/></Types>",
+            b"<Relationships/>",
+            b'<?xml version="1.0"?><!DOCTYPE d [<!ENTITY a "aaaa"><!ENTITY b "&a;&a;&a;">]>'
+            b"<d>&b;</d>",
+            b'<w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main">'
+            b"<w:body><w:p><w:r><w:t/></w:r><w:p/></w:p></w:body></w:document>",
+        ]
+    ),
+)
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None)
+@given(
+    changes=st.dictionaries(
+        st.sampled_from(sorted(WORD_PARTS)), st.one_of(st.none(), PART_CONTENTS), max_size=3
+    )
+)
+def test_a_broken_word_package_is_refused_as_the_client_s_error(
+    changes: dict[str, bytes | None],
+) -> None:
+    # Parts of a real .docx replaced or left out: parsed, or refused as a client error (an
+    # AttributeError from a content-types part without its namespace was a 500).
+    parts = {name: data for name, data in WORD_PARTS.items() if changes.get(name, data) is not None}
+    parts.update({name: data for name, data in changes.items() if data is not None})
+    with contextlib.suppress(InvalidInput, PayloadTooLarge):
+        parse(_package(parts), "docx", 1000)

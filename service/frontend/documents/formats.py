@@ -294,25 +294,17 @@ def check_package(data: bytes, limits: PackageLimits) -> None:
 def _parse_docx(data: bytes, limits: PackageLimits) -> Parsed:
     # Imported here: python-docx (and lxml) are needed only when a Word document comes in.
     import docx
-    from docx.opc.exceptions import PackageNotFoundError
 
     check_package(data, limits)
     try:
         document = docx.Document(io.BytesIO(data))
-    except (PackageNotFoundError, KeyError, ValueError, OSError):
+        paragraphs = [p for p in _paragraphs(document) if _words(p.text)]
+        units = [_paragraph_unit(paragraph) for paragraph in paragraphs]
+    except Exception:
+        # Whatever a broken package makes python-docx, zipfile or lxml raise: a missing part
+        # (KeyError), a part that is not XML (lxml's own types), a content-types part without
+        # its namespace (AttributeError), and more; the file is the client's, never a 500.
         raise InvalidInput("file: the document is not a Word (.docx) file") from None
-    except Exception as error:  # zipfile and lxml raise their own types for broken files
-        if type(error).__module__.startswith(("zipfile", "lxml")):
-            raise InvalidInput("file: the document is not a Word (.docx) file") from None
-        raise
-    paragraphs = [p for p in _paragraphs(document) if _words(p.text)]
-    units: list[Unit] = []
-    for paragraph in paragraphs:
-        runs = paragraph.runs
-        markup = "".join(
-            f"<r{n}>{html.escape(run.text, False)}</r{n}>" for n, run in enumerate(runs)
-        )
-        units.append(Unit(markup, "markup", frozenset(f"r{n}" for n in range(len(runs)))))
 
     def rebuild(translations: list[str]) -> bytes:
         for paragraph, translated in zip(paragraphs, translations, strict=True):
@@ -335,6 +327,13 @@ _NOT_XML = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 def xml_safe(text: str) -> str:
     """``text`` without the characters an XML document cannot hold."""
     return _NOT_XML.sub("", text)
+
+
+def _paragraph_unit(paragraph: Any) -> Unit:
+    """A paragraph to translate, its runs marked ``<rN>`` so that each run gets its text back."""
+    runs = paragraph.runs
+    markup = "".join(f"<r{n}>{html.escape(run.text, False)}</r{n}>" for n, run in enumerate(runs))
+    return Unit(markup, "markup", frozenset(f"r{n}" for n in range(len(runs))))
 
 
 def _run_texts(translated: str, count: int) -> list[str]:
