@@ -210,12 +210,14 @@ def test_smaller_pages_buy_no_rows_the_cache_cannot_fill(
     assert fitted.rows <= widest.rows
 
 
-def test_reserved_gib_reports_a_gpu_s_reserved_memory_and_nothing_on_a_cpu(
+def test_allocator_gib_reports_a_gpu_s_reserved_and_allocated_memory_and_nothing_on_a_cpu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # What the start's log lines carry, to check the fit's workspace estimate against
-    # (docs/benchmarks.md): a GPU's reserved memory in GiB, nothing on a CPU, where the
-    # allocator is the host's. (The lines themselves need a GPU to carry it.)
+    # (docs/benchmarks.md): a GPU's reserved and allocated memory in GiB, nothing on a CPU,
+    # where the allocator is the host's. (The lines themselves need a GPU to carry it.)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 3 * 2**30 + 2**20)
-    assert cache.reserved_gib(torch.device("cuda")) == {"reserved_gib": 3.001}
-    assert cache.reserved_gib(torch.device("cpu")) == {}
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 2 * 2**30)
+    expected = {"reserved_gib": 3.001, "allocated_gib": 2.0}
+    assert cache.allocator_gib(torch.device("cuda")) == expected
+    assert cache.allocator_gib(torch.device("cpu")) == {}

@@ -125,12 +125,17 @@ def free_bytes(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def reserved_gib(device: torch.device) -> dict[str, float]:
+def allocator_gib(device: torch.device) -> dict[str, float]:
     """What the allocator holds on ``device`` (a GPU's; nothing on a CPU), for the start's log
-    lines: after each phase, what the budget's workspace estimate is checked against."""
+    lines: after each phase, what the budget's workspace estimate is checked against. Reserved
+    is what the budget counts; allocated, what tensors take of it (the rest: free blocks of its
+    segments, which later tensors fill where they are small enough)."""
     if device.type != "cuda":
         return {}
-    return {"reserved_gib": round(torch.cuda.memory_reserved(device) / 2**30, 3)}
+    return {
+        "reserved_gib": round(torch.cuda.memory_reserved(device) / 2**30, 3),
+        "allocated_gib": round(torch.cuda.memory_allocated(device) / 2**30, 3),
+    }
 
 
 def budget_pages(
@@ -287,7 +292,7 @@ class PagedKVCache:
                 "page_size": shape.page_size,
                 "dtype": str(dtype).removeprefix("torch."),
                 "bytes": 2 * layers * self.keys[0].nelement() * self.keys[0].element_size(),
-                **reserved_gib(device),
+                **allocator_gib(device),
             },
         )
 

@@ -26,7 +26,7 @@ from service.contract.errors import (
     ServiceError,
 )
 from service.contract.types import LOOP_PARTS, Completion, GenerationRequest, TextSink
-from service.engine.fast.cache import reserved_gib
+from service.engine.fast.cache import allocator_gib
 from service.engine.fast.output import Client, OutputProcessor, TokenObserver
 from service.engine.fast.pages import PageManager, pages_for
 from service.engine.fast.prefix_cache import PREFIX_BLOCK, PrefixCache
@@ -97,7 +97,7 @@ class FastEngine(LoadedEngine):
                 # What the allocator holds now (graphs captured, every step shape run once),
                 # and the most it held so far: what a budget's workspace estimate is checked
                 # against (a load's temporaries can set the peak).
-                **reserved_gib(self.runner.device),
+                **allocator_gib(self.runner.device),
                 "peak_gib": {
                     kind.removeprefix("peak_"): round(value / 2**30, 3)
                     for kind, value in self.memory_bytes().items()

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from service.engine.fast.cache import reserved_gib
+from service.engine.fast.cache import allocator_gib
 from service.engine.fast.prefill import Bucket, HostPrefill, PackedPrefill, prefill_buckets
 from service.engine.fast.transfer import copy_into
 
@@ -131,6 +131,6 @@ def capture(
         return None
     log.info(
         "prefill graphs captured",
-        extra={"buckets": len(buckets), "tokens": tokens, **reserved_gib(device)},
+        extra={"buckets": len(buckets), "tokens": tokens, **allocator_gib(device)},
     )
     return graphs

@@ -41,8 +41,8 @@ from service.engine.fast.cache import (
     KV_FP8,
     CacheShape,
     PagedKVCache,
+    allocator_gib,
     fit_rows_and_pages,
-    reserved_gib,
 )
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.compile_cache import use_compile_cache
@@ -265,7 +265,7 @@ class ModelRunner:
                 "seconds": round(time.perf_counter() - started, 3),
                 "decode_shapes": fast.decode_shapes,
                 **({"graphs": graphs.count} if graphs is not None else {}),
-                **reserved_gib(self.device),
+                **allocator_gib(self.device),
             },
         )
         return graphs
@@ -528,6 +528,7 @@ def _size(
                 "held_gib": round(used / 2**30, 3),
                 "weights_gib": round(weights.nbytes() / 2**30, 3),
                 "left_gib": round(left / 2**30, 3),
+                **allocator_gib(device),
             },
         )
     fitted = fit_rows_and_pages(
