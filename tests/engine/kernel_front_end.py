@@ -1,9 +1,11 @@
-"""Runs Triton's compiler over kernel launches for sm_90, for ``test_kernels_compile.py``.
+"""Runs Triton's compiler over kernel launches for a GPU (sm_90 unless a launch names another
+compute capability), for ``test_kernels_compile.py``.
 
 A process of its own: the tests run Triton's interpreter (``TRITON_INTERPRET=1``), which changes
 what ``triton.language`` is at import, and the compiler needs it unchanged. Reads a JSON list of
 launches (module, kernel, signature, constexpr values, launch options, and ``full``: the whole
-way to a cubin with Triton's own ptxas rather than the front end only) on stdin and prints, per
+way to a cubin with Triton's own ptxas rather than the front end only; ``arch``: the compute
+capability as 75, 86..., 90 when absent) on stdin and prints, per
 launch, ``ok`` (with the shared memory a full compile's launch needs) or the compiler's error.
 """
 
@@ -24,11 +26,11 @@ from triton.compiler import ASTSource
 
 def front_end(launch: dict[str, Any]) -> str:
     """``ok`` (``ok shared=N`` after a full compile), or why the launch's kernel does not
-    compile for sm_90, or which of the launch's ``expect`` strings its Triton IR lacks."""
+    compile for its target, or which of the launch's ``expect`` strings its Triton IR lacks."""
     kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
     names = list(inspect.signature(kernel.fn).parameters)
     values = {(names.index(name),): value for name, value in launch["constexprs"].items()}
-    target = GPUTarget("cuda", 90, 32)
+    target = GPUTarget("cuda", launch.get("arch", 90), 32)
     launch_options = {"enable_fp_fusion": True, **launch["options"]}
     if launch["full"]:
         try:

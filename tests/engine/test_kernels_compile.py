@@ -124,16 +124,27 @@ def caught(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any, str], Caught]:
 
 # The shared memory one block may take on an H100 or H200 (227 KiB).
 SHARED_MOST = 227 * 1024
+# And on the article's GPUs, by compute capability: a T4 (7.5) 64 KiB, an A10 or RTX 3090 (8.6)
+# and an RTX 4090 (8.9) 99 KiB.
+SMALL_GPUS = {75: 64 * 1024, 86: 99 * 1024, 89: 99 * 1024}
 
 
-def _compiles(stand_in: Caught, full: bool = False, expect: tuple[str, ...] = ()) -> None:
-    """Every launch compiles (``full``: to a cubin, within the shared memory a block has), to
-    Triton IR that contains every one of ``expect``."""
+def _compiles(
+    stand_in: Caught,
+    full: bool = False,
+    expect: tuple[str, ...] = (),
+    arch: int = 90,
+    shared_most: int = SHARED_MOST,
+) -> None:
+    """Every launch compiles for compute capability ``arch`` (``full``: to a cubin, within the
+    ``shared_most`` bytes of shared memory a block has there), to Triton IR that contains every
+    one of ``expect``."""
     assert stand_in.launches, "the wrapper launched nothing"
     environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    launches = [{**launch, "arch": arch} for launch in stand_in.described(full, expect)]
     finished = subprocess.run(
         [sys.executable, "-m", "tests.engine.kernel_front_end"],
-        input=json.dumps(stand_in.described(full, expect)),
+        input=json.dumps(launches),
         capture_output=True,
         text=True,
         env=environment,
@@ -143,7 +154,7 @@ def _compiles(stand_in: Caught, full: bool = False, expect: tuple[str, ...] = ()
     results = json.loads(finished.stdout.splitlines()[-1])
     assert all(r.split()[0] == "ok" for r in results), "\n".join(results)
     shared = [int(r.split("=")[1]) for r in results if "shared=" in r]
-    assert all(bytes_ <= SHARED_MOST for bytes_ in shared), shared
+    assert all(bytes_ <= shared_most for bytes_ in shared), shared
 
 
 @pytest.mark.parametrize("kind", ["nf4", "nf4-nested", "int8"])
@@ -289,3 +300,24 @@ def test_the_fp8_swiglu_kernel_compiles(
     stand_in = caught(swiglu_fp8, "_kernel")
     swiglu_fp8.quantized(torch.zeros(20, 2 * 14336, dtype=dtype))
     _compiles(stand_in, full=True)
+
+
+@pytest.mark.parametrize(("arch", "shared_most"), sorted(SMALL_GPUS.items()))
+def test_the_batch_tiles_a_step_takes_fit_the_article_s_gpus(
+    arch: int, shared_most: int, caught: Callable[[Any, str], Caught]
+) -> None:
+    # Every tile ``product`` gives its Triton batch kernels (4-bit codes past
+    # FOUR_BIT_ROWS_TAKEN up to FOUR_BIT_MATMUL_ROWS, int8 up to INT8_ROWS), compiled for each
+    # small card: a tile over its shared memory fails at the start's warmups there. The wide
+    # 4-bit tile (128 rows, 256 inputs a slice) takes 93,184 bytes on 8.x and 131,072 on 7.5.
+    four_bit = caught(quant_gemv, "_four_bit_matmul_kernel")
+    int8 = caught(quant_gemv, "_int8_rows_kernel")
+    first = quant_gemv.FOUR_BIT_ROWS_TAKEN + 1
+    for rows in sorted({first, 16, 32, 64, quant_gemv.FOUR_BIT_MATMUL_ROWS} - {0}):
+        if first <= rows <= quant_gemv.FOUR_BIT_MATMUL_ROWS:
+            x = torch.randn(rows, 512, dtype=torch.float16)
+            quant_gemv.four_bit_matmul(x, _nf4(128, 512, True, 0))
+    for rows in sorted({2, 16, 32, 64, quant_gemv.INT8_ROWS}):
+        quant_gemv.rows(torch.randn(rows, 512, dtype=torch.float16), _int8(128, 512, 0))
+    for stand_in in (four_bit, int8):
+        _compiles(stand_in, full=True, arch=arch, shared_most=shared_most)

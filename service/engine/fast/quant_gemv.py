@@ -93,11 +93,12 @@ FOUR_BIT_ROWS = 16
 # dequantized once for cuBLAS, whose time does not, is faster (docs/benchmarks.md, run 117).
 FOUR_BIT_ROWS_TAKEN = 4
 # The most rows of 4-bit codes past ``FOUR_BIT_ROWS_TAKEN`` that ``product`` gives
-# ``four_bit_matmul`` (0: none): up to 128 rows its lookup, once a weight for a tile of rows,
-# costs less than writing and reading the dequantized weight; past them a program's tile
-# repeats the lookup for each tile of rows, and cuBLAS over the weight dequantized once is
-# faster (docs/benchmarks.md, runs 120, 121 and 127).
-FOUR_BIT_MATMUL_ROWS = 128
+# ``four_bit_matmul`` (0: none): up to 64 rows its lookup, once a weight for a tile of rows,
+# costs less than writing and reading the dequantized weight (docs/benchmarks.md, runs 120-121).
+# At 128 rows ``WIDE_TILE`` does too (run 127), but its 131,072 bytes of shared memory on
+# compute capability 7.5 pass a T4's 64 KiB (93,184 on 8.x): a step takes it only once the
+# choice is the device's (tests/engine/test_kernels_compile.py checks the small cards' tiles).
+FOUR_BIT_MATMUL_ROWS = 64
 # Whether ``four_bit_matmul`` reads double-quantized maxima dequantized first by one kernel a
 # layer (``_maxima``, into the layer's shared buffer) rather than each where its block is
 # multiplied (a gather in the loop, which the pipeliner leaves unhidden: slower the more rows a
