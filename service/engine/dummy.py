@@ -9,10 +9,10 @@ its token budget and a benchmark's work is known.
 Unquantized, the model is initialised directly on the device. bitsandbytes quantizes while it
 loads a checkpoint, so for ``nf4``/``int8`` the random model is first written once to
 ``data_dir`` (safetensors) and then loaded from there like any real checkpoint. That model is
-built one module at a time on the device and moved to the host at once: the whole 16-bit model
-on the device would need more memory than the quantized service it stands in for (a 16 GiB card
-cannot hold the 7B's 15 GiB of 16-bit weights and anything else), and the start's peak would
-say what the build took instead of what the load takes.
+built one module at a time on the device, each moved to the host as soon as it is initialised:
+the whole 16-bit model on the device would need more memory than the quantized service it stands
+in for (a 16 GiB card cannot hold the 7B's 15 GiB of 16-bit weights and anything else), and the
+start's peak would say what the build took instead of what the load takes.
 """
 
 from __future__ import annotations
