@@ -381,3 +381,35 @@ def test_nginx_answers_carry_one_nosniff(nginx: Process) -> None:
     for path in ("/metrics", "/health", "/languages"):
         answer = httpx.get(f"{nginx.url}{path}", timeout=30)
         assert answer.headers.get_list("x-content-type-options") == ["nosniff"], path
+
+
+# Requests nginx itself cannot take, each as raw bytes: a request line over its buffers, a
+# header over them, a header line without a colon, two Content-Lengths, a method it refuses, a
+# transfer coding it does not know.
+UNPARSABLE = {
+    "uri": (b"GET /translate?text=" + b"a" * 20000 + b"&target_lang=de HTTP/1.1\r\nHost: x", 414),
+    "header": (b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: " + b"b" * 20000, 400),
+    "header line": (b"GET /health HTTP/1.1\r\nHost: x\r\nNo colon here", 400),
+    "lengths": (b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3",
+                400),
+    "method": (b"TRACE / HTTP/1.1\r\nHost: x", 405),
+    "coding": (b"POST /translate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: foo", 501),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(UNPARSABLE))
+def test_what_nginx_cannot_parse_is_answered_in_json(nginx: Process, case: str) -> None:
+    """nginx's own HTML pages were the answer (text/html) to each of these."""
+    head, status = UNPARSABLE[case]
+    host, port = nginx.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(head + b"\r\nConnection: close\r\n\r\n")
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    header, _, body = answer.partition(b"\r\n\r\n")
+    lines = header.decode("latin-1").split("\r\n")
+    assert lines[0].split()[1] == str(status), lines[0]
+    fields = {line.split(":", 1)[0].lower(): line.split(":", 1)[1].strip() for line in lines[1:]}
+    assert fields["content-type"] == "application/json", fields
+    assert json.loads(body)["error"]["code"]
