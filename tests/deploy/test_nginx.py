@@ -102,7 +102,17 @@ def test_oversized_body_gets_413_from_nginx(nginx: Process) -> None:
 
 def test_metrics_and_docs_are_refused_but_health_is_open(nginx: Process) -> None:
     for path in ("/metrics", "/docs", "/openapi.json", "/redoc"):
-        assert httpx.get(f"{nginx.url}{path}", timeout=10).status_code == 403, path
+        refused = httpx.get(f"{nginx.url}{path}", timeout=10)
+        assert refused.status_code == 403, path
+        assert refused.json()["error"]["code"] == "forbidden"  # nginx's own, in JSON
+    # nginx's own 404 (its internal error location asked for directly) in JSON too; the API's
+    # own errors pass in their dialect's shape (DeepL's {"message"}), never replaced.
+    assert httpx.get(f"{nginx.url}/_uri_too_long", timeout=10).json()["error"]["code"] == (
+        "not_found"
+    )
+    deepl = httpx.post(f"{nginx.url}/v2/translate", data={"text": "hi"}, timeout=10)
+    assert deepl.status_code == 400, deepl.text
+    assert "message" in deepl.json()
     health = httpx.get(f"{nginx.url}/health", timeout=10)
     assert health.status_code == 200
     assert health.json()["status"] == "ready"
