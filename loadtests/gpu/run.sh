@@ -176,8 +176,8 @@ for variant in "$@"; do
   grep -E '"(output_tokens_per_s|steady_output_tokens_per_s|steady_window_s|ms_per_output_token_p50|start_to_ready_s|start_to_first_translation_s|ratio_vs_baseline|weights_bytes|ok|refused_p99_s|peak_running|loaded_mean_running|loaded_device_busy|warm_connections|refusal_p50_ms|refusal_p99_ms|health_p99_ms|health_max_ms|lost|goodput_share_of_admitted)"' "$work/$variant.json" || tail -c 3000 "$work/$variant.out"
   grep -A5 '"throughput_cpu_s"' "$work/$variant.json"; grep -A7 '"loaded_shares"' "$work/$variant.json"
   # What the engine fitted (rows, pages, its budget, the step times it measured): in the log only.
-  # The allocator's reserved memory after each start phase (kv cache, decode graphs, prefill
-  # graphs, ready): where the workspace the fit set aside went.
+  # The allocator's reserved and allocated memory after each start phase (memory budget, kv
+  # cache, decode graphs, prefill graphs, ready): where the workspace the fit set aside went.
   grep -E '"message":"(memory budget|kv cache allocated|decode graphs captured|prefill graphs captured|fast engine ready|decode rows or prefill chunk lowered)' \
     "$work/$variant.log" 2>/dev/null | cut -c1-1500
   grep -vE '"service.frontend.access"' "$work/$variant.log" 2>/dev/null | tail -n 15 | cut -c1-400

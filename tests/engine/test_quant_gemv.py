@@ -256,7 +256,13 @@ def test_the_four_bit_matmul_kernel_scales_each_value_where_a_slice_spans_blocks
     x = torch.randn(m, inputs, generator=generator).to(dtype)
     assert p.code is not None
     rounded = Linear(p.weight, p.scale, p.code.to(dtype).float(), p.nested)
-    expected = x.float() @ _dense(rounded).to(dtype).float().T
+    dense = _dense(rounded)
+    if dtype == torch.bfloat16:
+        # Triton's interpreter truncates a float32-to-bfloat16 cast (a GPU rounds to nearest):
+        # half the scaled weights one unit smaller, which now and then summed past the
+        # tolerance. The reference rounds them as the interpreter does.
+        dense = (dense.view(torch.int32) & -65536).view(torch.float32)
+    expected = x.float() @ dense.to(dtype).float().T
     got = quant_gemv.four_bit_matmul(x, p, config, in_registers=False)
     assert got.dtype == dtype
     assert got.shape == (m, outputs)
