@@ -37,13 +37,8 @@ from service.engine.fast.attention_choice import (
     measured_triton_rows,
 )
 from service.engine.fast.batch import DeviceRows, Joining
-from service.engine.fast.cache import (
-    KV_FP8,
-    CacheShape,
-    PagedKVCache,
-    allocator_gib,
-    fit_rows_and_pages,
-)
+from service.engine.fast.budget import Wanted, sized_cache
+from service.engine.fast.cache import KV_FP8, allocator_gib
 from service.engine.fast.checkpoint import Fp8Checkpoint
 from service.engine.fast.compile_cache import use_compile_cache
 from service.engine.fast.device_clock import DeviceClock
@@ -143,12 +138,13 @@ class ModelRunner:
         choices = _choose(loaded, config)
         self.weights: ModelWeights = _weights(loaded, config, choices)
         geometry = self.weights.geometry
-        layers = len(self.weights.layers)
         self.page_size = fast.page_size
         self._two_stage_rows = fast.topk_two_stage_rows
-        rows, pages, prefill = _size(self.weights, loaded, fast, choices)
-        shape, kv = CacheShape(pages, fast.page_size), choices.kv_dtype
-        self.cache = PagedKVCache(geometry, layers, shape, kv, self.device, loaded.dtype)
+        wanted = Wanted(
+            choices.rows, choices.prefill, choices.kv_dtype, choices.prefill_graph_tokens
+        )
+        fitted, self.cache = sized_cache(self.weights, loaded, fast, wanted)
+        rows, pages, prefill = fitted.rows, fitted.pages, fitted.prefill_tokens
         self._max_pages = pages_for(geometry.max_positions, fast.page_size)
         self.rows = DeviceRows(rows, self._max_pages, geometry.vocab, self.device)
         self._buckets = buckets_up_to(rows)
@@ -492,71 +488,6 @@ class ModelRunner:
 
     def _own(self, owners: PageOwners) -> None:
         self.cache.assign(owners.pages, owners.rows, owners.logical)
-
-
-def _size(
-    weights: ModelWeights, loaded: LoadedModel, fast: EngineSettings, choices: _Choices
-) -> tuple[int, int, int]:
-    """Decode rows, KV-cache pages and the prefill chunk: as set, or what fits the device's free
-    memory and the operator's budget (``gpu_memory_gib``) once the weights are in; refused where
-    the weights alone pass the budget."""
-    geometry, layers = weights.geometry, len(weights.layers)
-    if fast.num_pages:
-        return choices.rows, fast.num_pages, choices.prefill
-    left = None
-    if fast.memory_gib is not None:
-        budget = int(fast.memory_gib * 2**30)
-        device = loaded.device
-        if device.type == "cuda":
-            # What loading left cached (a quantization's temporaries) goes back first: the
-            # budget counts what the engine holds, and the cache is sized from what is left.
-            torch.cuda.empty_cache()
-        used = torch.cuda.memory_reserved(device) if device.type == "cuda" else weights.nbytes()
-        if used >= budget:
-            raise RuntimeError(
-                f"the weights take {used / 2**30:.2f} GiB, more than HYMT_GPU_MEMORY_GIB="
-                f"{fast.memory_gib:g} leaves for them and a KV cache: quantize them "
-                "(HYMT_QUANTIZATION=nf4, int8 or fp8) or raise the budget"
-            )
-        left = budget - used
-        log.info(
-            "memory budget",
-            extra={
-                "budget_gib": round(budget / 2**30, 3),
-                # Held after loading beside the weights: what the budget loses before the cache
-                # (a quantization's leftovers, the allocator's partly used segments).
-                "held_gib": round(used / 2**30, 3),
-                "weights_gib": round(weights.nbytes() / 2**30, 3),
-                "left_gib": round(left / 2**30, 3),
-                **allocator_gib(device),
-            },
-        )
-    fitted = fit_rows_and_pages(
-        geometry,
-        layers,
-        fast.page_size,
-        choices.kv_dtype,
-        loaded.device,
-        fast.memory_fraction,
-        choices.rows,
-        choices.prefill,
-        rows_given=fast.max_rows is not None,
-        left=left,
-        prefill_given=fast.prefill_tokens is not None,
-        graph_tokens=choices.prefill_graph_tokens,
-        dequantized=_dequantized_bytes(weights, loaded),
-        dequantized_above=max(quant_gemv.branches(weights.layers[0].qkv), default=None),
-    )
-    return fitted.rows, fitted.pages, fitted.prefill_tokens
-
-
-def _dequantized_bytes(weights: ModelWeights, loaded: LoadedModel) -> int:
-    """The largest bitsandbytes weight the products dequantize at once on this device."""
-    if not quant_gemv.runs(loaded.dtype, loaded.device):
-        return 0
-    layer = weights.layers[0]
-    projections = (layer.qkv, layer.o, layer.gate_up, layer.down, weights.lm_head)
-    return quant_gemv.dequantized_bytes([p for p in projections if p is not None], loaded.dtype)
 
 
 def _choose(loaded: LoadedModel, config: EngineConfig) -> _Choices:
