@@ -8,7 +8,8 @@ includes free blocks of segments that still hold some weights (the 16-bit tensor
 quantization replaced); ``empty_cache`` cannot give those back, so the fit counts them as taken.
 The cache's per-layer tensors are small enough to land in them, which leaves that much of the
 budget unused: the cache is measured once allocated and, where it took less than it counted,
-allocated again with what it found, never reserving more than the first fit planned.
+fitted and allocated again with what it found, kept only where what the fit set aside for the
+steps is then free under the budget.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def sized_cache(
     dequantized = dequantized_bytes(weights, loaded)
     above = max(quant_gemv.branches(weights.layers[0].qkv), default=None)
 
-    def fit(left: int | None) -> Fitted:
+    def fit(left: int | None, rows: int, prefill: int) -> Fitted:
         return fit_rows_and_pages(
             geometry,
             layers,
@@ -128,8 +129,8 @@ def sized_cache(
             wanted.kv_dtype,
             device,
             fast.memory_fraction,
-            wanted.rows,
-            wanted.prefill_tokens,
+            rows,
+            prefill,
             rows_given=fast.max_rows is not None,
             left=left,
             prefill_given=fast.prefill_tokens is not None,
@@ -139,10 +140,17 @@ def sized_cache(
         )
 
     left = budget_left(weights, loaded, fast)
-    first = fit(left)
+    first = fit(left, wanted.rows, wanted.prefill_tokens)
     if left is None or device.type != "cuda":
         return first, make(first)
-    return refit(first, fit, make, cache_bytes, cuda_allocator(device), left)
+    return refit(
+        first,
+        lambda more: fit(more, wanted.rows, wanted.prefill_tokens),
+        make,
+        cache_bytes,
+        cuda_allocator(device),
+        left,
+    )
 
 
 def cache_bytes(cache: PagedKVCache) -> int:
@@ -158,15 +166,16 @@ def refit(
     allocator: Allocator,
     left: int,
 ) -> tuple[Fitted, C]:
-    """``first``'s cache made, and made again larger where it reserved less than its bytes (it
-    filled free blocks the fit counted as taken): fitted with that much more of the budget
-    ``left``, kept only if the allocator then reserves no more than the first fit planned
-    (what it held before, and the first cache's bytes); else a smaller share of the found
-    memory is tried (``REFIT_SHARES``), and at last the first fit again."""
+    """``first``'s cache made, and fitted again where it reserved less than its bytes (it filled
+    free blocks the fit counted as taken): with that much more of the budget ``left``, which
+    may buy more rows (the fit's own choice: the most rows whose cache holds a translation
+    each) or more pages. The second is kept only if it gives more rows, or as many and more
+    pages, and finds in free blocks at least what it was credited, so that what the second fit
+    set aside for the steps is free under the budget; else a smaller share of the found memory
+    is tried (``REFIT_SHARES``), and at last the first fit again."""
     before = allocator.reserved()
     cache = make(first)
-    planned = before + nbytes(cache)
-    found = planned - allocator.reserved()
+    found = before + nbytes(cache) - allocator.reserved()
     if found <= 0:
         return first, cache
     # The first cache goes back before a second is fitted: on a card the budget nearly fills,
@@ -174,18 +183,21 @@ def refit(
     del cache
     allocator.release()
     for share in REFIT_SHARES:
-        second = fit(left + int(found * share))
-        if second.pages <= first.pages:
+        credited = int(found * share)
+        second = fit(left + credited)
+        if (second.rows, second.pages) <= (first.rows, first.pages):
             break
         bigger = make(second)
-        if allocator.reserved() <= planned:
+        if allocator.reserved() <= before + nbytes(bigger) - credited:
             log.info(
                 "kv cache sized again",
                 extra={
+                    "rows": second.rows,
                     "pages": second.pages,
+                    "first_rows": first.rows,
                     "first_pages": first.pages,
                     "found_gib": round(found / 2**30, 3),
-                    "share": share,
+                    "credited_gib": round(credited / 2**30, 3),
                 },
             )
             return second, bigger
