@@ -121,7 +121,7 @@ def sized_cache(
     dequantized = dequantized_bytes(weights, loaded)
     above = max(quant_gemv.branches(weights.layers[0].qkv), default=None)
 
-    def fit(left: int | None, rows: int, prefill: int) -> Fitted:
+    def fit(left: int | None, rows: int, prefill: int, given: bool = False) -> Fitted:
         return fit_rows_and_pages(
             geometry,
             layers,
@@ -131,9 +131,9 @@ def sized_cache(
             fast.memory_fraction,
             rows,
             prefill,
-            rows_given=fast.max_rows is not None,
+            rows_given=given or fast.max_rows is not None,
             left=left,
-            prefill_given=fast.prefill_tokens is not None,
+            prefill_given=given or fast.prefill_tokens is not None,
             graph_tokens=wanted.prefill_graph_tokens,
             dequantized=dequantized,
             dequantized_above=above,
@@ -143,14 +143,16 @@ def sized_cache(
     first = fit(left, wanted.rows, wanted.prefill_tokens)
     if left is None or device.type != "cuda":
         return first, make(first)
-    return refit(
-        first,
-        lambda more: fit(more, wanted.rows, wanted.prefill_tokens),
-        make,
-        cache_bytes,
-        cuda_allocator(device),
-        left,
-    )
+
+    # The memory found goes to pages; the rows and prefill chunk stay the first fit's. Fitted
+    # afresh, a larger budget can buy twice the rows with fewer pages, rows a cache of that
+    # size cannot fill (a page holds 128 tokens, a translation takes two): NF4 in 16 GiB then
+    # ran no more requests at once, in larger graphs, and fewer tokens a second
+    # (docs/benchmarks.md, run 130).
+    def more(left: int) -> Fitted:
+        return fit(left, first.rows, first.prefill_tokens, given=True)
+
+    return refit(first, more, make, cache_bytes, cuda_allocator(device), left)
 
 
 def cache_bytes(cache: PagedKVCache) -> int:
@@ -166,13 +168,12 @@ def refit(
     allocator: Allocator,
     left: int,
 ) -> tuple[Fitted, C]:
-    """``first``'s cache made, and fitted again where it reserved less than its bytes (it filled
-    free blocks the fit counted as taken): with that much more of the budget ``left``, which
-    may buy more rows (the fit's own choice: the most rows whose cache holds a translation
-    each) or more pages. The second is kept only if it gives more rows, or as many and more
-    pages, and finds in free blocks at least what it was credited, so that what the second fit
-    set aside for the steps is free under the budget; else a smaller share of the found memory
-    is tried (``REFIT_SHARES``), and at last the first fit again."""
+    """``first``'s cache made, and made again larger where it reserved less than its bytes (it
+    filled free blocks the fit counted as taken): fitted with that much more of the budget
+    ``left``, kept only if it gives more pages (or rows) and finds in free blocks at least what
+    it was credited, so that what the fit set aside for the steps is free under the budget;
+    else a smaller share of the found memory is tried (``REFIT_SHARES``), and at last the first
+    fit again."""
     before = allocator.reserved()
     cache = make(first)
     found = before + nbytes(cache) - allocator.reserved()
