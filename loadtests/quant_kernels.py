@@ -20,7 +20,7 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
   ``quant_gemv.FOUR_BIT_ROWS_TAKEN``);
 - ``nf4-tensor-cores`` and ``nf4-tensor-cores-nested``: ``quant_gemv.four_bit_matmul``, each
   block of 4-bit codes looked up in registers into the tensor cores' operand and its product
-  scaled by the block's maximum once (a step takes it up to ``FOUR_BIT_MATMUL_ROWS``), with
+  scaled by the block's maximum once (a step takes it up to ``quant_gemv.matmul_rows``), with
   float32 maxima and with them double-quantized as the engine loads them (read in the loop, a
   gather each), and ``nf4-tensor-cores-float-maxima``: those dequantized by their own kernel
   first, as a step takes them; past 64 rows a slice of the kernel spans several blocks

@@ -2,7 +2,8 @@
 
 The choices that depend on the GPU's generation: bfloat16 (8.0+: Ampere; a T4 is 7.5), torch's
 FlashAttention-2 varlen kernel for prefill (8.0+, half precision; SDPA otherwise), FP8 weights
-(8.9+: the ``_scaled_mm`` kernels of Ada and Hopper), programmatic dependent launch (9.0+).
+(8.9+: the ``_scaled_mm`` kernels of Ada and Hopper), the wide tile of 4-bit batches (8.0+: its
+shared memory), programmatic dependent launch (9.0+).
 ``HYMT_FAST_CAPABILITY`` makes the engine choose as if the GPU were an older one (never a newer
 one), so that the fallback kernels run, and are measured, on the GPU at hand.
 """
@@ -52,6 +53,13 @@ class Capability:
     def fp8(self) -> bool:
         """Whether FP8 weights run (``torch._scaled_mm``)."""
         return self.cuda and self.version >= (8, 9)
+
+    @property
+    def wide_four_bit(self) -> bool:
+        """Whether 4-bit batches of 65-128 rows take ``four_bit_matmul``'s wide tile: its
+        93,184 bytes of shared memory a block on 8.0+ (99 KiB on an A10, RTX 3090 or 4090);
+        131,072 on 7.5, past a T4's 64 KiB."""
+        return self.cuda and self.version >= (8, 0)
 
     @property
     def pdl(self) -> bool:

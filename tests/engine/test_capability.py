@@ -38,6 +38,9 @@ def test_each_generation_gets_its_kernels(
     assert gpu.flash_prefill(torch.float32) is False  # the flash kernel is half precision only
     assert gpu.fp8 is fp8
     assert gpu.pdl is pdl
+    # The wide 4-bit tile's shared memory (93,184 bytes on 8.x, 131,072 on 7.5): from 8.0 on,
+    # as bfloat16.
+    assert gpu.wide_four_bit is bfloat16
     assert gpu.auto_dtype() == auto
     assert resolve_dtype("auto", gpu) == auto
     assert resolve_dtype("float16", gpu) == torch.float16
@@ -55,6 +58,7 @@ def test_a_cpu_takes_float32_and_the_reference_kernels() -> None:
     assert not cpu.cuda
     assert cpu.auto_dtype() == torch.float32
     assert not cpu.flash_prefill(torch.bfloat16)
+    assert not cpu.wide_four_bit
     cpu.check_quantization("fp8")  # emulated on a CPU: allowed
 
 

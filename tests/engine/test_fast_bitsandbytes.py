@@ -12,6 +12,7 @@ from torch import nn
 from loadtests.fidelity import RecordingEngine, dequantized_copy, reference_greedy
 from service.contract.types import GenerationRequest
 from service.engine.fast.linear import Linear, dequantize, linear
+from service.engine.fast.weights import take_weights
 from service.engine.loading import load_model
 from tests.engine.test_fast import (
     GREEDY,
@@ -54,6 +55,23 @@ async def test_bitsandbytes_weights_give_their_model_s_greedy_tokens(
         assert engine.pages.committed == 0
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("quantization", ["nf4", "int8"])
+def test_a_device_with_the_wide_tile_s_memory_marks_every_4_bit_projection(
+    quantization: str, data_dir: Path
+) -> None:
+    # take_weights(wide_four_bit=...) is the device's choice (Capability.wide_four_bit) carried
+    # to the products: every 4-bit projection, the output layer's too, marked; int8 never.
+    config = _with(_config(data_dir), quantization=quantization, quantize_lm_head=True)
+    for wide in (False, True):
+        weights = take_weights(load_model(config).model, quantization, wide_four_bit=wide)
+        projections: list[Linear | None] = [weights.lm_head]
+        for layer in weights.layers:
+            projections += [layer.qkv, layer.o, layer.gate_up, layer.down]
+        assert all(p is not None and p.bitsandbytes for p in projections)
+        marked = {p.wide_tile for p in projections if p is not None}
+        assert marked == {wide and quantization == "nf4"}
 
 
 def _four_bit_layer(out: int, inputs: int, seed: int) -> tuple[nn.Linear, torch.Tensor]:

@@ -19,11 +19,13 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 
+from service.engine.capability import Capability
 from service.engine.fast import attention, gemv, quant_gemv, rope, slots, swiglu_fp8
 from service.engine.fast.batch import DeviceRows
 from service.engine.fast.cache import KV_FP8, CacheShape, PagedKVCache
@@ -306,17 +308,20 @@ def test_the_fp8_swiglu_kernel_compiles(
 def test_the_batch_tiles_a_step_takes_fit_the_article_s_gpus(
     arch: int, shared_most: int, caught: Callable[[Any, str], Caught]
 ) -> None:
-    # Every tile ``product`` gives its Triton batch kernels (4-bit codes past
-    # FOUR_BIT_ROWS_TAKEN up to FOUR_BIT_MATMUL_ROWS, int8 up to INT8_ROWS), compiled for each
-    # small card: a tile over its shared memory fails at the start's warmups there. The wide
-    # 4-bit tile (128 rows, 256 inputs a slice) takes 93,184 bytes on 8.x and 131,072 on 7.5.
+    # Every tile ``product`` gives its Triton batch kernels on each small card (4-bit codes past
+    # FOUR_BIT_ROWS_TAKEN up to ``matmul_rows``, which is WIDE_TILE_ROWS where the card's
+    # capability marks the weights for the wide tile; int8 up to INT8_ROWS), compiled for it: a
+    # tile over its shared memory fails at the start's warmups there. The wide 4-bit tile (128
+    # rows, 256 inputs a slice) takes 93,184 bytes on 8.x and 131,072 on 7.5.
     four_bit = caught(quant_gemv, "_four_bit_matmul_kernel")
     int8 = caught(quant_gemv, "_int8_rows_kernel")
+    capability = Capability(True, divmod(arch, 10))
+    weight = replace(_nf4(128, 512, True, 0), wide_tile=capability.wide_four_bit)
+    most = quant_gemv.matmul_rows(weight)
     first = quant_gemv.FOUR_BIT_ROWS_TAKEN + 1
-    for rows in sorted({first, 16, 32, 64, quant_gemv.FOUR_BIT_MATMUL_ROWS} - {0}):
-        if first <= rows <= quant_gemv.FOUR_BIT_MATMUL_ROWS:
-            x = torch.randn(rows, 512, dtype=torch.float16)
-            quant_gemv.four_bit_matmul(x, _nf4(128, 512, True, 0))
+    for rows in sorted({first, 16, 32, 64, 65, most} - {0}):
+        if first <= rows <= most:
+            quant_gemv.four_bit_matmul(torch.randn(rows, 512, dtype=torch.float16), weight)
     for rows in sorted({2, 16, 32, 64, quant_gemv.INT8_ROWS}):
         quant_gemv.rows(torch.randn(rows, 512, dtype=torch.float16), _int8(128, 512, 0))
     for stand_in in (four_bit, int8):

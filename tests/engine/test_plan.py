@@ -53,7 +53,8 @@ def test_the_prefill_compiles_before_ready_for_every_branch_a_chunk_can_take(
     # other branches past their bounds (int8's INT8_ROWS tokens), compiled too where a chunk
     # can get there; 4-bit codes take a kernel of their own up to a few rows, a count of which
     # compiles too (without it, a prompt's few uncached tokens compiled while requests waited),
-    # and the tensor cores' kernel up to FOUR_BIT_MATMUL_ROWS where set.
+    # and the tensor cores' kernel up to FOUR_BIT_MATMUL_ROWS where set (a wide weight's bounds:
+    # test_quant_gemv).
     int8 = quant_gemv.branches(_linear(code=False))
     bound = quant_gemv.INT8_ROWS
     assert quant_gemv.branches(Linear(torch.zeros(64, 64, dtype=torch.bfloat16))) == ()

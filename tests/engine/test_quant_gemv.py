@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -453,6 +454,41 @@ def test_each_shape_takes_its_kernel_where_they_run(monkeypatch: pytest.MonkeyPa
     taken.clear()
     project(x[:1], int8, norm_eps=1e-5)
     assert taken == ["rows"]
+
+
+@given(rows=st.integers(quant_gemv.FOUR_BIT_ROWS_TAKEN + 1, 2 * quant_gemv.WIDE_TILE_ROWS))
+@settings(max_examples=40, deadline=None)
+def test_a_device_with_the_wide_tile_s_shared_memory_takes_it_up_to_128_rows(rows: int) -> None:
+    # Marked wide (compute capability 8.0+: Capability.wide_four_bit), 4-bit batches past
+    # FOUR_BIT_MATMUL_ROWS up to WIDE_TILE_ROWS take four_bit_matmul, whose tile there is
+    # WIDE_TILE; unmarked (a T4, whose 64 KiB the tile passes), they dequantize. The warm-ups'
+    # branches follow.
+    taken: list[str] = []
+    kernels = {
+        "four_bit_matmul": lambda x, p, **_: taken.append("four_bit_matmul"),
+        "dequantized_product": lambda x, p: taken.append("dequantized_product"),
+        "four_bit_row_runs": lambda x, p: True,
+    }
+    plain = _nf4(64, 256, nested=True, seed=1)
+    wide = replace(plain, wide_tile=True)
+    x = torch.zeros(rows, 256, dtype=torch.float16)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, stand_in in kernels.items():
+            patch.setattr(quant_gemv, name, stand_in)
+        quant_gemv.product(x, plain)
+        quant_gemv.product(x, wide)
+    small = rows <= quant_gemv.FOUR_BIT_MATMUL_ROWS
+    assert taken[0] == ("four_bit_matmul" if small else "dequantized_product")
+    assert taken[1] == (
+        "four_bit_matmul" if rows <= quant_gemv.WIDE_TILE_ROWS else "dequantized_product"
+    )
+    # The start compiles past each: the wide tile is another compiled kernel than the one-block
+    # tile below it (a prompt of 65 tokens must not compile it while requests wait).
+    matmul = quant_gemv.FOUR_BIT_MATMUL_ROWS
+    assert quant_gemv.branches(wide)[-2:] == (matmul, quant_gemv.WIDE_TILE_ROWS)
+    assert quant_gemv.branches(plain)[-1] == matmul
+    if not small:
+        assert quant_gemv.four_bit_config(rows, 64) == quant_gemv.WIDE_TILE
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -90,6 +90,10 @@ class Linear:
     maxima: MaximaSlice | None = None
     # An FP8 weight's batch product in the tensor cores' fast accumulation (``fp8_linear``).
     fast_accum: bool = False
+    # 4-bit codes whose batches of up to ``quant_gemv.WIDE_TILE_ROWS`` rows take
+    # ``four_bit_matmul``'s wide tile: the device has the shared memory for it
+    # (``Capability.wide_four_bit``).
+    wide_tile: bool = False
 
     @property
     def out_features(self) -> int:

@@ -6,7 +6,8 @@ a few rows of 4-bit codes (each word looked up once for all of them), ``rows`` f
 batch (a decode step of many rows, a short prefill); and ``dequantized``, the weight once into
 16 bits for cuBLAS. ``four_bit_matmul`` (a batch of 4-bit codes looked up in registers into the
 tensor cores' operands, each block's product scaled once) takes the batches past those up to
-``FOUR_BIT_MATMUL_ROWS``.
+``FOUR_BIT_MATMUL_ROWS``, or ``WIDE_TILE_ROWS`` on a device with the shared memory for its wide
+tile (``Linear.wide_tile``).
 
 Compiled by inductor, the same product (``linear.row_product`` over ``linear.dequantize``) looks
 each 4-bit code up inside the reduction, far slower than bf16 at one row (docs/benchmarks.md).
@@ -27,7 +28,7 @@ Which one runs (``product``), from what the kernels measured side by side (docs/
 bitsandbytes' GEMV and the engine's first kernel (a load per lookup) far under the memory's pace;
 ``four_bit_row``'s lookup is a few byte permutes per four codes in registers, so one 16-bit row of
 them takes it (bitsandbytes' own GEMV where it cannot run: float32, no Triton), up to
-``FOUR_BIT_ROWS_TAKEN`` rows take ``four_bit_rows``, up to ``FOUR_BIT_MATMUL_ROWS``
+``FOUR_BIT_ROWS_TAKEN`` rows take ``four_bit_rows``, up to ``matmul_rows``
 ``four_bit_matmul``, and wider batches dequantize the weight into 16 bits once and take cuBLAS,
 as bitsandbytes does; int8 values go
 into the tensor cores' product as they are, so ``rows`` keeps int8 batches of up to ``INT8_ROWS``
@@ -95,10 +96,12 @@ FOUR_BIT_ROWS_TAKEN = 4
 # The most rows of 4-bit codes past ``FOUR_BIT_ROWS_TAKEN`` that ``product`` gives
 # ``four_bit_matmul`` (0: none): up to 64 rows its lookup, once a weight for a tile of rows,
 # costs less than writing and reading the dequantized weight (docs/benchmarks.md, runs 120-121).
-# At 128 rows ``WIDE_TILE`` does too (run 127), but its 131,072 bytes of shared memory on
-# compute capability 7.5 pass a T4's 64 KiB (93,184 on 8.x): a step takes it only once the
-# choice is the device's (tests/engine/test_kernels_compile.py checks the small cards' tiles).
 FOUR_BIT_MATMUL_ROWS = 64
+# Up to 128 rows ``WIDE_TILE`` does too (run 127), for weights marked ``wide_tile``: its 131,072
+# bytes of shared memory on compute capability 7.5 pass a T4's 64 KiB (93,184 on 8.x), so the
+# device's capability decides (``Capability.wide_four_bit``; tests/engine/test_kernels_compile.py
+# checks the small cards' tiles).
+WIDE_TILE_ROWS = 128
 # Whether ``four_bit_matmul`` reads double-quantized maxima dequantized first by one kernel a
 # layer (``_maxima``, into the layer's shared buffer) rather than each where its block is
 # multiplied (a gather in the loop, which the pipeliner leaves unhidden: slower the more rows a
@@ -456,22 +459,28 @@ def product(x: torch.Tensor, p: Linear) -> torch.Tensor:
     if p.code is not None:
         if batch <= FOUR_BIT_ROWS_TAKEN and four_bit_row_runs(x, p):
             return few_rows(x, p)
-        if batch <= FOUR_BIT_MATMUL_ROWS and four_bit_row_runs(x, p):
+        if batch <= matmul_rows(p) and four_bit_row_runs(x, p):
             return four_bit_matmul(x, p, float_maxima=FOUR_BIT_MATMUL_FLOAT_MAXIMA)
         return _bitsandbytes_row(x, p) if batch == 1 else dequantized_product(x, p)
     return dequantized_product(x, p) if batch > INT8_ROWS else rows(x, p)
 
 
+def matmul_rows(p: Linear) -> int:
+    """The most rows of the 4-bit codes ``p`` that ``product`` gives ``four_bit_matmul``."""
+    return WIDE_TILE_ROWS if p.wide_tile and FOUR_BIT_MATMUL_ROWS else FOUR_BIT_MATMUL_ROWS
+
+
 def branches(p: Linear) -> tuple[int, ...]:
-    """The row counts past which ``product`` takes another kernel for ``p``: 4-bit codes past
-    ``FOUR_BIT_ROWS_TAKEN`` and ``FOUR_BIT_MATMUL_ROWS`` (where ``four_bit_row_runs``; every
-    batch dequantizes elsewhere), int8 past one row and ``INT8_ROWS``; none for weights of
-    other formats."""
+    """The row counts past which ``product`` takes another kernel, or another compiled tile,
+    for ``p``: 4-bit codes past ``FOUR_BIT_ROWS_TAKEN``, ``FOUR_BIT_MATMUL_ROWS`` and, marked
+    ``wide_tile``, ``WIDE_TILE_ROWS`` (where ``four_bit_row_runs``; every batch dequantizes
+    elsewhere), int8 past one row and ``INT8_ROWS``; none for weights of other formats."""
     if not p.bitsandbytes:
         return ()
     if p.code is None:
         return (1, INT8_ROWS)
-    return (1, FOUR_BIT_ROWS_TAKEN, *([FOUR_BIT_MATMUL_ROWS] if FOUR_BIT_MATMUL_ROWS else []))
+    bounds = sorted({FOUR_BIT_MATMUL_ROWS, matmul_rows(p)} - {0})
+    return (1, FOUR_BIT_ROWS_TAKEN, *bounds)
 
 
 def _bitsandbytes_row(x: torch.Tensor, p: Linear) -> torch.Tensor:

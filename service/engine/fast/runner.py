@@ -125,6 +125,7 @@ def _weights(loaded: LoadedModel, config: EngineConfig, choices: _Choices) -> Mo
         choices.fp8,
         fold_norms=fold,
         fp8_fast_accum=fast.fp8_fast_accumulation,
+        wide_four_bit=choices.capability.wide_four_bit,
     )
 
 

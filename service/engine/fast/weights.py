@@ -174,12 +174,14 @@ def take_weights(
     fp8: Fp8Source | None = None,
     fold_norms: bool = False,
     fp8_fast_accum: bool = False,
+    wide_four_bit: bool = False,
 ) -> ModelWeights:
     """Move ``model``'s weights into a ``ModelWeights``, emptying its layers on the way; the
     projections come from ``fp8`` (an FP8 checkpoint) where it has them. ``fold_norms`` folds
     each norm's weight into the projection after it where that projection is not a checkpoint's
     FP8 (a mixture-of-experts block keeps its norm: the router and experts read it);
-    ``fp8_fast_accum`` marks FP8 projections for the fast accumulation (``linear.fp8_linear``)."""
+    ``fp8_fast_accum`` marks FP8 projections for the fast accumulation (``linear.fp8_linear``),
+    ``wide_four_bit`` 4-bit ones for ``four_bit_matmul``'s wide tile (``Linear.wide_tile``)."""
     reason = unsupported_reason(model)
     if reason is not None:
         raise RuntimeError(reason)
@@ -189,7 +191,7 @@ def take_weights(
     geometry = geometry_of(config)
     embed = inner.embed_tokens.weight.data
     cos, sin = _rope_tables(inner, geometry, embed)
-    projector = _Projector(quantization, fp8, fp8_fast_accum)
+    projector = _Projector(quantization, fp8, fp8_fast_accum, wide_four_bit)
     layers = _share_layer_maxima(
         tuple(
             _layer_weights(layer, index, projector, config, fold_norms)
@@ -201,7 +203,7 @@ def take_weights(
         embed=embed,
         layers=layers,
         norm=inner.norm.weight.data,
-        lm_head=_output_layer(model),
+        lm_head=_output_layer(model, wide_four_bit),
         cos=cos,
         sin=sin,
     )
@@ -229,10 +231,13 @@ class _Projector:
     checkpoint where it has them, else the model's weights, a norm folded in on request,
     quantized to FP8 when asked."""
 
-    def __init__(self, quantization: str, fp8: Fp8Source | None, fast_accum: bool) -> None:
+    def __init__(
+        self, quantization: str, fp8: Fp8Source | None, fast_accum: bool, wide: bool
+    ) -> None:
         self.quantization = quantization
         self.fp8 = fp8
         self.fast_accum = fast_accum
+        self.wide = wide
 
     def from_checkpoint(self, index: int, prefix: str, name: str) -> bool:
         return self.fp8 is not None and self.fp8.has(f"model.layers.{index}.{prefix}.{name}")
@@ -251,7 +256,7 @@ class _Projector:
         if any(bnb.is_quantized(module) for module in modules):
             if norm is not None:
                 raise RuntimeError("a norm does not fold into bitsandbytes weights")
-            taken = bnb.projection(modules)
+            taken = _bitsandbytes(modules, self.wide)
             for module in modules:
                 module.weight = nn.Parameter(taken.weight.new_empty(0), requires_grad=False)
             return taken
@@ -369,15 +374,24 @@ def _weight_of(module: nn.Module) -> torch.Tensor:
     return weight.data
 
 
-def _output_layer(model: PreTrainedModel) -> Linear:
+def _output_layer(model: PreTrainedModel, wide_four_bit: bool) -> Linear:
     layer = model.get_output_embeddings()
     if isinstance(layer, PaddedOutputLayer):
         layer = layer.inner
     if not isinstance(layer, nn.Linear) or layer.bias is not None:
         raise RuntimeError("the fast engine needs a bias-free linear output layer")
     if bnb.is_quantized(layer):
-        return bnb.projection([layer])
+        return _bitsandbytes([layer], wide_four_bit)
     return Linear(layer.weight.data)
+
+
+def _bitsandbytes(modules: list[nn.Module], wide_four_bit: bool) -> Linear:
+    """bitsandbytes' ``modules`` as one projection, 4-bit codes marked for the wide tile where
+    ``wide_four_bit``."""
+    taken = bnb.projection(modules)
+    if wide_four_bit and taken.code is not None:
+        return dataclasses.replace(taken, wide_tile=True)
+    return taken
 
 
 def _rope_tables(
