@@ -109,7 +109,7 @@ FOUR_BIT_CONFIGS = [GemvConfig(4, 128, 4, 2), GemvConfig(16, 1024, 4, 2), GemvCo
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("nested", [False, True])
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(
     shape=st.sampled_from([(50, 640), (64, 256), (128, 512)]),
     nested_shape=st.sampled_from([(96, 512), (128, 512)]),
@@ -146,7 +146,7 @@ def test_the_four_bit_row_kernel_computes_the_product_of_the_dequantized_weights
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(
     m=st.integers(1, quant_gemv.FOUR_BIT_ROWS),
     nested=st.booleans(),
