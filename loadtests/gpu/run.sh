@@ -177,8 +177,9 @@ for variant in "$@"; do
   grep -A5 '"throughput_cpu_s"' "$work/$variant.json"; grep -A7 '"loaded_shares"' "$work/$variant.json"
   # What the engine fitted (rows, pages, its budget, the step times it measured): in the log only.
   # The allocator's reserved and allocated memory after each start phase (memory budget, kv
-  # cache, decode graphs, prefill graphs, ready): where the workspace the fit set aside went.
-  grep -E '"message":"(memory budget|kv cache allocated|decode graphs captured|prefill graphs captured|fast engine ready|decode rows or prefill chunk lowered)' \
+  # cache and its second fit, decode graphs, prefill graphs, ready): where the workspace the fit
+  # set aside went.
+  grep -E '"message":"(memory budget|kv cache allocated|kv cache sized again|decode graphs captured|prefill graphs captured|fast engine ready|decode rows or prefill chunk lowered)' \
     "$work/$variant.log" 2>/dev/null | cut -c1-1500
   grep -vE '"service.frontend.access"' "$work/$variant.log" 2>/dev/null | tail -n 15 | cut -c1-400
   cp "$work/$variant.json" "$out/" 2>/dev/null  # written after every step: partial results survive

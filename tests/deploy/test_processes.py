@@ -146,7 +146,10 @@ async def test_sigterm_drains_every_process_and_stops_the_engine_last(
         HYMT_DRAIN_TIMEOUT_S="60",
         # Far past what 16 requests take even on a machine slowed by other work: admission
         # must not refuse any on its deadline estimate (a 429), which is not what this tests.
-        HYMT_REQUEST_TIMEOUT_S="600",
+        # Its prior is the step time the engine measured once at start, which a busy 2-core
+        # machine once put at 202.871 ms for 2 rows (13.472 for 1): at 600 s the ninth text of
+        # a process with one row's share was refused.
+        HYMT_REQUEST_TIMEOUT_S="6000",
     )
     try:
         statuses, held = await drain_during_requests(service)
