@@ -1,7 +1,8 @@
 """What the device can run, decided in one place from its CUDA compute capability.
 
 The choices that depend on the GPU's generation: bfloat16 (8.0+: Ampere; a T4 is 7.5), torch's
-FlashAttention-2 varlen kernel for prefill (8.0+, half precision; SDPA otherwise), FP8 weights
+FlashAttention-2 varlen kernel for prefill (8.0+, half precision; its memory-efficient varlen
+kernel below, SDPA off CUDA or in float32), FP8 weights
 (8.9+: the ``_scaled_mm`` kernels of Ada and Hopper), the wide tile of 4-bit batches (8.0+: its
 shared memory), programmatic dependent launch (9.0+).
 ``HYMT_FAST_CAPABILITY`` makes the engine choose as if the GPU were an older one (never a newer
@@ -11,10 +12,13 @@ one), so that the fallback kernels run, and are measured, on the GPU at hand.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 HALF = (torch.float16, torch.bfloat16)
+# The prefill's attention kernels (``Capability.prefill_kernel``, ``prefill_attention.py``).
+PrefillKernel = Literal["flash", "efficient", "sdpa"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +49,16 @@ class Capability:
         """Whether bfloat16 runs natively (off CUDA it runs, slowly: float32 is chosen there)."""
         return not self.cuda or self.version >= (8, 0)
 
-    def flash_prefill(self, dtype: torch.dtype) -> bool:
-        """Whether prefill takes torch's FlashAttention-2 varlen kernel (else SDPA)."""
-        return self.cuda and self.version >= (8, 0) and dtype in HALF
+    def prefill_kernel(self, dtype: torch.dtype) -> PrefillKernel:
+        """Which kernel attends a prefill's packed prompts: torch's FlashAttention-2 varlen
+        kernel (8.0+, half precision), below 8.0 its memory-efficient varlen kernel (CUTLASS,
+        float16: a T4's), both one launch a layer that a CUDA graph can hold; elsewhere (a CPU,
+        float32, bfloat16 below 8.0) SDPA one prompt at a time, split on the host."""
+        if not self.cuda or dtype not in HALF:
+            return "sdpa"
+        if self.version >= (8, 0):
+            return "flash"
+        return "efficient" if dtype == torch.float16 else "sdpa"
 
     @property
     def fp8(self) -> bool:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
+from service.engine.fast import prefill_attention
 from service.engine.fast.prefill_attention import packed_causal_attention
 
 
@@ -68,3 +73,89 @@ def test_flash_kernel_matches_the_reference() -> None:
     flash = _attend(q, k, v, cu_q, cu_k)
     reference = _attend(q.float().cpu(), k.float().cpu(), v.float().cpu(), cu_q.cpu(), cu_k.cpu())
     torch.testing.assert_close(flash.float().cpu(), reference, atol=2e-2, rtol=2e-2)
+
+
+def _efficient_stand_in(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: None,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    dropout: float,
+    mask_type: int,
+    log_sumexp: bool,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """``aten._efficient_attention_forward`` as its varlen form is documented (xformers'
+    ``BlockDiagonalCausalFromBottomRightMask``), for a CPU: one batch ``[1, tokens, heads,
+    dim]``, keys at the queries' head count, int32 starts, causal from the bottom right; rows
+    past the last sequence left as they are (NaN here, as an empty tensor may hold)."""
+    assert q.dim() == k.dim() == v.dim() == 4
+    assert q.shape[0] == k.shape[0] == 1
+    assert q.shape[2] == k.shape[2] == v.shape[2], "the kernel takes no grouped-query keys"
+    assert cu_q.dtype == cu_k.dtype == torch.int32
+    assert bias is None
+    assert dropout == 0.0
+    assert mask_type == 2
+    assert not log_sumexp
+    starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
+    assert max_q >= max(b - a for a, b in itertools.pairwise(starts_q))
+    assert max_k >= max(b - a for a, b in itertools.pairwise(starts_k))
+    out = torch.full_like(q[0], float("nan"))
+    for i in range(len(starts_q) - 1):
+        queries = slice(starts_q[i], starts_q[i + 1])
+        keys = slice(starts_k[i], starts_k[i + 1])
+        out[queries] = _alone(q[0, queries], k[0, keys], v[0, keys])
+    return (out.unsqueeze(0),)
+
+
+@given(
+    pieces=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 9)), min_size=1, max_size=5),
+    groups=st.sampled_from([1, 2, 4]),
+    padding=st.integers(0, 3),
+)
+@settings(max_examples=40, deadline=None)
+def test_the_memory_efficient_kernel_gets_what_its_varlen_form_needs(
+    pieces: list[tuple[int, int]], groups: int, padding: int
+) -> None:
+    # A T4's prefill (compute capability 7.5, no flash kernel): the CUTLASS varlen kernel takes
+    # the packed sequences by their device-side starts, one launch a layer (captured in graphs).
+    # Its inputs as it documents them, and each sequence's output as that prompt alone.
+    kv_heads, dim = 2, 8
+    new = [n for n, _ in pieces]
+    assume(sum(new) > 0)  # empty sequences pad captured steps; a step has a prompt
+    total = [n + cached for n, cached in pieces]  # the queries are the last of each's keys
+    torch.manual_seed(len(new) * 7 + groups)
+    q = torch.randn(sum(new) + padding, kv_heads * groups, dim)
+    k = torch.randn(sum(total), kv_heads, dim)
+    v = torch.randn(sum(total), kv_heads, dim)
+    cu_q = torch.tensor([0, *itertools.accumulate(new)])
+    cu_k = torch.tensor([0, *itertools.accumulate(total)])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prefill_attention, "efficient_attention", _efficient_stand_in)
+        out = packed_causal_attention(
+            q, k, v, cu_q, cu_k, max([*new, 1]), max([*total, 1]), None, "efficient"
+        )
+    reference = packed_causal_attention(
+        q, k, v, cu_q, cu_k, max([*new, 1]), max([*total, 1]), None, "sdpa"
+    )
+    assert out.shape == q.shape
+    real = int(cu_q[-1])
+    torch.testing.assert_close(out[:real], reference[:real])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the memory-efficient kernel needs CUDA")
+def test_memory_efficient_kernel_matches_the_reference() -> None:
+    torch.manual_seed(0)
+    heads, kv_heads, dim = 32, 8, 128
+    cu_q = torch.tensor([0, 40, 41, 42, 50], device="cuda")
+    cu_k = torch.tensor([0, 40, 140, 303, 380], device="cuda")
+    q = torch.randn(53, heads, dim, device="cuda", dtype=torch.float16)
+    k = torch.randn(380, kv_heads, dim, device="cuda", dtype=torch.float16)
+    v = torch.randn(380, kv_heads, dim, device="cuda", dtype=torch.float16)
+    out = packed_causal_attention(q, k, v, cu_q, cu_k, 40, 163, None, "efficient")
+    reference = _attend(q.float().cpu(), k.float().cpu(), v.float().cpu(), cu_q.cpu(), cu_k.cpu())
+    torch.testing.assert_close(out[:50].float().cpu(), reference[:50], atol=2e-2, rtol=2e-2)

@@ -14,28 +14,31 @@ CUDA = torch.device("cuda", 0)
 
 
 @pytest.mark.parametrize(
-    ("version", "bfloat16", "flash", "fp8", "pdl", "auto"),
+    ("version", "bfloat16", "prefill", "fp8", "pdl", "auto"),
     [
-        ((7, 5), False, False, False, False, torch.float16),
-        ((8, 0), True, True, False, False, torch.bfloat16),
-        ((8, 6), True, True, False, False, torch.bfloat16),
-        ((8, 9), True, True, True, False, torch.bfloat16),
-        ((9, 0), True, True, True, True, torch.bfloat16),
+        ((7, 5), False, "efficient", False, False, torch.float16),
+        ((8, 0), True, "flash", False, False, torch.bfloat16),
+        ((8, 6), True, "flash", False, False, torch.bfloat16),
+        ((8, 9), True, "flash", True, False, torch.bfloat16),
+        ((9, 0), True, "flash", True, True, torch.bfloat16),
     ],
     ids=["t4", "a100", "a10-3090", "4090", "h100-h200"],
 )
 def test_each_generation_gets_its_kernels(
     version: tuple[int, int],
     bfloat16: bool,
-    flash: bool,
+    prefill: str,
     fp8: bool,
     pdl: bool,
     auto: torch.dtype,
 ) -> None:
     gpu = Capability(True, version)
     assert gpu.bfloat16 is bfloat16
-    assert gpu.flash_prefill(torch.float16) is flash
-    assert gpu.flash_prefill(torch.float32) is False  # the flash kernel is half precision only
+    # A varlen kernel on every generation (one launch a layer, captured in graphs): flash from
+    # 8.0, the memory-efficient one on a T4; float32 (fidelity) stays on the reference.
+    assert gpu.prefill_kernel(torch.float16) == prefill
+    assert gpu.prefill_kernel(gpu.auto_dtype()) == prefill
+    assert gpu.prefill_kernel(torch.float32) == "sdpa"
     assert gpu.fp8 is fp8
     assert gpu.pdl is pdl
     # The wide 4-bit tile's shared memory (93,184 bytes on 8.x, 131,072 on 7.5): from 8.0 on,
@@ -57,7 +60,8 @@ def test_a_cpu_takes_float32_and_the_reference_kernels() -> None:
     cpu = Capability.of(torch.device("cpu"))
     assert not cpu.cuda
     assert cpu.auto_dtype() == torch.float32
-    assert not cpu.flash_prefill(torch.bfloat16)
+    assert cpu.prefill_kernel(torch.bfloat16) == "sdpa"
+    assert cpu.prefill_kernel(torch.float16) == "sdpa"
     assert not cpu.wide_four_bit
     cpu.check_quantization("fp8")  # emulated on a CPU: allowed
 
@@ -70,7 +74,9 @@ def test_an_older_capability_can_be_forced_and_a_newer_one_cannot(
     forced = Capability.of(CUDA, "7.5")
     assert forced.version == (7, 5)
     assert forced.auto_dtype() == torch.float16
-    assert not forced.flash_prefill(torch.float16)
+    assert forced.prefill_kernel(torch.float16) == "efficient"
+    # No bfloat16 below 8.0, nor a kernel for it there: a bfloat16 model forced old takes SDPA.
+    assert forced.prefill_kernel(torch.bfloat16) == "sdpa"
     with pytest.raises(RuntimeError, match="only an older capability"):
         Capability.of(CUDA, "10.0")
 

@@ -96,17 +96,19 @@ def test_uncompiled_flex_attention_never_goes_into_a_decode_graph(
     assert plan("triton", "auto") == (True, "triton")
 
 
-def test_small_prefill_steps_are_captured_where_the_decode_is_and_the_flash_kernel_runs() -> None:
-    # Attention split on the host (no flash kernel: a CPU, float32, a T4) cannot be captured.
-    assert prefill_graph_tokens_for(None, graphs=True, flash=True, chunk=8192) == 2048
-    assert prefill_graph_tokens_for(None, graphs=True, flash=True, chunk=16384) == 2048
-    assert prefill_graph_tokens_for(None, graphs=True, flash=True, chunk=1024) == 256
-    assert prefill_graph_tokens_for(None, graphs=True, flash=False, chunk=8192) == 0
-    assert prefill_graph_tokens_for(None, graphs=False, flash=True, chunk=8192) == 0
-    assert prefill_graph_tokens_for(0, graphs=True, flash=True, chunk=8192) == 0
-    assert prefill_graph_tokens_for(64, graphs=False, flash=False, chunk=8192, cuda=False) == 64
-    with pytest.raises(RuntimeError, match="needs the flash prefill kernel"):
-        prefill_graph_tokens_for(64, graphs=True, flash=False, chunk=8192, cuda=True)
+def test_small_prefill_steps_are_captured_where_the_decode_is_and_a_varlen_kernel_runs() -> None:
+    # Attention split on the host (no varlen kernel: a CPU, float32) cannot be captured.
+    assert prefill_graph_tokens_for(None, graphs=True, capturable=True, chunk=8192) == 2048
+    assert prefill_graph_tokens_for(None, graphs=True, capturable=True, chunk=16384) == 2048
+    assert prefill_graph_tokens_for(None, graphs=True, capturable=True, chunk=1024) == 256
+    assert prefill_graph_tokens_for(None, graphs=True, capturable=False, chunk=8192) == 0
+    assert prefill_graph_tokens_for(None, graphs=False, capturable=True, chunk=8192) == 0
+    assert prefill_graph_tokens_for(0, graphs=True, capturable=True, chunk=8192) == 0
+    assert (
+        prefill_graph_tokens_for(64, graphs=False, capturable=False, chunk=8192, cuda=False) == 64
+    )
+    with pytest.raises(RuntimeError, match="needs a varlen prefill kernel"):
+        prefill_graph_tokens_for(64, graphs=True, capturable=False, chunk=8192, cuda=True)
 
 
 def test_a_failed_prefill_capture_costs_speed_never_the_start(

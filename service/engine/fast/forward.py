@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 import torch
 
+from service.engine.capability import PrefillKernel
 from service.engine.fast import gemv, swiglu_fp8
 from service.engine.fast.attention import DecodeAttention
 from service.engine.fast.batch import DeviceRows
@@ -168,11 +169,11 @@ class Transformer:
         static_decode: bool = False,
         fused_rope: bool = False,
         one_row_pdl: bool = False,
-        flash_prefill: bool = False,
+        prefill_kernel: PrefillKernel = "sdpa",
     ) -> None:
         self.weights = weights
-        # Prefill attention by torch's varlen flash kernel (else SDPA): capability.py decides.
-        self._flash_prefill = flash_prefill
+        # Prefill attention's kernel (flash, memory-efficient or SDPA): capability.py decides.
+        self._prefill_kernel = prefill_kernel
         # The decode layer's RoPE, query/key norms and cache writes as one kernel (rope.py).
         self._fused_rope = fused_rope
         self.cache = cache
@@ -234,7 +235,7 @@ class Transformer:
                 p.max_q,
                 p.max_k,
                 g.scale,
-                self._flash_prefill,
+                self._prefill_kernel,
                 p.host_starts,
             )
             x = self._prefill_out(x, attended, layer, g)

@@ -112,19 +112,21 @@ PREFILL_GRAPH_TOKENS = 2048
 
 
 def prefill_graph_tokens_for(
-    setting: int | None, graphs: bool, flash: bool, chunk: int, cuda: bool = True
+    setting: int | None, graphs: bool, capturable: bool, chunk: int, cuda: bool = True
 ) -> int:
     """The largest prefill step run as a CUDA graph: as set, else a quarter of the prefill chunk
-    (at most ``PREFILL_GRAPH_TOKENS``) where the decode steps are graphs and the prefill takes
-    the flash kernel (attention split on the host, elsewhere, cannot be captured); never more
-    than the chunk. Set on a GPU without the flash kernel, refused."""
-    if setting and cuda and not flash:
+    (at most ``PREFILL_GRAPH_TOKENS``) where the decode steps are graphs and the prefill's
+    attention is ``capturable`` (a varlen kernel, ``Capability.prefill_kernel``: attention split
+    on the host cannot be captured); never more than the chunk. Set on a GPU without such a
+    kernel, refused."""
+    if setting and cuda and not capturable:
         raise RuntimeError(
-            "fast_prefill_graph_tokens needs the flash prefill kernel on a GPU (a 16-bit model, "
-            "compute capability 8.0+): attention split on the host cannot be captured"
+            "fast_prefill_graph_tokens needs a varlen prefill kernel on a GPU (a 16-bit model; "
+            "bfloat16 from compute capability 8.0): attention split on the host cannot be "
+            "captured"
         )
     if setting is None:
-        setting = min(PREFILL_GRAPH_TOKENS, chunk // 4) if graphs and flash else 0
+        setting = min(PREFILL_GRAPH_TOKENS, chunk // 4) if graphs and capturable else 0
     return min(setting, chunk)
 
 

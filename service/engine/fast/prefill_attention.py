@@ -1,11 +1,15 @@
-"""Causal attention of packed prompts for the fast engine's prefill, on the kernel torch ships.
+"""Causal attention of packed prompts for the fast engine's prefill, on the kernels torch ships.
 
 A prefill step lays its prompts (or chunks of them) end to end; each attends to its own keys only,
 which include the ones already cached before a chunk. torch contains the FlashAttention-2 varlen
 kernel (``aten._flash_attention_forward``: grouped-query attention native, causal masks aligned to
-the end of each key sequence, as a chunk after cached keys needs) where the GPU's capability and
-the dtype allow it (``capability.py``); elsewhere (a CPU, float32, a T4) SDPA computes the same
-one prompt at a time, which also serves as the reference the kernel is tested against.
+the end of each key sequence, as a chunk after cached keys needs) and, for the GPUs it does not
+run on (a T4's compute capability 7.5), the memory-efficient varlen kernel
+(``aten._efficient_attention_forward``, xformers' CUTLASS kernel: the same sequences by their
+starts on the device, causal from the bottom right, keys at the queries' head count). Both are one
+launch a layer with no read back to the host, so a CUDA graph holds them. Elsewhere (a CPU,
+float32) SDPA computes the same one prompt at a time, split on the host, which also serves as the
+reference the kernels are tested against. ``capability.py`` chooses.
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ from collections.abc import Sequence
 
 import torch
 
-from service.engine.capability import Capability
+from service.engine.capability import Capability, PrefillKernel
+
+# ``_efficient_attention_forward``'s mask over each sequence: causal with the last query on the
+# last key (xformers' ``BlockDiagonalCausalFromBottomRightMask``; torch's ``CausalVariant``).
+_CAUSAL_FROM_BOTTOM_RIGHT = 2
 
 
 def packed_causal_attention(
@@ -26,17 +34,19 @@ def packed_causal_attention(
     max_q: int,
     max_k: int,
     scale: float | None,
-    flash: bool | None = None,
+    kernel: PrefillKernel | None = None,
     host_starts: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed sequences, ``[tokens, heads, dim]`` in and out; each sequence's
-    queries are the last positions of its keys. torch's flash kernel where ``flash`` (None: where
-    the device's capability and the dtype allow it), SDPA one sequence at a time elsewhere, split
-    at ``host_starts`` (``cu_q`` and ``cu_k`` on the host; else read back from the device)."""
-    if flash is None:
-        flash = Capability.of(q.device).flash_prefill(q.dtype)
-    if flash:
+    queries are the last positions of its keys. By ``kernel`` (None: the one the device's
+    capability and the dtype allow); SDPA splits the sequences at ``host_starts`` (``cu_q`` and
+    ``cu_k`` on the host; else read back from the device)."""
+    if kernel is None:
+        kernel = Capability.of(q.device).prefill_kernel(q.dtype)
+    if kernel == "flash":
         return _flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale)
+    if kernel == "efficient":
+        return _efficient_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale)
     if host_starts is None:
         host_starts = (cu_q.tolist(), cu_k.tolist())
     return _reference_varlen(q, k, v, host_starts[0], host_starts[1], scale)
@@ -68,6 +78,47 @@ def _flash_varlen(
         scale=scale,
     )[0]
     return output  # type: ignore[no-any-return]
+
+
+def _efficient_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    scale: float | None,
+) -> torch.Tensor:
+    # The kernel reads a head of keys for each head of queries: grouped-query keys and values
+    # are repeated to the queries' heads (a prefill step's keys, a copy far smaller than the
+    # attention's work).
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    # One batch of the packed tokens, ``[1, tokens, heads, dim]``; rows past the last sequence
+    # are padding, never written or read.
+    output = efficient_attention(
+        q.unsqueeze(0),
+        k.unsqueeze(0),
+        v.unsqueeze(0),
+        None,  # bias
+        cu_q.to(torch.int32),
+        cu_k.to(torch.int32),
+        max_q,
+        max_k,
+        0.0,  # dropout
+        _CAUSAL_FROM_BOTTOM_RIGHT,
+        False,  # compute_log_sumexp
+        scale=scale,
+    )[0]
+    return output.squeeze(0)
+
+
+def efficient_attention(*args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
+    """``aten._efficient_attention_forward`` (CUDA only; a test's stand-in takes its place)."""
+    return torch.ops.aten._efficient_attention_forward(*args, **kwargs)  # type: ignore[no-any-return]
 
 
 def _reference_varlen(

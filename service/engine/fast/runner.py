@@ -163,7 +163,7 @@ class ModelRunner:
             static_decode=fast.decode_shapes == "static",
             fused_rope=choices.fused_rope,
             one_row_pdl=pdl,
-            flash_prefill=choices.capability.flash_prefill(loaded.dtype),
+            prefill_kernel=choices.capability.prefill_kernel(loaded.dtype),
         )
         self._choose_step: Callable[[torch.Tensor, torch.Tensor | None, int, bool], None] = (
             self._choose_tokens
@@ -522,9 +522,11 @@ def _choose(loaded: LoadedModel, config: EngineConfig) -> _Choices:
     capability = Capability.of(device, fast.capability)
     fused_rope = fused_rope_for(fast.fused_rope, loaded.dtype, device)
     ready = pdl_ready(fast.pdl, graphs, capability, fused_rope, attention)
-    flash = capability.flash_prefill(loaded.dtype)
+    capturable = capability.prefill_kernel(loaded.dtype) != "sdpa"
     cuda = device.type == "cuda"
-    graph_tokens = prefill_graph_tokens_for(fast.prefill_graph_tokens, graphs, flash, prefill, cuda)
+    graph_tokens = prefill_graph_tokens_for(
+        fast.prefill_graph_tokens, graphs, capturable, prefill, cuda
+    )
     kv_dtype = kv_dtype_for(fast.kv_cache_dtype, loaded.dtype, capability, attention)
     return _Choices(
         rows,
