@@ -184,8 +184,9 @@ class EngineSettings(Section):
         alias="fast_capability",
         pattern=r"^\d+(\.\d+)?$",
         description="Choose dtype and kernels as if the GPU had this older compute capability "
-        "(e.g. 7.5, a T4's: float16, SDPA prefill, no FP8), to run and measure the fallback "
-        "kernels on a newer GPU; unset: the GPU's own.",
+        "(e.g. 7.5, a T4's: float16, the memory-efficient varlen prefill kernel, no FP8, no "
+        "wide 4-bit tile), to run and measure the fallback kernels on a newer GPU; unset: the "
+        "GPU's own.",
     )
     attention: Literal["auto", "triton", "flex", "gather"] = Field(
         "auto",
