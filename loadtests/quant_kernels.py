@@ -24,7 +24,8 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
   float32 maxima and with them double-quantized as the engine loads them (read in the loop, a
   gather each), and ``nf4-tensor-cores-float-maxima``: those dequantized by their own kernel
   first, as a step takes them; past 64 rows a slice of the kernel spans several blocks
-  (``quant_gemv.four_bit_config``);
+  (``quant_gemv.four_bit_config``); ``nf4-tensor-cores-split``: the last with its programs
+  split over the inputs until the grid has ``SPLIT_PROGRAMS`` (``quant_gemv.four_bit_split``);
 - ``int8-rows``: the engine's own int8 batch kernel (``quant_gemv.rows``: the values straight
   into the tensor cores' product), which int8 decode batches take on a GPU (``nf4`` and ``int8``
   above 1 row are the whole-weight dequantization in torch it replaced);
@@ -89,6 +90,9 @@ NF4 = (
 BLOCK = 64  # bitsandbytes' 4-bit block
 GROUP = 128  # the int4 formats' group
 INNER_K_TILES = 8
+# The grid ``nf4-tensor-cores-split`` splits a product's programs over its inputs to reach:
+# about four programs a multiprocessor of an H100 or H200 (132).
+SPLIT_PROGRAMS = 512
 
 
 def _nf4(outputs: int, inputs: int, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -183,6 +187,12 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
         formats["nf4-tensor-cores-float-maxima"] = _Format(
             partial(quant_gemv.four_bit_matmul, float_maxima=True), [], []
         )
+        # The same, its programs split over the inputs to at least SPLIT_PROGRAMS.
+        formats["nf4-tensor-cores-split"] = _Format(
+            partial(quant_gemv.four_bit_matmul, float_maxima=True, split_programs=SPLIT_PROGRAMS),
+            [],
+            [],
+        )
         formats["int8-rows"] = _Format(lambda x, p: quant_gemv.rows(x, p), [], [])
         for name in ("nf4-dequantized", "int8-dequantized"):
             formats[name] = _Format(_dequantized_product, [], [])
@@ -233,6 +243,7 @@ def _formats(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict[str,
             # As the engine loads it: the maxima double-quantized.
             parts["nf4-tensor-cores-nested"] = _double_quantized(codes, maxima, table)
             parts["nf4-tensor-cores-float-maxima"] = parts["nf4-tensor-cores-nested"]
+            parts["nf4-tensor-cores-split"] = parts["nf4-tensor-cores-nested"]
             parts["int8-rows"] = parts["int8-dequantized"] = parts["int8-gemv"]
         if "nf4-engine" in formats:
             parts["nf4-engine"] = _double_quantized(codes, maxima, table)

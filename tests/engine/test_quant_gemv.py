@@ -271,6 +271,61 @@ def test_the_four_bit_matmul_kernel_scales_each_value_where_a_slice_spans_blocks
     torch.testing.assert_close(got.float(), expected, rtol=tolerance, atol=tolerance)
 
 
+@settings(max_examples=10, deadline=None)
+@given(
+    m=st.integers(1, 40),
+    inputs=st.sampled_from([512, 448]),
+    splits=st.integers(2, 9),
+    block_k=st.sampled_from([0, 256]),
+    seed=st.integers(0, 2**16),
+)
+@example(m=5, inputs=448, splits=3, block_k=0, seed=1)
+def test_the_four_bit_matmul_kernel_split_over_the_inputs_adds_every_slice_once(
+    m: int, inputs: int, splits: int, block_k: int, seed: int
+) -> None:
+    # Programs over shares of the inputs (whole slices each; 448 inputs leave the last share
+    # short, more splits than slices leave some empty): their float32 sums added give the
+    # product. A slice summed twice or skipped is off by a block's whole contribution.
+    dtype = torch.float16
+    outputs = 64 if inputs % 256 == 0 else 256  # nested maxima in whole groups of 256
+    p = _nf4(outputs, inputs, True, seed)
+    x = torch.randn(m, inputs, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    assert p.code is not None
+    rounded = Linear(p.weight, p.scale, p.code.to(dtype).float(), p.nested)
+    dense = _dense(rounded)
+    expected = x.float() @ (dense.to(dtype).float() if block_k else dense).T
+    config = quant_gemv.MatmulConfig(16, 32, block_k, 4, 2, splits)
+    got = quant_gemv.four_bit_matmul(x, p, config, in_registers=False)
+    assert got.dtype == dtype
+    assert got.shape == (m, outputs)
+    torch.testing.assert_close(got.float(), expected, rtol=1e-3, atol=1e-3)
+
+
+@given(
+    batch=st.integers(5, 128),
+    outputs=st.sampled_from([1024, 4096, 6144, 28672]),
+    inputs=st.sampled_from([4096, 14336]),
+    programs=st.sampled_from([0, 256, 512, 1024]),
+)
+@example(batch=16, outputs=4096, inputs=14336, programs=512)
+def test_a_four_bit_product_splits_its_inputs_only_while_its_grid_is_short(
+    batch: int, outputs: int, inputs: int, programs: int
+) -> None:
+    config = quant_gemv.four_bit_config(batch, outputs)
+    slices = inputs // max(64, config.block_k)
+    split = quant_gemv.four_bit_split(config, batch, outputs, slices, programs)
+    grid = -(-outputs // config.block_n) * -(-batch // config.block_m)
+    assert split.splits & (split.splits - 1) == 0  # a power of two
+    assert slices // split.splits >= min(slices, quant_gemv.SPLIT_SLICES)
+    if split.splits > 1:
+        assert grid * split.splits // 2 < programs  # split only while short of the programs
+    else:
+        assert grid >= programs or slices // 2 < quant_gemv.SPLIT_SLICES
+    assert replace(split, splits=1) == config
+    if (batch, outputs, inputs, programs) == (16, 4096, 14336, 512):
+        assert split.splits == 4  # the 7B's down projection: 128 programs of 32 rows
+
+
 @settings(max_examples=12, deadline=None)
 @given(offset=st.integers(0, 7), padding=st.integers(0, 7), seed=st.integers(0, 2**16))
 @example(offset=0, padding=0, seed=1)

@@ -452,6 +452,7 @@ def four_bit_matmul(  # type: ignore[no-untyped-def]
     pairs,
     stride_w,
     stride_m,
+    split_pairs,
     values: tl.constexpr,
     in_registers: tl.constexpr,
     nested: tl.constexpr,
@@ -460,6 +461,7 @@ def four_bit_matmul(  # type: ignore[no-untyped-def]
     slice_pairs: tl.constexpr,
     block_m: tl.constexpr,
     block_n: tl.constexpr,
+    splits: tl.constexpr,
 ):
     """``x @ W.T`` for ``m`` rows of ``x`` (``[m, 2 * pairs]`` 16-bit values) on the tensor
     cores: a program's ``block_n`` rows of codes ``slice_pairs`` bytes at a time, each word's
@@ -470,8 +472,12 @@ def four_bit_matmul(  # type: ignore[no-untyped-def]
     values and scales that product by the block's maximum once, each weight rounded once (as
     the table's 16-bit value); a slice of several scales each value by its block's maximum
     first (rounded again, as bitsandbytes' dequantization rounds it), so that one product
-    covers them all."""
-    dtype = out_ptr.dtype.element_ty
+    covers them all. With ``splits`` over 1, program ``(i, j, s)`` covers the ``split_pairs``
+    inputs' pairs from ``s * split_pairs`` (a multiple of ``slice_pairs``) and writes its
+    float32 sums to ``out_ptr``'s ``s``-th ``[m, rows_out]`` (``[splits, m, rows_out]``), which
+    the caller adds: more programs where a weight's few rows would leave the GPU's
+    multiprocessors idle, each summing in the same order every time."""
+    dtype = x_ptr.dtype.element_ty
     blocks: tl.constexpr = slice_pairs // block_pairs
     low0, low1, low2, low3, high0, high1, high2, high3 = table_words(code_ptr, dtype)
     rows = tl.program_id(0) * block_n + tl.arange(0, block_n)
@@ -480,7 +486,8 @@ def four_bit_matmul(  # type: ignore[no-untyped-def]
     line_ok = lines < m
     x_lines = x_ptr + lines.to(tl.int64)[:, None] * (2 * pairs)
     acc = tl.zeros([block_m, block_n], dtype=tl.float32)
-    for start in range(0, pairs, slice_pairs):
+    first = tl.program_id(2) * split_pairs
+    for start in range(first, tl.minimum(first + split_pairs, pairs), slice_pairs):
         codes = _codes(w_ptr, rows, row_ok, start, pairs, stride_w, slice_pairs)
         if in_registers:
             v0, v1, v2, v3 = _pairs_in_registers(
@@ -511,7 +518,11 @@ def four_bit_matmul(  # type: ignore[no-untyped-def]
         else:
             acc += tl.dot(xs, tl.trans(weights)) * tl.reshape(maxima, (1, block_n))
     at = out_ptr + lines.to(tl.int64)[:, None] * rows_out + rows[None, :]
-    tl.store(at, acc.to(dtype), mask=line_ok[:, None] & row_ok[None, :])
+    if splits > 1:
+        at = at + tl.program_id(2).to(tl.int64) * m * rows_out
+        tl.store(at, acc, mask=line_ok[:, None] & row_ok[None, :])
+    else:
+        tl.store(at, acc.to(dtype), mask=line_ok[:, None] & row_ok[None, :])
 
 
 @triton.jit  # type: ignore[untyped-decorator]

@@ -296,29 +296,42 @@ def four_bit_matmul(
     config: MatmulConfig | None = None,
     in_registers: bool = True,
     float_maxima: bool = False,
+    split_programs: int | None = None,
 ) -> torch.Tensor:
     """``x @ W.T`` (``x``: ``[M, K]``, 16-bit) for the 4-bit codes ``p`` on the tensor cores,
     each slice of codes looked up in registers (``four_bit_kernel.four_bit_matmul``;
     ``config``'s ``block_k``: inputs a slice, at least the weight's block, whose product is
     then scaled by the block's maximum once; ``four_bit_config``'s by default);
-    ``float_maxima``: nested maxima dequantized first (``_maxima``). Not ``in_registers``: the
-    table read from memory, for Triton's interpreter (the tests)."""
+    ``float_maxima``: nested maxima dequantized first (``_maxima``); ``config.splits``:
+    programs over the inputs, their float32 sums added after (``four_bit_split`` to
+    ``split_programs`` where no ``config`` is given; None: ``FOUR_BIT_SPLIT_PROGRAMS``). Not
+    ``in_registers``: the table read from memory, for Triton's interpreter (the tests)."""
     if float_maxima and p.nested is not None and p.scale is not None:
         p = Linear(p.weight, _maxima(p).view(p.scale.shape), p.code)
     batch, inputs = x.shape
     outputs = p.weight.shape[0]
     tensors, flags = _four_bit_weight(p, inputs, in_registers)
     chosen = config or four_bit_config(batch, outputs)
-    block_pairs = flags["block_pairs"]
-    out = torch.empty(batch, outputs, dtype=x.dtype, device=x.device)
-    grid = (-(-outputs // chosen.block_n), -(-batch // chosen.block_m))
+    block_pairs = int(flags["block_pairs"])
+    slice_pairs = max(block_pairs, chosen.block_k // 2)
+    pairs = inputs // 2
+    slices = -(-pairs // slice_pairs)
+    programs = FOUR_BIT_SPLIT_PROGRAMS if split_programs is None else split_programs
+    if config is None and programs:
+        chosen = four_bit_split(chosen, batch, outputs, slices, programs)
+    # Each split's pairs a whole number of slices, so that no slice straddles two programs.
+    split_pairs = -(-slices // chosen.splits) * slice_pairs
+    splits = -(-pairs // split_pairs)
+    shape = (batch, outputs) if splits == 1 else (splits, batch, outputs)
+    out = torch.empty(shape, dtype=x.dtype if splits == 1 else torch.float32, device=x.device)
+    grid = (-(-outputs // chosen.block_n), -(-batch // chosen.block_m), splits)
     _four_bit_matmul_kernel[grid](
-        x.contiguous(), *tensors, out, batch, outputs, inputs // 2, p.weight.stride(0) // 4,
-        inputs // 2 // block_pairs, values=values_asm(), block_m=chosen.block_m,
-        block_n=chosen.block_n, slice_pairs=max(block_pairs, chosen.block_k // 2),
+        x.contiguous(), *tensors, out, batch, outputs, pairs, p.weight.stride(0) // 4,
+        pairs // block_pairs, split_pairs, values=values_asm(), block_m=chosen.block_m,
+        block_n=chosen.block_n, slice_pairs=slice_pairs, splits=splits,
         num_warps=chosen.warps, num_stages=chosen.stages, **flags,
     )  # fmt: skip
-    return out
+    return out if splits == 1 else out.sum(0).to(x.dtype)
 
 
 def four_bit_config(batch: int, outputs: int) -> MatmulConfig:
@@ -329,6 +342,21 @@ def four_bit_config(batch: int, outputs: int) -> MatmulConfig:
     if batch > 64:
         return WIDE_TILE
     return replace(matmul_config(batch, outputs), block_k=0)
+
+
+def four_bit_split(
+    config: MatmulConfig, batch: int, outputs: int, slices: int, programs: int
+) -> MatmulConfig:
+    """``config`` with its programs split over the weight's ``slices`` (``four_bit_matmul``'s
+    loop), doubling the splits while the grid has fewer than ``programs`` and each split keeps
+    at least ``SPLIT_SLICES`` slices: the 7B's output and down projections (4,096 outputs) give
+    128 programs of 32 weight rows at up to 64 rows of activations, each reading all 4,096 or
+    14,336 inputs a 4-bit block at a time, on 132 multiprocessors."""
+    grid = -(-outputs // config.block_n) * -(-batch // config.block_m)
+    splits = 1
+    while grid * splits < programs and slices // (2 * splits) >= SPLIT_SLICES:
+        splits *= 2
+    return replace(config, splits=splits)
 
 
 def _format(p: Linear, inputs: int) -> tuple[tuple[torch.Tensor, ...], dict[str, int | bool]]:
@@ -375,6 +403,9 @@ class MatmulConfig:
     block_k: int
     warps: int
     stages: int
+    # ``four_bit_matmul``'s programs over the inputs (each a share of them, their float32 sums
+    # added after): ``four_bit_split``.
+    splits: int = 1
 
 
 # ``four_bit_matmul``'s tile past 64 rows (``four_bit_config``): 128 rows by 32 weight rows, a
@@ -382,6 +413,11 @@ class MatmulConfig:
 # sweep's tiles at 128 rows (docs/benchmarks.md, run 127; the 128-by-128 tile of the other
 # batch products needs more shared memory than an H100 has at this slice).
 WIDE_TILE = MatmulConfig(128, 32, 256, 8, 3)
+# The programs ``four_bit_config`` splits a 4-bit batch product's inputs to reach (0: none),
+# and the fewest slices a split keeps (``four_bit_split``). Off until measured against the
+# unsplit tiles (``loadtests.quant_kernels``' ``nf4-tensor-cores-split``).
+FOUR_BIT_SPLIT_PROGRAMS = 0
+SPLIT_SLICES = 8
 # Programs a batch product launches at least where its weight allows (``matmul_config``): two
 # waves on the 132 multiprocessors of an H100 or H200, more on smaller cards (a T4's 40, an
 # A10's 72), where narrower programs cost only the activations' reads again, from the cache.
