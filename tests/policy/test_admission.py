@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.contract.errors import DeadlineExceeded, EngineUnavailable, Overloaded, ServiceError
+from service.contract.errors import (
+    BatchTooLarge,
+    DeadlineExceeded,
+    EngineUnavailable,
+    Overloaded,
+    ServiceError,
+)
 from service.frontend.metrics import Metrics
 from service.frontend.policy.admission import Admission
 
@@ -317,3 +323,64 @@ def test_a_refusal_for_a_full_queue_is_counted_after_it_at_the_next_change_or_re
     gate.refusal()
     held.release()  # a change of the texts in flight counts them too
     assert counted() == 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    texts=st.integers(1, 400),
+    held=st.integers(0, 200),
+    one_ms=st.sampled_from([1.0, 10.0, 100.0]),
+    full_ms=st.sampled_from([1.0, 10.0, 100.0, 1000.0]),
+    deadline_s=st.floats(1.0, 120.0),
+)
+def test_a_request_that_fewer_texts_would_get_through_is_refused_as_too_large(
+    texts: int, held: int, one_ms: float, full_ms: float, deadline_s: float
+) -> None:
+    # Where a request's texts, alone on an idle engine, would outlast its deadline and one
+    # text would not, it is refused as too large (a 4xx: waiting and retrying would get the
+    # same refusal); where even one text would not, it stays a 429; what finishes in time is
+    # admitted. The engine's prior only (no answers yet): a generation is 2 x step x 128
+    # tokens at the batch's step; past the 64 rows, a full batch a generation, and there the
+    # prior never calls a request too large (its margin is for admitting).
+    capacity = 64
+    clock = Clock()
+    gate = Admission(1 << 20, Metrics(), lambda: None, clock=clock)
+    gate.set_engine(capacity, {1: one_ms / 1000, capacity: full_ms / 1000})
+    backlog = gate.reserve(held, None) if held else None
+
+    def finish_s(position: int) -> float:
+        generation = 2.0 * 128 * (one_ms if position <= 1 else full_ms) / 1000
+        if position <= capacity:
+            return generation
+        return position / (capacity / (2.0 * 128 * full_ms / 1000))
+
+    allowed = 0.6 * deadline_s
+    try:
+        reservation = gate.reserve(texts, clock.now + deadline_s)
+    except BatchTooLarge:
+        assert finish_s(held + texts) > allowed
+        assert 1 < texts <= capacity
+        assert finish_s(texts) > allowed >= finish_s(1)
+    except Overloaded:
+        assert finish_s(held + texts) > allowed
+        assert texts == 1 or texts > capacity or not finish_s(texts) > allowed >= finish_s(1)
+    else:
+        assert finish_s(held + texts) <= allowed * (1 + 1e-9)
+        reservation.release(texts)
+    if backlog is not None:
+        backlog.release(held)
+
+
+def test_a_request_too_large_for_the_measured_rate_is_refused_as_too_large() -> None:
+    # Found by a probe: 2,000 texts in one Google v2 request to the CPU demo were refused by an
+    # idle service with a 429 and a Retry-After ("the backlog would take about 60.4 s"), so a
+    # client that waits and retries is refused for ever. On the measured rate, a request that
+    # fewer texts would get through is refused as too large; one that fits is admitted.
+    clock = Clock()
+    gate = admission(clock, bound=4096, capacity=8)
+    serve_one_at_a_time(gate, clock, 20, seconds=0.5)  # measured: 2 texts a busy second
+    clock.now += 5.0
+    with pytest.raises(BatchTooLarge, match="200 texts would take about"):
+        gate.reserve(200, clock.now + 30.0)
+    assert gate.in_flight == 0
+    gate.reserve(40, clock.now + 30.0).release(40)

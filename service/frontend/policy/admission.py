@@ -28,6 +28,11 @@ the tokens per text being the answers' own mean once there are a few, ``_PRIOR_T
 (``_PRIOR_MARGIN``) for what the measured step leaves out (prefill, the host's work, attention
 over real contexts).
 
+A request of several texts that would not finish inside its deadline even alone, on an idle
+engine, where one text would, is refused as too large (``BatchTooLarge``, a 4xx in each API's
+shape) rather than as a wait: retrying it after any Retry-After would be refused again, and
+fewer texts a request get through.
+
 ``retry_after_s`` is the one estimator of Retry-After for every refusal: the time the current
 backlog needs to drain at that rate.
 
@@ -48,7 +53,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import TypeVar
 
-from service.contract.errors import DeadlineExceeded, EngineUnavailable, Overloaded, ServiceError
+from service.contract.errors import (
+    BatchTooLarge,
+    DeadlineExceeded,
+    EngineUnavailable,
+    Overloaded,
+    ServiceError,
+)
 from service.frontend.metrics import Children, Metrics
 
 # Time constant of the rate's decaying sums, and the (decayed) answers it needs to be trusted.
@@ -235,6 +246,15 @@ class Admission:
             expected = self._expected_finish_s(self._in_flight + texts, now)
             if expected is not None and expected > _DEADLINE_SHARE * (deadline - now):
                 self._reject("deadline_unreachable")
+                if texts > 1 and self._too_large(texts, now, _DEADLINE_SHARE * (deadline - now)):
+                    # Waiting would not help: an idle engine would not finish it in time
+                    # either, and a 429 would send the client back with the same request.
+                    alone = self._expected_finish_s(texts, now) or 0.0
+                    raise BatchTooLarge(
+                        f"{texts} texts would take about {alone:.1f} s even on an idle "
+                        "service, more than this request's deadline allows; send fewer "
+                        "texts per request"
+                    )
                 raise Overloaded(
                     f"the backlog would take about {expected:.1f} s, more than this "
                     f"request's deadline allows",
@@ -242,6 +262,17 @@ class Admission:
                 )
         self._enter(texts, now)
         return Reservation(self, texts)
+
+    def _too_large(self, texts: int, now: float, allowed_s: float) -> bool:
+        """Whether ``texts`` texts would outlast ``allowed_s`` on an idle engine while one text
+        would not: a request that fewer texts a request would get through. Past the free rows
+        only on a measured rate: the prior's margin is for admitting, and work that may wait
+        (a document's slices) keeps waiting on it until answers say how fast the engine is."""
+        if texts > self._capacity and self._measured_rate() is None:
+            return False
+        alone = self._expected_finish_s(texts, now)
+        one = self._expected_finish_s(1, now)
+        return alone is not None and alone > allowed_s and (one is None or one <= allowed_s)
 
     def completed(self, tokens: int | None = None) -> None:
         """One text was answered by the engine (whatever the outcome); ``tokens``: the tokens
