@@ -24,8 +24,8 @@ each is read from memory as in the engine) at a few batch sizes, each format ins
   float32 maxima and with them double-quantized as the engine loads them (read in the loop, a
   gather each), and ``nf4-tensor-cores-float-maxima``: those dequantized by their own kernel
   first, as a step takes them; past 64 rows a slice of the kernel spans several blocks
-  (``quant_gemv.four_bit_config``); ``nf4-tensor-cores-split``: the last with its programs
-  split over the inputs until the grid has ``SPLIT_PROGRAMS`` (``quant_gemv.four_bit_split``);
+  (``batch_tiles.four_bit_config``); ``nf4-tensor-cores-split``: the last with its programs
+  split over the inputs until the grid has ``SPLIT_PROGRAMS`` (``batch_tiles.four_bit_split``);
 - ``int8-rows``: the engine's own int8 batch kernel (``quant_gemv.rows``: the values straight
   into the tensor cores' product), which int8 decode batches take on a GPU (``nf4`` and ``int8``
   above 1 row are the whole-weight dequantization in torch it replaced);
@@ -65,7 +65,7 @@ import torch
 import torch._dynamo.config
 
 from loadtests.kernels import SHAPES, header, timing_context, write
-from service.engine.fast import projections, quant_gemv
+from service.engine.fast import batch_tiles, projections, quant_gemv
 from service.engine.fast.gemv import GemvConfig
 from service.engine.fast.kernel_timing import graph_us
 from service.engine.fast.linear import GROUP as NESTED_GROUP
@@ -346,7 +346,7 @@ def products(
 # The batch kernel's tiles tried by ``--rows-sweep`` (block_m, block_n, block_k, warps, stages):
 # one stage keeps the 4-bit codes' table lookups out of the pipeliner's asynchronous copies.
 SWEEP = [
-    quant_gemv.MatmulConfig(*tiles)
+    batch_tiles.MatmulConfig(*tiles)
     for tiles in (
         (16, 64, 128, 4, 1), (16, 64, 128, 4, 3), (16, 128, 128, 4, 2), (16, 64, 256, 4, 1),
         (16, 128, 256, 8, 2), (32, 64, 128, 4, 2), (64, 64, 128, 4, 1), (64, 128, 128, 8, 2),
@@ -446,7 +446,7 @@ def _dequantized_product(x: torch.Tensor, p: Linear) -> torch.Tensor:
 
 
 def _rows_layer(
-    xs: list[torch.Tensor], held: list[tuple[Any, ...]], config: quant_gemv.MatmulConfig
+    xs: list[torch.Tensor], held: list[tuple[Any, ...]], config: batch_tiles.MatmulConfig
 ) -> list[torch.Tensor]:
     """One layer's four products by the batch kernel of the weights' format (int8's, or
     ``four_bit_matmul`` for 4-bit codes) with tiles ``config``."""

@@ -18,7 +18,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from loadtests.quant_kernels import NF4
-from service.engine.fast import quant_gemv
+from service.engine.fast import batch_tiles, quant_gemv
 from service.engine.fast.gemv import GemvConfig
 from service.engine.fast.linear import GROUP, Linear, NestedMaxima, dequantize
 from service.engine.fast.projections import gated_product, project
@@ -182,17 +182,17 @@ def test_the_four_bit_rows_kernel_computes_each_row_s_product(
     outputs=st.sampled_from([64, 96]),
     nested=st.booleans(),
     config=st.sampled_from(
-        [quant_gemv.MatmulConfig(16, 32, 0, 4, 2), quant_gemv.MatmulConfig(32, 64, 0, 4, 3)]
+        [batch_tiles.MatmulConfig(16, 32, 0, 4, 2), batch_tiles.MatmulConfig(32, 64, 0, 4, 3)]
     ),
     seed=st.integers(0, 2**16),
 )
-@example(m=33, outputs=96, nested=True, config=quant_gemv.MatmulConfig(16, 32, 0, 4, 2), seed=1)
+@example(m=33, outputs=96, nested=True, config=batch_tiles.MatmulConfig(16, 32, 0, 4, 2), seed=1)
 def test_the_four_bit_matmul_kernel_scales_each_block_s_product_once(
     dtype: torch.dtype,
     m: int,
     outputs: int,
     nested: bool,
-    config: quant_gemv.MatmulConfig,
+    config: batch_tiles.MatmulConfig,
     seed: int,
 ) -> None:
     # Rows of activations on the tensor cores (the table read from memory here, in the
@@ -235,17 +235,17 @@ def test_the_four_bit_matmul_kernel_scales_each_block_s_product_once(
     inputs=st.sampled_from([512, 448]),
     nested=st.booleans(),
     config=st.sampled_from(
-        [quant_gemv.MatmulConfig(16, 32, 128, 4, 2), quant_gemv.MatmulConfig(32, 32, 256, 4, 1)]
+        [batch_tiles.MatmulConfig(16, 32, 128, 4, 2), batch_tiles.MatmulConfig(32, 32, 256, 4, 1)]
     ),
     seed=st.integers(0, 2**16),
 )
-@example(m=3, inputs=448, nested=True, config=quant_gemv.MatmulConfig(32, 32, 256, 4, 1), seed=1)
+@example(m=3, inputs=448, nested=True, config=batch_tiles.MatmulConfig(32, 32, 256, 4, 1), seed=1)
 def test_the_four_bit_matmul_kernel_scales_each_value_where_a_slice_spans_blocks(
     dtype: torch.dtype,
     m: int,
     inputs: int,
     nested: bool,
-    config: quant_gemv.MatmulConfig,
+    config: batch_tiles.MatmulConfig,
     seed: int,
 ) -> None:
     # A slice of several blocks, one product for them all: each looked-up value times its
@@ -294,7 +294,7 @@ def test_the_four_bit_matmul_kernel_split_over_the_inputs_adds_every_slice_once(
     rounded = Linear(p.weight, p.scale, p.code.to(dtype).float(), p.nested)
     dense = _dense(rounded)
     expected = x.float() @ (dense.to(dtype).float() if block_k else dense).T
-    config = quant_gemv.MatmulConfig(16, 32, block_k, 4, 2, splits)
+    config = batch_tiles.MatmulConfig(16, 32, block_k, 4, 2, splits)
     got = quant_gemv.four_bit_matmul(x, p, config, in_registers=False)
     assert got.dtype == dtype
     assert got.shape == (m, outputs)
@@ -311,16 +311,16 @@ def test_the_four_bit_matmul_kernel_split_over_the_inputs_adds_every_slice_once(
 def test_a_four_bit_product_splits_its_inputs_only_while_its_grid_is_short(
     batch: int, outputs: int, inputs: int, programs: int
 ) -> None:
-    config = quant_gemv.four_bit_config(batch, outputs)
+    config = batch_tiles.four_bit_config(batch, outputs)
     slices = inputs // max(64, config.block_k)
-    split = quant_gemv.four_bit_split(config, batch, outputs, slices, programs)
+    split = batch_tiles.four_bit_split(config, batch, outputs, slices, programs)
     grid = -(-outputs // config.block_n) * -(-batch // config.block_m)
     assert split.splits & (split.splits - 1) == 0  # a power of two
-    assert slices // split.splits >= min(slices, quant_gemv.SPLIT_SLICES)
+    assert slices // split.splits >= min(slices, batch_tiles.SPLIT_SLICES)
     if split.splits > 1:
         assert grid * split.splits // 2 < programs  # split only while short of the programs
     else:
-        assert grid >= programs or slices // 2 < quant_gemv.SPLIT_SLICES
+        assert grid >= programs or slices // 2 < batch_tiles.SPLIT_SLICES
     assert replace(split, splits=1) == config
     if (batch, outputs, inputs, programs) == (16, 4096, 14336, 512):
         assert split.splits == 4  # the 7B's down projection: 128 programs of 32 rows
@@ -392,15 +392,15 @@ def test_int8_values_become_16_bit_floats_exactly_without_a_conversion(dtype: to
     config=st.sampled_from(
         [
             None,
-            quant_gemv.MatmulConfig(16, 32, 64, 4, 2),
-            quant_gemv.MatmulConfig(32, 64, 128, 4, 2),
-            quant_gemv.matmul_config(128, 4096),  # narrowed to the tensor cores' 16
+            batch_tiles.MatmulConfig(16, 32, 64, 4, 2),
+            batch_tiles.MatmulConfig(32, 64, 128, 4, 2),
+            batch_tiles.matmul_config(128, 4096),  # narrowed to the tensor cores' 16
         ]
     ),
     seed=st.integers(0, 2**16),
 )
 def test_the_int8_batch_kernel_computes_the_product_of_the_dequantized_weights(
-    shape: tuple[int, int], batch: int, config: quant_gemv.MatmulConfig | None, seed: int
+    shape: tuple[int, int], batch: int, config: batch_tiles.MatmulConfig | None, seed: int
 ) -> None:
     # Batches off the tiles' multiples, weight rows off block_n's: the masks.
     outputs, inputs = shape
@@ -411,24 +411,24 @@ def test_the_int8_batch_kernel_computes_the_product_of_the_dequantized_weights(
 
 @given(batch=st.integers(1, 1024), outputs=st.integers(1, 200_000))
 def test_batch_tiles_narrow_until_the_grid_has_enough_programs(batch: int, outputs: int) -> None:
-    base = quant_gemv.matmul_config(batch)
-    chosen = quant_gemv.matmul_config(batch, outputs)
+    base = batch_tiles.matmul_config(batch)
+    chosen = batch_tiles.matmul_config(batch, outputs)
     # Only the weight rows per program change, to a power-of-two share of the batch's width.
     assert (chosen.block_m, chosen.block_k, chosen.warps, chosen.stages) == (
         base.block_m, base.block_k, base.warps, base.stages,
     )  # fmt: skip
     assert chosen.block_n in {base.block_n >> shift for shift in range(4)}
-    narrowest = quant_gemv.NARROWEST_SMALL if batch <= 64 else 16
+    narrowest = batch_tiles.NARROWEST_SMALL if batch <= 64 else 16
     assert chosen.block_n >= narrowest
     # Enough programs, or as narrow as the batch allows; never narrower than needed.
-    wanted = quant_gemv.MIN_PROGRAMS
+    wanted = batch_tiles.MIN_PROGRAMS
     assert -(-outputs // chosen.block_n) >= wanted or chosen.block_n == narrowest
     if chosen.block_n < base.block_n:
         assert -(-outputs // (2 * chosen.block_n)) < wanted
     # The 7B's output projection (4,096 rows): 128 programs of 32 rows at 16 rows, not 64 of 64;
     # at 128 rows 256 of 16.
-    assert quant_gemv.matmul_config(16, 4096).block_n == 32
-    assert quant_gemv.matmul_config(128, 4096).block_n == 16
+    assert batch_tiles.matmul_config(16, 4096).block_n == 32
+    assert batch_tiles.matmul_config(128, 4096).block_n == 16
 
 
 @pytest.mark.parametrize("kind", ["nf4", "nf4-nested", "int8"])
@@ -543,7 +543,7 @@ def test_a_device_with_the_wide_tile_s_shared_memory_takes_it_up_to_128_rows(row
     assert quant_gemv.branches(wide)[-2:] == (matmul, quant_gemv.WIDE_TILE_ROWS)
     assert quant_gemv.branches(plain)[-1] == matmul
     if not small:
-        assert quant_gemv.four_bit_config(rows, 64) == quant_gemv.WIDE_TILE
+        assert batch_tiles.four_bit_config(rows, 64) == batch_tiles.WIDE_TILE
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

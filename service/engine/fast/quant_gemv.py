@@ -41,11 +41,16 @@ that what a captured step keeps in its memory pool stays the size of a layer's l
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from service.engine.fast.batch_tiles import (
+    MatmulConfig,
+    four_bit_config,
+    four_bit_split,
+    matmul_config,
+)
 from service.engine.fast.four_bit_lookup import dot_asm, lookup_asm, values_asm
 from service.engine.fast.gemv import GemvConfig
 from service.engine.fast.linear import GROUP, Linear, NestedMaxima
@@ -97,16 +102,20 @@ FOUR_BIT_ROWS_TAKEN = 4
 # ``four_bit_matmul`` (0: none): up to 64 rows its lookup, once a weight for a tile of rows,
 # costs less than writing and reading the dequantized weight (docs/benchmarks.md, runs 120-121).
 FOUR_BIT_MATMUL_ROWS = 64
-# Up to 128 rows ``WIDE_TILE`` does too (run 127), for weights marked ``wide_tile``: its 131,072
-# bytes of shared memory on compute capability 7.5 pass a T4's 64 KiB (93,184 on 8.x), so the
-# device's capability decides (``Capability.wide_four_bit``; tests/engine/test_kernels_compile.py
-# checks the small cards' tiles).
+# Up to 128 rows ``batch_tiles.WIDE_TILE`` does too (run 127), for weights marked
+# ``wide_tile``: its 131,072 bytes of shared memory on compute capability 7.5 pass a T4's 64 KiB
+# (93,184 on 8.x), so the device's capability decides (``Capability.wide_four_bit``;
+# tests/engine/test_kernels_compile.py checks the small cards' tiles).
 WIDE_TILE_ROWS = 128
 # Whether ``four_bit_matmul`` reads double-quantized maxima dequantized first by one kernel a
 # layer (``_maxima``, into the layer's shared buffer) rather than each where its block is
 # multiplied (a gather in the loop, which the pipeliner leaves unhidden: slower the more rows a
 # program's codes serve, docs/benchmarks.md, run 120).
 FOUR_BIT_MATMUL_FLOAT_MAXIMA = True
+# The programs ``four_bit_matmul`` splits a 4-bit batch product's inputs to reach
+# (``batch_tiles.four_bit_split``; 0: none). Off until measured against the unsplit tiles
+# (``loadtests.quant_kernels``' ``nf4-tensor-cores-split``).
+FOUR_BIT_SPLIT_PROGRAMS = 0
 
 
 def runs(dtype: torch.dtype, device: torch.device) -> bool:
@@ -334,31 +343,6 @@ def four_bit_matmul(
     return out if splits == 1 else out.sum(0).to(x.dtype)
 
 
-def four_bit_config(batch: int, outputs: int) -> MatmulConfig:
-    """``four_bit_matmul``'s tiles: ``matmul_config``'s with a slice of one 4-bit block for up
-    to 64 rows (the tiles measured against the dequantized product, docs/benchmarks.md, run
-    120); past them ``WIDE_TILE``, whose slice covers several blocks (each value scaled first),
-    so that one product takes them all where the tensor cores' work grows with the rows."""
-    if batch > 64:
-        return WIDE_TILE
-    return replace(matmul_config(batch, outputs), block_k=0)
-
-
-def four_bit_split(
-    config: MatmulConfig, batch: int, outputs: int, slices: int, programs: int
-) -> MatmulConfig:
-    """``config`` with its programs split over the weight's ``slices`` (``four_bit_matmul``'s
-    loop), doubling the splits while the grid has fewer than ``programs`` and each split keeps
-    at least ``SPLIT_SLICES`` slices: the 7B's output and down projections (4,096 outputs) give
-    128 programs of 32 weight rows at up to 64 rows of activations, each reading all 4,096 or
-    14,336 inputs a 4-bit block at a time, on 132 multiprocessors."""
-    grid = -(-outputs // config.block_n) * -(-batch // config.block_m)
-    splits = 1
-    while grid * splits < programs and slices // (2 * splits) >= SPLIT_SLICES:
-        splits *= 2
-    return replace(config, splits=splits)
-
-
 def _format(p: Linear, inputs: int) -> tuple[tuple[torch.Tensor, ...], dict[str, int | bool]]:
     """The weight's tensors as ``dequantize`` takes them (the codes, their maxima, the code table,
     the nested maxima's table, scales and offsets; an unused one stands in as the maxima, never
@@ -392,63 +376,6 @@ def _strides(p: Linear) -> tuple[int, int]:
 def _slice(block_k: int, flags: dict[str, int | bool]) -> int:
     """Inputs per slice: at least a 4-bit block, whose maximum a slice reads once."""
     return max(block_k, int(flags["block"])) if flags["four_bit"] else block_k
-
-
-@dataclass(frozen=True, slots=True)
-class MatmulConfig:
-    """``rows``'s tiles: batch rows, weight rows and inputs per program and slice."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    warps: int
-    stages: int
-    # ``four_bit_matmul``'s programs over the inputs (each a share of them, their float32 sums
-    # added after): ``four_bit_split``.
-    splits: int = 1
-
-
-# ``four_bit_matmul``'s tile past 64 rows (``four_bit_config``): 128 rows by 32 weight rows, a
-# slice of 256 inputs (four 4-bit blocks of 64, one product for them all), the fastest of the
-# sweep's tiles at 128 rows (docs/benchmarks.md, run 127; the 128-by-128 tile of the other
-# batch products needs more shared memory than an H100 has at this slice).
-WIDE_TILE = MatmulConfig(128, 32, 256, 8, 3)
-# The programs ``four_bit_config`` splits a 4-bit batch product's inputs to reach (0: none),
-# and the fewest slices a split keeps (``four_bit_split``). Off until measured against the
-# unsplit tiles (``loadtests.quant_kernels``' ``nf4-tensor-cores-split``).
-FOUR_BIT_SPLIT_PROGRAMS = 0
-SPLIT_SLICES = 8
-# Programs a batch product launches at least where its weight allows (``matmul_config``): two
-# waves on the 132 multiprocessors of an H100 or H200, more on smaller cards (a T4's 40, an
-# A10's 72), where narrower programs cost only the activations' reads again, from the cache.
-# A constant rather than the device's count: the choice is traced into compiled steps.
-MIN_PROGRAMS = 256
-# The narrowest program (weight rows) for a batch of up to 64 rows: each program reads all the
-# batch's activations again, and at 16 rows tiles of 16 weight rows measured slower than 32.
-NARROWEST_SMALL = 32
-
-
-def matmul_config(batch: int, outputs: int | None = None) -> MatmulConfig:
-    """Tiles for a batch of ``batch`` rows: as few padded rows as the tensor cores allow (16)
-    for a decode step, wider tiles that dequantize each slice for more rows as the batch grows;
-    given the weight's ``outputs``, weight rows per program narrowed (down to the tensor cores'
-    16, or ``NARROWEST_SMALL`` for the batches of up to 64 rows) until the grid has
-    ``MIN_PROGRAMS``. A program covers all the inputs of its rows, so at 64 weight rows a
-    program the 7B's output and down projections (4,096 outputs) ran 64 programs on 132
-    multiprocessors; each weight is read once whatever the width."""
-    if batch <= 16:
-        chosen = MatmulConfig(16, 64, 128, 4, 3)
-    elif batch <= 32:
-        chosen = MatmulConfig(32, 64, 128, 4, 3)
-    elif batch <= 64:
-        chosen = MatmulConfig(64, 64, 128, 4, 3)
-    else:
-        chosen = MatmulConfig(128, 128, 64, 8, 3)
-    block_n = chosen.block_n
-    narrowest = NARROWEST_SMALL if batch <= 64 else 16
-    while outputs is not None and block_n > narrowest and -(-outputs // block_n) < MIN_PROGRAMS:
-        block_n //= 2
-    return MatmulConfig(chosen.block_m, block_n, chosen.block_k, chosen.warps, chosen.stages)
 
 
 def rows(x: torch.Tensor, p: Linear, config: MatmulConfig | None = None) -> torch.Tensor:
