@@ -105,6 +105,25 @@ async def test_keys_and_bad_bodies_get_google_s_errors(keyed: ServiceClient) -> 
     _google_error(await http.post(f"{V3}:translateText", content=b"{", headers=headers), 400)
 
 
+async def test_more_texts_than_google_takes_in_one_request_get_its_400(
+    keyed: ServiceClient,
+) -> None:
+    # Google's own limits (v2: 128 q's, "Too many text segments"; v3: 1,024 contents): a
+    # probe's 2,000 q's in one v2 request were taken as one batch of 2,000 texts.
+    http, headers = keyed.http, {"X-Goog-Api-Key": KEY}
+    many = {"q": ["x"] * 129, "target": "de"}
+    for path in ("/language/translate/v2", "/language/translate/v2/detect"):
+        answer = await http.post(path, json=many, headers=headers)
+        _google_error(answer, 400)
+        assert "Too many text segments" in answer.json()["error"]["message"]
+    contents = {"contents": ["x"] * 1025, "targetLanguageCode": "de"}
+    _google_error(await http.post(f"{V3}:translateText", json=contents, headers=headers), 400)
+    fits = await http.post(
+        "/language/translate/v2/detect", json={"q": ["x"] * 128}, headers=headers
+    )
+    assert fits.status_code == 200, fits.text
+
+
 async def test_glossary_config_takes_a_stored_glossary_s_pair(
     start_app: StartApp, tmp_path: Path, data_dir: Path
 ) -> None:

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.contract import errors
-from service.contract.errors import InvalidInput, ServiceError, Unsupported
+from service.contract.errors import BatchTooLarge, InvalidInput, ServiceError, Unsupported
 from service.frontend.access import AccessControl
 from service.frontend.api.context import RequestContext
 from service.frontend.api.errors import Dialect, status_of
@@ -85,6 +85,19 @@ _GOOGLE_CODES = {"zh": "zh-CN", "zh-Hant": "zh-TW"}
 
 def google_code(language: Language) -> str:
     return _GOOGLE_CODES.get(language.code, language.code)
+
+
+# The most texts one request carries, as Google's own servers take them: v2's ``q`` (128,
+# "Too many text segments" past it) and v3's ``contents`` (1,024). A client built for Google
+# already splits its batches so; past them one request would hold many decode rows.
+MOST_V2_SEGMENTS = 128
+MOST_V3_CONTENTS = 1024
+
+
+def _at_most(texts: list[str], most: int, field: str) -> list[str]:
+    if len(texts) > most:
+        raise BatchTooLarge(f"Too many text segments: {len(texts)} in '{field}', at most {most}")
+    return texts
 
 
 def _texts(value: object) -> list[str]:
@@ -243,6 +256,7 @@ async def _translate_v2(request: Request) -> JSONResponse:
     params = await read_params(request)
     context = await google_context(request)
     body = parse_google(TranslateV2, params)
+    _at_most(body.q, MOST_V2_SEGMENTS, "q")
     if body.cid:
         raise Unsupported("cid: custom models are not served")
     target, source = _pair(
@@ -259,6 +273,7 @@ async def _detect_v2(request: Request) -> JSONResponse:
     params = await read_params(request)
     context = await google_context(request)
     body = parse_google(DetectV2, params)
+    _at_most(body.q, MOST_V2_SEGMENTS, "q")
     await context.charge(sum(len(text) for text in body.q))
     found = await context.translator.detect(body.q)
     detections = [
@@ -315,6 +330,7 @@ async def _translate_v3(request: Request, glossaries: GlossaryStore) -> JSONResp
     params = await read_params(request)
     context = await google_context(request)
     body = parse_google(TranslateV3, params)
+    _at_most(body.contents, MOST_V3_CONTENTS, "contents")
     if body.transliteration_config:
         raise Unsupported("transliterationConfig: transliteration is not served")
     target, source = _pair(
