@@ -17,16 +17,9 @@ is exact, it needs no message from the engine. A request for ``n`` texts is refu
   the spread of output lengths. Admitting what cannot finish in time only turns a 429 now into
   a 504 later, and spends GPU time on answers nobody receives.
 
-The measured rate is trusted only once the engine has been busy for longer than one text's
-generation at a full batch: the first answers of a burst into an idle engine are its shortest
-texts, and a rate taken from them (three answers after two seconds while a thousand texts
-generate) would predict waits of minutes. Until then, and before any answer, the rate comes
-from what the engine measured about itself at start (``Ready.step_seconds``, one decode step's
-time by batch size): a full batch answers ``capacity`` texts every ``tokens per text`` steps,
-the tokens per text being the answers' own mean once there are a few, ``_PRIOR_TOKENS`` before
-(or the most a text may generate, where that is fewer), and the step time doubled
-(``_PRIOR_MARGIN``) for what the measured step leaves out (prefill, the host's work, attention
-over real contexts).
+The rate and the expected finish come from ``drain.DrainEstimate``: measured from answers once
+the engine has been busy for a generation at a full batch, before that from the engine's own step
+times at start.
 
 A request of several texts that would not finish inside its deadline even alone, on an idle
 engine, where one text would, is refused as too large (``BatchTooLarge``, a 4xx in each API's
@@ -37,11 +30,7 @@ fewer texts a request get through.
 backlog needs to drain at that rate.
 
 With several API processes in front of one engine each process admits its share: the bound and
-the capacity are divided by the number of processes, and the rate and the load it was measured
-at are each process's own, so their ratio stays the engine's.
-
-The rate is a ratio of two exponentially decaying sums (answers, busy seconds) with the same time
-constant, updated in O(1) at every admission, answer and release.
+the capacity are divided by the number of processes.
 """
 
 from __future__ import annotations
@@ -61,14 +50,8 @@ from service.contract.errors import (
     ServiceError,
 )
 from service.frontend.metrics import Children, Metrics
+from service.frontend.policy.drain import DrainEstimate
 
-# Time constant of the rate's decaying sums, and the (decayed) answers it needs to be trusted.
-_RATE_TAU_S = 5.0
-_MIN_ANSWERS = 3.0
-# Output tokens a text is taken to need before answers have said (a paragraph's translation).
-_PRIOR_TOKENS = 128.0
-# The engine's measured decode step, times this, for a step of real work (see above).
-_PRIOR_MARGIN = 2.0
 # The expected wait may take this share of the time left to the deadline.
 _DEADLINE_SHARE = 0.6
 # A refusal (its message and Retry-After) is used again for this long while nothing changes.
@@ -117,10 +100,7 @@ class Admission:
     ) -> None:
         """``processes``: API processes sharing the engine, each admitting its share;
         ``most_tokens``: the most a text may generate (the service's ``max_new_tokens``)."""
-        self._processes = processes
-        # Before answers say how long texts are, a text is taken to need _PRIOR_TOKENS, never
-        # more than it may generate: a service capped at 8 tokens a text does not wait for 128.
-        self._prior_tokens = min(_PRIOR_TOKENS, float(most_tokens or _PRIOR_TOKENS))
+        self._drain = DrainEstimate(clock, processes, most_tokens)
         self._max = max(1, max_in_flight // processes)
         self._metrics = metrics
         self._availability = availability
@@ -128,21 +108,6 @@ class Admission:
         self._in_flight = 0
         self._arriving = 0
         self._closed = False
-        self._capacity = 1
-        self._engine_capacity = 1
-        # The engine's decode step seconds by batch size, sorted by batch size.
-        self._step_seconds: tuple[tuple[int, float], ...] = ()
-        # Decaying sums of answers, of busy seconds and of the in-flight count at each answer,
-        # as of ``_updated``.
-        self._answers = 0.0
-        self._busy_s = 0.0
-        self._answered_at = 0.0
-        # Decaying sums of the completion tokens of answered texts, and of those answers.
-        self._tokens = 0.0
-        self._tokened = 0.0
-        # When the engine last went from idle to busy (None: idle now).
-        self._busy_since: float | None = None
-        self._updated = clock()
         self._idle = asyncio.Event()
         self._idle.set()
         self._rejections = Children(metrics.queue_rejections)
@@ -176,11 +141,7 @@ class Admission:
     def set_engine(self, capacity: int, step_seconds: Mapping[int, float] | None = None) -> None:
         """Texts the engine generates at once, and the seconds of its decode step by batch size
         (from its ``Ready``; none where it did not measure them)."""
-        self._engine_capacity = max(1, capacity)
-        self._capacity = max(1, capacity // self._processes)
-        self._step_seconds = tuple(
-            sorted((b, t) for b, t in (step_seconds or {}).items() if b > 0 and t > 0)
-        )
+        self._drain.set_engine(capacity, step_seconds)
 
     @property
     def limit(self) -> int:
@@ -243,13 +204,14 @@ class Admission:
                 retry_after_s=self.retry_after_s(),
             )
         if deadline is not None:
-            expected = self._expected_finish_s(self._in_flight + texts, now)
+            expected = self._drain.finish_s(self._in_flight + texts, now)
             if expected is not None and expected > _DEADLINE_SHARE * (deadline - now):
                 self._reject("deadline_unreachable")
-                if texts > 1 and self._too_large(texts, now, _DEADLINE_SHARE * (deadline - now)):
+                allowed = _DEADLINE_SHARE * (deadline - now)
+                if texts > 1 and self._drain.too_large(texts, now, allowed):
                     # Waiting would not help: an idle engine would not finish it in time
                     # either, and a 429 would send the client back with the same request.
-                    alone = self._expected_finish_s(texts, now) or 0.0
+                    alone = self._drain.finish_s(texts, now) or 0.0
                     raise BatchTooLarge(
                         f"{texts} texts would take about {alone:.1f} s even on an idle "
                         "service, more than this request's deadline allows; send fewer "
@@ -263,68 +225,15 @@ class Admission:
         self._enter(texts, now)
         return Reservation(self, texts)
 
-    def _too_large(self, texts: int, now: float, allowed_s: float) -> bool:
-        """Whether ``texts`` texts would outlast ``allowed_s`` on an idle engine while one text
-        would not: a request that fewer texts a request would get through. Past the free rows
-        only on a measured rate: the prior's margin is for admitting, and work that may wait
-        (a document's slices) keeps waiting on it until answers say how fast the engine is."""
-        if texts > self._capacity and self._measured_rate() is None:
-            return False
-        alone = self._expected_finish_s(texts, now)
-        one = self._expected_finish_s(1, now)
-        return alone is not None and alone > allowed_s and (one is None or one <= allowed_s)
-
     def completed(self, tokens: int | None = None) -> None:
         """One text was answered by the engine (whatever the outcome); ``tokens``: the tokens
         it generated, where it has a result."""
-        self._advance(self._clock())
-        self._answers += 1
-        self._answered_at += self._in_flight
-        if tokens is not None:
-            self._tokens += tokens
-            self._tokened += 1
+        self._drain.answered(self._in_flight, tokens)
 
     def drain_rate(self) -> float | None:
         """Texts answered per second of busy time (measured, or the engine's prior), or None
         before either is known."""
-        self._advance(self._clock())
-        measured = self._measured_rate()
-        return measured if measured is not None else self._prior_rate()
-
-    def _measured_rate(self) -> float | None:
-        """Answers per busy second, from ``_MIN_ANSWERS`` answers on, once the engine has been
-        busy for longer than a generation at a full batch (where its step time is known)."""
-        if self._answers < _MIN_ANSWERS or self._busy_s <= 0:
-            return None
-        # The longer of the prior and the answers' mean: the first answers are the short ones.
-        generation = self._generation_s(at_least_prior=True)
-        busy_for = 0.0 if self._busy_since is None else self._clock() - self._busy_since
-        if generation is not None and busy_for < generation:
-            return None
-        return self._answers / self._busy_s
-
-    def _prior_rate(self) -> float | None:
-        """This process's share of what a full engine answers per second, from its own step
-        time; None where the engine measured none."""
-        generation = self._generation_s()
-        if generation is None:
-            return None
-        return self._engine_capacity / generation / self._processes
-
-    def _generation_s(self, batch: int | None = None, at_least_prior: bool = False) -> float | None:
-        """Seconds one text's generation takes at a batch of ``batch`` texts (a full one where
-        None), with ``_PRIOR_MARGIN``, for the answers' mean tokens per text (``at_least_prior``:
-        no fewer than the prior's)."""
-        if not self._step_seconds:
-            return None
-        wanted = self._engine_capacity if batch is None else batch
-        # The step of the smallest measured batch that holds it, or the largest.
-        step = next((t for b, t in self._step_seconds if b >= wanted), self._step_seconds[-1][1])
-        prior = self._prior_tokens
-        tokens = self._tokens / self._tokened if self._tokened >= _MIN_ANSWERS else prior
-        if at_least_prior:
-            tokens = max(tokens, prior)
-        return _PRIOR_MARGIN * step * max(1.0, tokens)
+        return self._drain.rate()
 
     def retry_after_s(self) -> float:
         """Seconds until the current backlog has likely drained: at least 1, at most 60."""
@@ -333,54 +242,20 @@ class Admission:
             return 1.0
         return float(min(60, max(1, math.ceil(self._in_flight / rate))))
 
-    def _expected_finish_s(self, position: int, now: float) -> float | None:
-        if position <= self._capacity:
-            # A free decode row for every text: it starts now, and is answered after one
-            # generation at the batch it joins (this process's share, times the processes).
-            # On a fast engine that is far inside any deadline; on a slow one (float32, or
-            # slow kernels) a full batch outlasts it, and the texts admitted past what
-            # finishes in time would end as 504s.
-            return self._generation_s(min(position * self._processes, self._engine_capacity))
-        self._advance(now)
-        rate = self._measured_rate()
-        if rate is None:
-            prior = self._prior_rate()
-            return None if prior is None else position / prior
-        measured_at = self._answered_at / self._answers  # in flight, on average, at an answer
-        batched = min(position, self._capacity)
-        # Halved: near saturation more in flight no longer buys proportionally more throughput,
-        # and an estimate that is too kind turns into 504s.
-        return position / (rate * max(1.0, batched / (2 * max(measured_at, 1.0))))
-
-    def _advance(self, now: float) -> None:
-        """Decay both sums to ``now``, counting the busy time since the last update."""
-        elapsed = now - self._updated
-        if elapsed <= 0:
-            return
-        decay = math.exp(-elapsed / _RATE_TAU_S)
-        self._answers *= decay
-        # Busy seconds in (updated, now], decayed as if spread evenly over it.
-        busy = _RATE_TAU_S * (1 - decay) if self._in_flight else 0.0
-        self._busy_s = self._busy_s * decay + busy
-        self._answered_at *= decay
-        self._tokens *= decay
-        self._tokened *= decay
-        self._updated = now
-
     def _enter(self, texts: int, now: float) -> None:
-        self._advance(now)
-        if not self._in_flight:
-            self._busy_since = now
+        self._drain.advance(now)
+        if not self._in_flight and texts:
+            self._drain.busy(now)
         self._in_flight += texts
         self._idle.clear()
         self._metrics.in_flight.set(self._in_flight)
         self.count_refusals()
 
     def _leave(self, texts: int) -> None:
-        self._advance(self._clock())
+        self._drain.advance(self._clock())
         self._in_flight -= texts
         if not self._in_flight:
-            self._busy_since = None
+            self._drain.idle()
             self._idle.set()
         self._metrics.in_flight.set(self._in_flight)
         self.count_refusals()
