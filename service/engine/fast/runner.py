@@ -433,10 +433,10 @@ class ModelRunner:
     def time_steps(self) -> dict[int, float]:
         """Seconds of one decode step at each batch-size bucket, measured now (the engine is
         idle: the rows hold nothing, so the steps write only the scratch page): the fastest of
-        a few runs, none dearer than a wider bucket's (``no_dearer_than_wider``). A step is run
-        again only while that is cheap (under ``_RETIME_BELOW_S``): a first run at a new shape
-        pays one-time costs (on a CPU several times a small model's step), which a 7B's steps
-        on a CPU dwarf."""
+        a few runs. A step is run again only while that is cheap (under ``_RETIME_BELOW_S``):
+        a first run at a new shape pays one-time costs (on a CPU several times a small model's
+        step), which a 7B's steps on a CPU dwarf; admission reads the times accordingly
+        (``policy.drain``)."""
         times: dict[int, float] = {}
         with torch.inference_mode():
             for bucket in self._buckets:
@@ -450,7 +450,7 @@ class ModelRunner:
                     if best > _RETIME_BELOW_S:
                         break
                 times[bucket] = best
-        return no_dearer_than_wider(times)
+        return times
 
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -490,20 +490,6 @@ class ModelRunner:
 
     def _own(self, owners: PageOwners) -> None:
         self.cache.assign(owners.pages, owners.rows, owners.logical)
-
-
-def no_dearer_than_wider(times: dict[int, float]) -> dict[int, float]:
-    """``times`` (seconds a step, by bucket) with each bucket's at most the least of every wider
-    bucket's: a step of more rows does all the work of one of fewer, so a narrower step timed
-    dearer met a cost that was not its own (a first run's one-time costs left unrepeated, a busy
-    host), and admission's prior before any answer rests on these (a 2-row step timed at 202.871
-    ms beside 13.472 at one row once made a fresh service refuse work)."""
-    kept: dict[int, float] = {}
-    least = float("inf")
-    for bucket in sorted(times, reverse=True):
-        least = min(least, times[bucket])
-        kept[bucket] = least
-    return {bucket: kept[bucket] for bucket in sorted(kept)}
 
 
 def _choose(loaded: LoadedModel, config: EngineConfig) -> _Choices:

@@ -70,9 +70,8 @@ class DrainEstimate:
         (from its ``Ready``; none where it did not measure them)."""
         self._engine_capacity = max(1, capacity)
         self.capacity = max(1, capacity // self._processes)
-        self._step_seconds = tuple(
-            sorted((b, t) for b, t in (step_seconds or {}).items() if b > 0 and t > 0)
-        )
+        measured = {b: t for b, t in (step_seconds or {}).items() if b > 0 and t > 0}
+        self._step_seconds = tuple(sorted(no_dearer_than_wider(measured).items()))
 
     def busy(self, now: float) -> None:
         """Texts went in flight with none before (after ``advance``)."""
@@ -180,3 +179,17 @@ class DrainEstimate:
         if at_least_prior:
             tokens = max(tokens, prior)
         return _PRIOR_MARGIN * step * max(1.0, tokens)
+
+
+def no_dearer_than_wider(times: Mapping[int, float]) -> dict[int, float]:
+    """``times`` (seconds a decode step, by batch size) with each at most the least of every
+    wider batch's. The engine times each step once where a run is dear (on a busy host a narrow
+    step's one sample can meet a cost not its own), and a prior that made a narrow batch dearer
+    than a wide one would refuse the first texts of a fresh service for want of a row it has;
+    read so, a narrow step is never expected to outlast a wider one."""
+    kept: dict[int, float] = {}
+    least = float("inf")
+    for batch in sorted(times, reverse=True):
+        least = min(least, times[batch])
+        kept[batch] = least
+    return {batch: kept[batch] for batch in sorted(kept)}
