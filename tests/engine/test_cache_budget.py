@@ -158,6 +158,10 @@ def test_a_small_card_gives_up_prefill_chunk_before_rows(monkeypatch: pytest.Mon
     assert fitted.prefill_tokens == MIN_FITTED_PREFILL
     assert fitted.rows > kept.rows
     assert fitted.pages >= fitted.rows
+    # What each fit set aside for its widest steps, as the start's log reports it (set beside
+    # what the steps then took, it is how the estimate is checked on a GPU).
+    for fit in (kept, fitted):
+        assert fit.workspace == workspace_bytes(GEOMETRY, fit.rows, fit.prefill_tokens)
     # Where everything fits, nothing is given up.
     roomy = _fitted(monkeypatch, 100 * GIB, 1024, prefill_given=False)
     assert (roomy.rows, roomy.prefill_tokens) == (1024, 8192)

@@ -186,6 +186,9 @@ class Fitted:
     rows: int
     pages: int
     prefill_tokens: int
+    # Bytes set aside for the widest steps beside the weights and the cache
+    # (``workspace_bytes``, before the memory fraction); 0 where the pages were set.
+    workspace: int = 0
 
 
 def fit_rows_and_pages(
@@ -233,7 +236,7 @@ def fit_rows_and_pages(
                         "pages": pages,
                     },
                 )
-            return Fitted(fitted, pages, chunk)
+            return Fitted(fitted, pages, chunk, reserved)
         if not prefill_given and chunk // 2 >= MIN_FITTED_PREFILL:
             chunk //= 2
             continue

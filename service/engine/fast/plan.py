@@ -49,6 +49,9 @@ class Plan:
     prefill_graph_tokens: int = 0
     # What the KV cache stores keys and values in (``kv_dtype_for``).
     kv_cache_dtype: str = ""
+    # What the fit set aside for the widest steps (``cache.Fitted.workspace``), to set beside
+    # what they took (the allocator's peak at ready less its reserve after the cache).
+    workspace_gib: float = 0.0
 
 
 # Decode rows on CUDA where the operator sets none (``plan_for``).

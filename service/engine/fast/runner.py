@@ -205,6 +205,7 @@ class ModelRunner:
             triton_rows=attention.small_rows if isinstance(attention, SmallBatchDecode) else 0,
             prefill_graph_tokens=self._prefill_graphs.largest if self._prefill_graphs else 0,
             kv_cache_dtype=str(choices.kv_dtype).removeprefix("torch."),
+            workspace_gib=round(fitted.workspace / 2**30, 3),
         )
         self.attention = attention.name
         self.fp8 = choices.fp8 is not None
