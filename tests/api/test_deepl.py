@@ -5,6 +5,7 @@ left alone, unknown routes in DeepL's shape."""
 from __future__ import annotations
 
 import asyncio
+import urllib.parse
 
 import pytest
 
@@ -140,6 +141,20 @@ async def test_every_way_of_sending_the_key(keyed: ServiceClient) -> None:
     wrong = await http.post("/v2/translate", json=body, headers={"Authorization": "Bearer no"})
     assert wrong.status_code == 403
     assert set(wrong.json()) == {"message"}
+
+
+async def test_a_form_over_starlette_s_limits_says_which(keyed: ServiceClient) -> None:
+    # A probe's 3,000 text fields got "the form body cannot be parsed" and nothing more; the
+    # limit Starlette refused it for (1,000 fields) is safe to name, in DeepL's shape.
+    headers = {
+        "Authorization": "DeepL-Auth-Key k",
+        "Content-Type": "application/x-www-form-urlencoded",
+    }
+    fields = urllib.parse.urlencode([("text", "hi")] * 1001 + [("target_lang", "DE")])
+    answer = await keyed.http.post("/v2/translate", content=fields, headers=headers)
+    assert answer.status_code == 400
+    assert set(answer.json()) == {"message"}
+    assert "Too many fields" in answer.json()["message"]
 
 
 async def test_usage_counts_characters_without_a_quota(keyed: ServiceClient) -> None:

@@ -27,7 +27,7 @@ from service.frontend.api.deepl_requests import (
     DocumentParams,
     parse_deepl,
 )
-from service.frontend.api.params import Params, read_params
+from service.frontend.api.params import Params, read_form, read_params
 from service.frontend.documents.jobs import Job
 from service.frontend.documents.service import Documents
 from service.frontend.translation.languages import Language
@@ -46,10 +46,7 @@ async def read_upload(request: Request, name: str = "file") -> tuple[Params, str
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != "multipart/form-data":
         raise InvalidInput(f"invalid request: send the document as multipart/form-data '{name}'")
-    try:
-        form = await request.form()
-    except Exception:  # python-multipart raises several types for malformed bodies
-        raise InvalidInput("invalid request: the form body cannot be parsed") from None
+    form = await read_form(request)
     upload = form.get(name)
     data = await upload.read() if isinstance(upload, UploadFile) else None
     uploaded_name = upload.filename if isinstance(upload, UploadFile) else None

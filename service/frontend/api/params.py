@@ -15,11 +15,29 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 
 from service.contract.errors import InvalidInput
 
 Params = dict[str, Any]
 M = TypeVar("M", bound=BaseModel)
+
+
+async def read_form(request: Request) -> FormData:
+    """The request's form, or ``InvalidInput`` saying why it cannot be read: Starlette's own
+    limits (more than 1,000 fields, a field over 1 MiB) in its words, which are safe to show;
+    any other malformed body as such."""
+    try:
+        return await request.form()
+    except (MultiPartException, HTTPException) as error:
+        # Starlette's limits: its parser's exception, which a request inside an app gets as
+        # an HTTPException carrying the same message.
+        said = error.message if isinstance(error, MultiPartException) else error.detail
+        raise InvalidInput(f"invalid request: the form body cannot be parsed: {said}") from None
+    except Exception:  # python-multipart raises several types for malformed bodies
+        raise InvalidInput("invalid request: the form body cannot be parsed") from None
 
 
 async def read_params(request: Request) -> Params:
@@ -30,10 +48,7 @@ async def read_params(request: Request) -> Params:
         query[key] = values if len(values) > 1 else values[0]
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
-        try:
-            form = await request.form()
-        except Exception:  # python-multipart raises several types for malformed bodies
-            raise InvalidInput("invalid request: the form body cannot be parsed") from None
+        form = await read_form(request)
         params = dict(query)
         for key in form:
             values = [value for value in form.getlist(key) if isinstance(value, str)]
