@@ -60,6 +60,13 @@ async def test_a_timeout_below_the_minimum_is_a_client_error(
     response = await slow.http.post(route, json=body("hi"), headers={"X-Request-Timeout": "0.001"})
     assert response.status_code == (422 if dialect == "native" else 400)
     assert "X-Request-Timeout" in error_message(dialect, response.json())
+    # Not a finite number: said so (a probe's "inf" was told "at least 0.1 seconds").
+    for given in ("nan", "inf", "-inf", "1e309"):
+        response = await slow.http.post(
+            route, json=body("hi"), headers={"X-Request-Timeout": given}
+        )
+        assert response.status_code == (422 if dialect == "native" else 400)
+        assert "not a finite number" in error_message(dialect, response.json())
 
 
 @pytest.mark.parametrize("dialect", list(DIALECTS))

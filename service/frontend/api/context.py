@@ -63,7 +63,9 @@ def deadline_of(request: Request, runtime: Runtime) -> float:
             asked = float(given)
         except ValueError:
             raise InvalidInput("X-Request-Timeout: not a number of seconds") from None
-        if not math.isfinite(asked) or asked < policy.min_request_timeout_s:
+        if not math.isfinite(asked):
+            raise InvalidInput("X-Request-Timeout: not a finite number of seconds")
+        if asked < policy.min_request_timeout_s:
             raise InvalidInput(
                 f"X-Request-Timeout: at least {policy.min_request_timeout_s} seconds"
             )
