@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from service.contract.errors import (
@@ -333,6 +333,7 @@ def test_a_refusal_for_a_full_queue_is_counted_after_it_at_the_next_change_or_re
     full_ms=st.sampled_from([1.0, 10.0, 100.0, 1000.0]),
     deadline_s=st.floats(1.0, 120.0),
 )
+@example(texts=1, held=0, one_ms=10.0, full_ms=1.0, deadline_s=1.0)  # a one-row step read down
 def test_a_request_that_fewer_texts_would_get_through_is_refused_as_too_large(
     texts: int, held: int, one_ms: float, full_ms: float, deadline_s: float
 ) -> None:
@@ -349,7 +350,9 @@ def test_a_request_that_fewer_texts_would_get_through_is_refused_as_too_large(
     backlog = gate.reserve(held, None) if held else None
 
     def finish_s(position: int) -> float:
-        generation = 2.0 * 128 * (one_ms if position <= 1 else full_ms) / 1000
+        # A step of one row read as no dearer than the full batch's (``no_dearer_than_wider``).
+        one = min(one_ms, full_ms)
+        generation = 2.0 * 128 * (one if position <= 1 else full_ms) / 1000
         if position <= capacity:
             return generation
         return position / (capacity / (2.0 * 128 * full_ms / 1000))
