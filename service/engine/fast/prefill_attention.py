@@ -43,16 +43,17 @@ def packed_causal_attention(
     ``cu_k`` on the host; else read back from the device)."""
     if kernel is None:
         kernel = Capability.of(q.device).prefill_kernel(q.dtype)
-    if kernel == "flash":
-        return _flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale)
-    if kernel == "efficient":
-        return _efficient_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale)
+    if kernel != "sdpa":
+        return _varlen(
+            kernel, q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32), max_q, max_k, scale
+        )
     if host_starts is None:
         host_starts = (cu_q.tolist(), cu_k.tolist())
     return _reference_varlen(q, k, v, host_starts[0], host_starts[1], scale)
 
 
-def _flash_varlen(
+def _varlen(
+    kernel: PrefillKernel,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -62,58 +63,39 @@ def _flash_varlen(
     max_k: int,
     scale: float | None,
 ) -> torch.Tensor:
-    # The aten op rather than torch.nn.attention.varlen.varlen_attn: the public wrapper prefers
-    # cuDNN on some GPUs, and its cuDNN path refuses grouped-query attention (32 heads, 8 KV).
-    output = torch.ops.aten._flash_attention_forward(
-        q,
-        k,
-        v,
-        cu_q.to(torch.int32),
-        cu_k.to(torch.int32),
-        max_q,
-        max_k,
-        0.0,  # dropout
-        True,  # causal, aligned to the end of each key sequence
-        False,  # return_debug_mask
-        scale=scale,
-    )[0]
-    return output  # type: ignore[no-any-return]
-
-
-def _efficient_varlen(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_q: torch.Tensor,
-    cu_k: torch.Tensor,
-    max_q: int,
-    max_k: int,
-    scale: float | None,
-) -> torch.Tensor:
-    # The kernel reads a head of keys for each head of queries: grouped-query keys and values
-    # are repeated to the queries' heads (a prefill step's keys, a copy far smaller than the
-    # attention's work).
+    """The packed sequences by one of torch's varlen kernels, their starts (``cu_q``, ``cu_k``:
+    int32) on the device."""
+    if kernel == "flash":
+        # The aten op rather than torch.nn.attention.varlen.varlen_attn: the public wrapper
+        # prefers cuDNN on some GPUs, and its cuDNN path refuses grouped-query attention (32
+        # heads, 8 KV).
+        flash = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_q, cu_k, max_q, max_k,
+            0.0,  # dropout
+            True,  # causal, aligned to the end of each key sequence
+            False,  # return_debug_mask
+            scale=scale,
+        )  # fmt: skip
+        return flash[0]  # type: ignore[no-any-return]
+    # The memory-efficient kernel reads a head of keys for each head of queries: grouped-query
+    # keys and values are repeated to the queries' heads (a prefill step's keys, a copy far
+    # smaller than the attention's work).
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
     # One batch of the packed tokens, ``[1, tokens, heads, dim]``; rows past the last sequence
     # are padding, never written or read.
-    output = efficient_attention(
-        q.unsqueeze(0),
-        k.unsqueeze(0),
-        v.unsqueeze(0),
+    efficient = efficient_attention(
+        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
         None,  # bias
-        cu_q.to(torch.int32),
-        cu_k.to(torch.int32),
-        max_q,
-        max_k,
+        cu_q, cu_k, max_q, max_k,
         0.0,  # dropout
         _CAUSAL_FROM_BOTTOM_RIGHT,
         False,  # compute_log_sumexp
         scale=scale,
-    )[0]
-    return output.squeeze(0)
+    )  # fmt: skip
+    return efficient[0].squeeze(0)
 
 
 def efficient_attention(*args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
