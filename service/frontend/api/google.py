@@ -94,10 +94,9 @@ MOST_V2_SEGMENTS = 128
 MOST_V3_CONTENTS = 1024
 
 
-def _at_most(texts: list[str], most: int, field: str) -> list[str]:
+def _at_most(texts: list[str], most: int, field: str) -> None:
     if len(texts) > most:
         raise BatchTooLarge(f"Too many text segments: {len(texts)} in '{field}', at most {most}")
-    return texts
 
 
 def _texts(value: object) -> list[str]:

@@ -204,14 +204,14 @@ class Admission:
                 retry_after_s=self.retry_after_s(),
             )
         if deadline is not None:
+            allowed = _DEADLINE_SHARE * (deadline - now)
             expected = self._drain.finish_s(self._in_flight + texts, now)
-            if expected is not None and expected > _DEADLINE_SHARE * (deadline - now):
+            if expected is not None and expected > allowed:
                 self._reject("deadline_unreachable")
-                allowed = _DEADLINE_SHARE * (deadline - now)
-                if texts > 1 and self._drain.too_large(texts, now, allowed):
+                alone = self._drain.too_large(texts, now, allowed) if texts > 1 else None
+                if alone is not None:
                     # Waiting would not help: an idle engine would not finish it in time
                     # either, and a 429 would send the client back with the same request.
-                    alone = self._drain.finish_s(texts, now) or 0.0
                     raise BatchTooLarge(
                         f"{texts} texts would take about {alone:.1f} s even on an idle "
                         "service, more than this request's deadline allows; send fewer "

@@ -134,16 +134,19 @@ class DrainEstimate:
         # and an estimate that is too kind turns into 504s.
         return position / (rate * max(1.0, batched / (2 * max(measured_at, 1.0))))
 
-    def too_large(self, texts: int, now: float, allowed_s: float) -> bool:
-        """Whether ``texts`` texts would outlast ``allowed_s`` on an idle engine while one text
-        would not: a request that fewer texts a request would get through. Past the free rows
-        only on a measured rate: the prior's margin is for admitting, and work that may wait
-        (a document's slices) keeps waiting on it until answers say how fast the engine is."""
+    def too_large(self, texts: int, now: float, allowed_s: float) -> float | None:
+        """The seconds ``texts`` texts would take on an idle engine where that outlasts
+        ``allowed_s`` while one text would not (a request that fewer texts a request would get
+        through); else None. Past the free rows only on a measured rate: the prior's margin is
+        for admitting, and work that may wait (a document's slices) keeps waiting on it until
+        answers say how fast the engine is."""
         if texts > self.capacity and self._measured_rate() is None:
-            return False
+            return None
         alone = self.finish_s(texts, now)
         one = self.finish_s(1, now)
-        return alone is not None and alone > allowed_s and (one is None or one <= allowed_s)
+        if alone is None or alone <= allowed_s or (one is not None and one > allowed_s):
+            return None
+        return alone
 
     def _measured_rate(self) -> float | None:
         """Answers per busy second, from ``_MIN_ANSWERS`` answers on, once the engine has been
