@@ -79,7 +79,11 @@ def four_bit_split(
     loop), doubling the splits while the grid has fewer than ``programs`` and each split keeps
     at least ``SPLIT_SLICES`` slices: the 7B's output and down projections (4,096 outputs) give
     128 programs of 32 weight rows at up to 64 rows of activations, each reading all 4,096 or
-    14,336 inputs a 4-bit block at a time, on 132 multiprocessors."""
+    14,336 inputs a 4-bit block at a time, on 132 multiprocessors. ``WIDE_TILE`` is never split."""
+    if config == WIDE_TILE:
+        # Its slices span several blocks already; split, it was slower (docs/benchmarks.md,
+        # run 136).
+        return replace(config, splits=1)
     grid = -(-outputs // config.block_n) * -(-batch // config.block_m)
     splits = 1
     while grid * splits < programs and slices // (2 * splits) >= SPLIT_SLICES:

@@ -113,9 +113,9 @@ WIDE_TILE_ROWS = 128
 # program's codes serve, docs/benchmarks.md, run 120).
 FOUR_BIT_MATMUL_FLOAT_MAXIMA = True
 # The programs ``four_bit_matmul`` splits a 4-bit batch product's inputs to reach
-# (``batch_tiles.four_bit_split``; 0: none). Off until measured against the unsplit tiles
-# (``loadtests.quant_kernels``' ``nf4-tensor-cores-split``).
-FOUR_BIT_SPLIT_PROGRAMS = 0
+# (``batch_tiles.four_bit_split``; 0: none): a layer's products took less time split this way
+# at 1 to 64 rows, and the wide tile's 65-128 rows are left whole (docs/benchmarks.md, run 136).
+FOUR_BIT_SPLIT_PROGRAMS = 512
 
 
 def runs(dtype: torch.dtype, device: torch.device) -> bool:
