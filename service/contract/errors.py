@@ -32,6 +32,11 @@ class TextTooLong(InvalidInput):
     code = "text_too_long"
 
 
+class TooManyTokens(TextTooLong):
+    """A text of more tokens than one may have: ``/translate`` cuts it into segments instead
+    (a dense script's text, within the characters a text may have). Clients see its code."""
+
+
 class BatchTooLarge(InvalidInput):
     code = "batch_too_large"
 
@@ -151,9 +156,13 @@ def _leaves(kind: type[ServiceError]) -> list[type[ServiceError]]:
     return found
 
 
-def error_of(code: str, message: str) -> ServiceError:
-    """The domain error a code names (as an engine process reports it across the boundary)."""
+def error_of(code: str, message: str, name: str | None = None) -> ServiceError:
+    """The domain error a code names (as an engine process reports it across the boundary);
+    ``name``, the class's, where a code is shared (``TooManyTokens`` is a ``TextTooLong``)."""
     for kind in _leaves(ServiceError):
-        if kind.code == code and kind.__init__ is ServiceError.__init__:
+        plain = kind.__init__ is ServiceError.__init__
+        if kind.code == code and plain and name in (None, kind.__name__):
             return kind(message)
+    if name is not None:
+        return error_of(code, message)
     return GenerationFailed(message)

@@ -242,6 +242,7 @@ async def limited(data_dir: Path) -> AsyncIterator[ServiceClient]:
         data_dir=data_dir,
         greedy=True,
         max_text_chars=50,
+        max_document_chars=60,
         max_input_tokens=8,
         max_batch_items=3,
         max_body_bytes=2048,
@@ -251,9 +252,13 @@ async def limited(data_dir: Path) -> AsyncIterator[ServiceClient]:
 
 
 async def test_text_over_character_limit_is_422(limited: ServiceClient) -> None:
-    response = await limited.http.post("/translate", json={"text": "x" * 51, "target_lang": "de"})
+    response = await limited.http.post("/translate", json={"text": "x" * 61, "target_lang": "de"})
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "text_too_long"
+    assert "at most 60 for a document" in response.json()["error"]["message"]
+    # Over a text's characters and within a document's, even without a space: cut and translated.
+    cut = await limited.http.post("/translate", json={"text": "x" * 60, "target_lang": "de"})
+    assert cut.status_code == 200, cut.text
     batch = await limited.http.post(
         "/batch_translate", json={"texts": ["fine", "y" * 51], "target_lang": "de"}
     )
@@ -261,15 +266,20 @@ async def test_text_over_character_limit_is_422(limited: ServiceClient) -> None:
     assert "texts[1]" in batch.json()["error"]["message"]
 
 
-async def test_text_over_token_limit_is_422(limited: ServiceClient) -> None:
-    # 41 characters (under the character limit), more than eight tokens.
-    response = await limited.http.post(
-        "/translate",
-        json={"text": "several words make more than eight tokens", "target_lang": "de"},
+async def test_a_text_over_the_token_limit_is_cut_alone_and_422_in_a_batch(
+    limited: ServiceClient,
+) -> None:
+    # 41 characters (under the character limit), more than eight tokens: a dense script's case.
+    text = "several words make more than eight tokens"
+    response = await limited.http.post("/translate", json={"text": text, "target_lang": "de"})
+    assert response.status_code == 200, response.text  # translated as segments of few tokens
+    batch = await limited.http.post(
+        "/batch_translate", json={"texts": ["fine", text], "target_lang": "de"}
     )
-    assert response.status_code == 422
-    assert response.json()["error"]["code"] == "text_too_long"
-    assert "tokens" in response.json()["error"]["message"]
+    assert batch.status_code == 422
+    assert batch.json()["error"]["code"] == "text_too_long"
+    assert "texts[1]" in batch.json()["error"]["message"]
+    assert "tokens" in batch.json()["error"]["message"]
 
 
 async def test_batch_over_its_size_limit_is_422(limited: ServiceClient) -> None:

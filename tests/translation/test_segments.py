@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
+from service.frontend.translation import segments
 from service.frontend.translation.segments import split_document
 from tests.conftest import ServiceClient, StartApp
 from tests.fakes import FakeControl
@@ -84,6 +88,73 @@ def test_sentences_split_where_they_end() -> None:
     assert "print('not translated. ever.')" not in " ".join(markdown)  # code stays as written
     assert '<p>See <a href="docs.html">the docs. Really</a>. Done.</p>' in markdown  # one element
     assert "nested item. still one." in markdown  # no split before a lower-case word
+
+
+# Clusters a cut must not break (a letter and its marks, an emoji sequence), words of several
+# scripts (Thai has no sentence punctuation), spaces, clause and sentence marks, tags.
+_PIECES = st.sampled_from(
+    [
+        "a", "word", "ก", "สวัสดี", "中", "文", "é", "e\u0301", "क्षि", "👍🏽", "👩\u200d💻",
+        "❤\ufe0f", " ", "  ", ", ", "，", "、", "; ", ". ", "。", "။", "<b>", "</b>",
+        "<a href='x y'>", "x" * 7,
+    ]
+)  # fmt: skip
+
+
+def _starts_inside_a_cluster(text: str) -> bool:
+    first = text[0]
+    return (
+        bool(unicodedata.combining(first))
+        or unicodedata.category(first) in ("Mn", "Mc")
+        or (first in "\u200d\ufe0f\U0001f3fd")
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    words=st.lists(_PIECES, max_size=120),
+    lines=st.integers(1, 3),
+    max_chars=st.integers(8, 40),
+    hard=st.integers(0, 60),
+    budget=st.integers(12, 80),
+)
+@example(words=["สวัสดี", " "] * 60, lines=1, max_chars=30, hard=0, budget=80)  # a Thai paragraph
+@example(words=["x" * 7] * 40, lines=1, max_chars=10, hard=0, budget=80)  # no space at all
+def test_a_sentence_no_segment_may_hold_is_cut_into_segments_that_may(
+    words: list[str], lines: int, max_chars: int, hard: int, budget: int
+) -> None:
+    text = "\n".join("".join(words[i::lines]) for i in range(lines))
+    hard_chars = max_chars + hard
+
+    def fits(piece: str) -> bool:  # bytes standing in for tokens: a dense script has more
+        return len(piece.encode()) <= budget
+
+    document = split_document(text, max_chars, hard_chars, fits)
+    assert document.join(document.texts()) == text  # nothing lost, nothing added
+    for segment in document.texts():
+        assert len(segment) <= hard_chars
+        assert fits(segment), segment
+        assert not _starts_inside_a_cluster(segment), segment
+        assert segment == segment.strip()
+
+
+def test_a_lines_tags_are_read_once_however_many_sentences_end_on_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each sentence end used to read the line before it again for open tags and elements: a
+    # 52,000-character line of short sentences and tags took seconds of a worker.
+    reads: list[str] = []
+    tag = segments._TAG
+
+    class Counted:
+        def __getattr__(self, name: str) -> object:
+            reads.append(name)
+            return getattr(tag, name)
+
+    monkeypatch.setattr(segments, "_TAG", Counted())
+    line = "Ab. <b>x</b> " * 200
+    assert len(split_document(line, 30).texts()) == 100  # 400 sentence ends
+    assert len(reads) == 1
 
 
 async def test_a_long_text_is_translated_by_segment_and_cached_by_segment(

@@ -104,9 +104,8 @@ class LongTexts:
             raise TextTooLong(f"text: {len(text)} characters, at most {limit} for a document")
         target, source = self._core.prompts.languages_of(target_lang, source_lang)
         self._core.prompts.check(text[: self._core.settings.max_text_chars], "text")
-        document = await self._core.preparer.split(
-            text, min(_SEGMENT_CHARS, self._core.settings.max_text_chars)
-        )
+        most = self._core.settings.max_text_chars
+        document = await self._core.preparer.split(text, min(_SEGMENT_CHARS, most), most)
         segments = document.texts()
         confidence = None
         if source is None:

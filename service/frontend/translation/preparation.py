@@ -117,8 +117,8 @@ def _answer(builder: PromptBuilder, kind: str, args: tuple[Any, ...]) -> tuple[s
                 for text, field in zip(texts, fields, strict=True)
             ]
         if kind == "split":
-            text, max_chars = args
-            return "ok", split_document(text, max_chars)
+            text, max_chars, hard_chars = args
+            return "ok", split_document(text, max_chars, hard_chars, builder.fits)
         if kind == "render":
             text, target, source, options = args
             prepared = builder.prepare(text, target, source, field="text", options=options)
@@ -129,7 +129,7 @@ def _answer(builder: PromptBuilder, kind: str, args: tuple[Any, ...]) -> tuple[s
         (texts,) = args
         return "ok", [builder.detect(text) for text in texts]
     except ServiceError as error:
-        return "error", (error.code, error.message)
+        return "error", (error.code, error.message, type(error).__name__)
     except Exception as error:
         log.exception("preparation failed")
         return "crash", f"{type(error).__name__}: {error}"
@@ -222,8 +222,8 @@ class Preparer:
         )
         return result
 
-    async def split(self, text: str, max_chars: int) -> Document:
-        result: Document = await self._run("split", (text, max_chars))
+    async def split(self, text: str, max_chars: int, hard_chars: int) -> Document:
+        result: Document = await self._run("split", (text, max_chars, hard_chars))
         return result
 
     async def render(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.contract.errors import InvalidInput, TextTooLong
+from service.contract.errors import InvalidInput, TextTooLong, TooManyTokens
 from service.contract.types import (
     Decoding,
     GenerationRequest,
@@ -83,6 +83,10 @@ class PromptBuilder:
         except UnicodeEncodeError:
             raise InvalidInput(f"{field}: the text is not valid Unicode (lone surrogate)") from None
 
+    def fits(self, text: str) -> bool:
+        """Whether ``text`` has no more tokens than a text may (a document's segments)."""
+        return self._encoder.count_tokens(text) <= self._settings.max_input_tokens
+
     def prepare(
         self,
         text: str,
@@ -96,7 +100,7 @@ class PromptBuilder:
         self.check(text, field)
         source_tokens = self._encoder.count_tokens(text)
         if source_tokens > self._settings.max_input_tokens:
-            raise TextTooLong(
+            raise TooManyTokens(
                 f"{field}: {source_tokens} tokens, at most {self._settings.max_input_tokens}"
             )
         confidence = None

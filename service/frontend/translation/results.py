@@ -68,8 +68,9 @@ class TextPreparer(Protocol):
         """The request for ``text`` and the exact text the model would read (chat format)."""
         ...
 
-    async def split(self, text: str, max_chars: int) -> Document:
-        """``segments.split_document`` of a long text (milliseconds: not on the event loop)."""
+    async def split(self, text: str, max_chars: int, hard_chars: int) -> Document:
+        """``segments.split_document`` of a long text (milliseconds: not on the event loop),
+        its segments within the tokens a text may have."""
         ...
 
     async def prepare_chat(

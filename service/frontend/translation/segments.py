@@ -5,11 +5,17 @@ blank lines, indentation, Markdown list markers, heading hashes and quote marks,
 blocks, the spaces between segments) or *segments* to translate: a line's text, or, for a long
 line, runs of its sentences up to a size. Sentences end at ``. ! ?`` and their Arabic,
 Devanagari and fullwidth forms followed by a space, and at the CJK full stop, exclamation and
-question marks without one; not after a known abbreviation or a single capital (``e.g.``,
-``Dr.``, ``J. Smith``), not before a lower-case word, not inside a number (``3.14``), and not
-inside a tag or an element (``<a href="x.html">...</a>`` stays in one segment). Joining the
-translations with the glue gives back the document's structure: the same paragraphs, lines,
-list items and tags.
+question marks and the Burmese, Khmer and Tibetan ends without one; not after a known
+abbreviation or a single capital (``e.g.``, ``Dr.``, ``J. Smith``), not before a lower-case
+word, not inside a number (``3.14``), and not inside a tag or an element
+(``<a href="x.html">...</a>`` stays in one segment). Joining the translations with the glue
+gives back the document's structure: the same paragraphs, lines, list items and tags.
+
+A sentence no segment may hold (over the hard limit in characters, or more tokens than a text
+may have: a Thai paragraph, which has no sentence punctuation, or an unpunctuated transcript) is
+cut further, near the segment size: after clause punctuation, else at a space, else between
+two characters (never inside a combining sequence or an emoji's joined parts), so that a
+document is refused only for its total size.
 
 Each segment is its own cache entry, so an edited document generates again only the segments
 that changed.
@@ -18,10 +24,13 @@ that changed.
 from __future__ import annotations
 
 import re
+import unicodedata
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # Ends of sentences: Latin and Arabic punctuation (then whitespace), CJK full stops (none needed).
-_END = re.compile(r"(?<=[.!?؟۔।])[\"'»”’)\]]*(?=\s)|(?<=[。！？])[」』”’）]*")
+_END = re.compile(r"(?<=[.!?؟۔।])[\"'»”’)\]]*(?=\s)|(?<=[。！？။។៕།༎])[」』”’）]*")
 _ABBREVIATIONS = frozenset(
     {
         "mr",
@@ -76,9 +85,21 @@ _ABBREVIATIONS = frozenset(
 # A line's structure before its text: indentation, list markers, heading hashes, quote marks.
 _LEAD = re.compile(r"^(\s*(?:[-*+]\s+|\d+[.)]\s+|#{1,6}\s+|>\s*)*)")
 _FENCE = re.compile(r"^\s*(```|~~~)")
-_TAG_OPEN = re.compile(r"<[^>]*$")
 _TAG = re.compile(r"<(/?)([A-Za-z][\w:.-]*)[^>]*?(/?)>")
 _VOID = frozenset({"br", "hr", "img", "input", "meta", "link", "wbr", "area", "col", "source"})
+# Where an over-long sentence is cut, best first: after clause punctuation, then at a space.
+_CLAUSE = re.compile(r"(?<=[,;:，；：、،؛])\s*")
+_SPACE = re.compile(r"\s+")
+# Characters that belong to the one before them (joiners, variation selectors, skin tones, tag
+# characters): no cut goes before one, nor after a zero-width joiner.
+_JOINED = re.compile(
+    r"[\u200c\u200d\ufe00-\ufe0f\U0001f3fb-\U0001f3ff\U000e0020-\U000e007f\U000e0100-\U000e01ef]"
+)
+
+# Longer than any emoji sequence: a longer run of marks is cut anywhere.
+_LONGEST_CLUSTER = 32
+
+Fits = Callable[[str], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +121,14 @@ class Document:
         return "".join(parts)
 
 
-def split_document(text: str, max_chars: int = 1000) -> Document:
+def split_document(
+    text: str, max_chars: int = 1000, hard_chars: int | None = None, fits: Fits | None = None
+) -> Document:
     """``text`` as glue and segments: each line's text whole, or, where it is longer than
-    ``max_chars``, its sentences grouped up to ``max_chars`` (a longer sentence alone)."""
+    ``max_chars``, its sentences grouped up to ``max_chars`` (a longer sentence alone). A
+    sentence over ``hard_chars``, or one ``fits`` says no to (too many tokens), is cut into
+    pieces of up to ``max_chars`` that ``fits``; groups are joined only where ``fits``."""
+    ok = fits or _always
     parts: list[str] = []
     sentences: list[int] = []
     paragraphs: list[int] = []
@@ -126,7 +152,11 @@ def split_document(text: str, max_chars: int = 1000) -> Document:
             parts.append(prefix)
         rest = body[len(prefix) :]
         trailing = rest[len(rest.rstrip()) :]
-        for piece, gap in _grouped(_sentences(rest.rstrip()), max_chars):
+        found = _sentences(rest.rstrip())
+        if hard_chars is not None or fits is not None:
+            limit = hard_chars if hard_chars is not None else len(rest)
+            found = [cut for found_one in found for cut in _cut(*found_one, limit, max_chars, ok)]
+        for piece, gap in _grouped(found, max_chars, ok):
             sentences.append(len(parts))
             paragraphs.append(paragraph)
             parts.append(piece)
@@ -136,27 +166,110 @@ def split_document(text: str, max_chars: int = 1000) -> Document:
     return Document(tuple(parts), tuple(sentences), tuple(paragraphs))
 
 
-def _grouped(sentences: list[tuple[str, str]], max_chars: int) -> list[tuple[str, str]]:
+def _always(text: str) -> bool:
+    return True
+
+
+def _grouped(
+    sentences: list[tuple[str, str]], max_chars: int, fits: Fits = _always
+) -> list[tuple[str, str]]:
     """Consecutive sentences joined (with the spaces between them) while they fit."""
     groups: list[tuple[str, str]] = []
     for sentence, gap in sentences:
         if groups:
             text, before = groups[-1]
-            if len(text) + len(before) + len(sentence) <= max_chars:
-                groups[-1] = (text + before + sentence, gap)
+            joined = text + before + sentence
+            if len(joined) <= max_chars and fits(joined):
+                groups[-1] = (joined, gap)
                 continue
         groups.append((sentence, gap))
     return groups
+
+
+def _cut(
+    sentence: str, gap: str, hard_chars: int, max_chars: int, fits: Fits
+) -> list[tuple[str, str]]:
+    """``sentence`` (with ``gap`` after it) whole where it is at most ``hard_chars`` and
+    ``fits``, else as pieces of up to ``max_chars`` that ``fits`` (fewer characters while one
+    does not: a dense script's tokens), each with the whitespace after it."""
+    if len(sentence) <= hard_chars and fits(sentence):
+        return [(sentence, gap)]
+    pieces: list[tuple[str, str]] = []
+    rest, limit = sentence, max(1, min(max_chars, hard_chars))
+    while len(rest) > limit or not fits(rest):
+        end = _break(rest, min(limit, len(rest) - 1)) if len(rest) > 1 else 1
+        piece = rest[:end].rstrip() or rest[:end]  # (a piece of spaces only: still progress)
+        if limit > 1 and not fits(piece):
+            limit = max(1, min(limit, len(piece)) // 2)  # too many tokens: shorter pieces
+            continue
+        after = rest[len(piece) :]
+        following = after.lstrip()
+        pieces.append((piece, after[: len(after) - len(following)]))
+        rest = following
+        if not rest or (limit == 1 and not fits(piece)):
+            break  # nothing left, or one character over the tokens: the text's check says so
+    if rest:
+        pieces.append((rest, gap))
+    else:
+        pieces[-1] = (pieces[-1][0], pieces[-1][1] + gap)
+    return pieces
+
+
+def _break(text: str, limit: int) -> int:
+    """Where to end a piece of ``text`` of at most ``limit`` characters (``0 < limit <
+    len(text)``): after the last clause punctuation in its second half, else at the last space
+    in its last three quarters, else at ``limit`` moved back off a combining sequence (or on
+    past it, where it began the piece); never inside a tag."""
+    window = text[: limit + 1]
+    for pattern, start in ((_CLAUSE, limit // 2), (_SPACE, limit // 4)):
+        ends = [
+            m.start()
+            for m in pattern.finditer(window, start)
+            if 0 < m.start() <= limit and _outside_tags(text, m.start())
+        ]
+        if ends:
+            return ends[-1]
+    end = limit
+    while end > 0 and _inside_cluster(text, end):
+        end -= 1
+    if end > 0:
+        return end
+    end = limit  # a cluster from the start on (a piece of one character): after it instead,
+    while end < min(len(text), limit + _LONGEST_CLUSTER) and _inside_cluster(text, end):
+        end += 1
+    return end if not _inside_cluster(text, end) else limit  # or marks without end: anywhere
+
+
+def _inside_cluster(text: str, end: int) -> bool:
+    """Whether cutting ``text`` before ``end`` would part a character from its marks or
+    joined parts."""
+    return end < len(text) and (_belongs(text[end]) or text[end - 1] == "\u200d")
+
+
+def _outside_tags(text: str, end: int) -> bool:
+    """Whether ``text[:end]`` has no tag left open (a ``<`` after its last ``>``)."""
+    return text.rfind("<", 0, end) <= text.rfind(">", 0, end)
+
+
+def _belongs(char: str) -> bool:
+    """Whether ``char`` goes with the character before it (a combining mark, a joiner, a
+    variation selector, a skin tone)."""
+    return (
+        bool(unicodedata.combining(char))
+        or unicodedata.category(char) in ("Mn", "Me", "Mc")
+        or bool(_JOINED.match(char))
+    )
 
 
 def _sentences(line: str) -> list[tuple[str, str]]:
     """The sentences of one line, each with the whitespace after it."""
     found: list[tuple[str, str]] = []
     start = 0
+    tags = _Tags(line)
     for match in _END.finditer(line):
         end = match.end()
         candidate = line[start:end]
-        if not candidate.strip() or not _ends_here(line, start, end):
+        if not candidate.strip() or not _ends_here(line, start, end, tags):
             continue
         gap_end = end
         while gap_end < len(line) and line[gap_end].isspace():
@@ -170,10 +283,10 @@ def _sentences(line: str) -> list[tuple[str, str]]:
     return found
 
 
-def _ends_here(line: str, start: int, end: int) -> bool:
+def _ends_here(line: str, start: int, end: int, tags: _Tags) -> bool:
     """Whether the punctuation before ``end`` ends a sentence."""
     before = line[start:end].rstrip("\"'»”’)]」』）")
-    if _TAG_OPEN.search(line[:end]) or _open_elements(line[:end]):
+    if tags.inside_tag(end) or tags.open_elements(end):
         return False  # inside a tag, or inside an element: its tags stay in one sentence
     following = line[end:].lstrip()[:1]
     if following.islower():
@@ -187,11 +300,34 @@ def _ends_here(line: str, start: int, end: int) -> bool:
     return True
 
 
-def _open_elements(markup: str) -> int:
-    """How many elements are open at the end of ``markup`` (void and self-closed ones aside)."""
-    depth = 0
-    for closing, name, selfclosed in _TAG.findall(markup):
-        if selfclosed or name.lower() in _VOID:
-            continue
-        depth += -1 if closing else 1
-    return max(depth, 0)
+class _Tags:
+    """A line's tags, read once, so that each sentence end asks about the text before it
+    without reading that text again (a line of thousands of sentences and tags)."""
+
+    def __init__(self, line: str) -> None:
+        self._opens = [i for i, char in enumerate(line) if char == "<"]
+        self._closes = [i for i, char in enumerate(line) if char == ">"]
+        self._ends: list[int] = []
+        self._depths: list[int] = []
+        depth = 0
+        for match in _TAG.finditer(line):
+            closing, name, selfclosed = match.groups()
+            if selfclosed or name.lower() in _VOID:
+                continue
+            depth += -1 if closing else 1
+            self._ends.append(match.end())
+            self._depths.append(depth)
+
+    def inside_tag(self, end: int) -> bool:
+        """Whether ``line[:end]`` ends inside a tag: a ``<`` after its last ``>``."""
+        last_open = bisect_left(self._opens, end) - 1
+        last_close = bisect_left(self._closes, end) - 1
+        return last_open >= 0 and (
+            last_close < 0 or self._opens[last_open] > self._closes[last_close]
+        )
+
+    def open_elements(self, end: int) -> int:
+        """How many elements are open at the end of ``line[:end]`` (void and self-closed ones
+        aside; a closing tag with none open counted against the ones after it, as written)."""
+        index = bisect_right(self._ends, end) - 1
+        return max(self._depths[index], 0) if index >= 0 else 0

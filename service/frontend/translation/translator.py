@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from service.contract.errors import BatchTooLarge, ServiceError
+from service.contract.errors import BatchTooLarge, ServiceError, TooManyTokens
 from service.contract.types import (
     Decoding,
 )
@@ -71,7 +71,8 @@ class Translator:
         options: TranslationOptions = PLAIN,
     ) -> Translation:
         """``deadline`` is a ``time.monotonic()`` instant; past it, ``DeadlineExceeded``.
-        A text longer than ``max_text_chars`` is translated as a document (``document``)."""
+        A text longer than ``max_text_chars``, or of more tokens than a text may have, is
+        translated as a document (``document``: cut into segments)."""
         if len(text) > self._core.settings.max_text_chars:
             return await self._long.document(
                 text, target_lang, source_lang, deadline=deadline, options=options
@@ -81,11 +82,16 @@ class Translator:
         self._core.prompts.check_options(options)
         if verbatim(text):
             return as_is(text, source, target)
-        with self._core.admission.reserve(1, deadline) as reservation:
-            (prepared,) = await self._core.preparer.prepare(
-                [text], target, source, ["text"], options
+        try:
+            with self._core.admission.reserve(1, deadline) as reservation:
+                (prepared,) = await self._core.preparer.prepare(
+                    [text], target, source, ["text"], options
+                )
+                translation = await self._core.run(prepared, target, deadline, reservation)
+        except TooManyTokens:
+            return await self._long.document(
+                text, target_lang, source_lang, deadline=deadline, options=options
             )
-            translation = await self._core.run(prepared, target, deadline, reservation)
         if options.delimiter is not None:
             outcomes: list[Translation | ServiceError] = [translation]
             await keep_delimiters(
