@@ -96,14 +96,19 @@ class LongTexts:
         (checked,) = await self._core.check_targets([whole])
         return checked
 
+    def check(self, text: str, field: str) -> None:
+        """A long text within a document's characters, its start valid (cheap: before
+        admission)."""
+        limit = self._core.settings.max_document_chars
+        if len(text) > limit:
+            raise TextTooLong(f"{field}: {len(text)} characters, at most {limit} for a document")
+        self._core.prompts.check(text[: self._core.settings.max_text_chars], field)
+
     async def split(self, text: str, target_lang: str, source_lang: str | None) -> Split:
         """A long text checked, cut into segments (in the worker pool) and its source language
         detected once for the whole text."""
-        limit = self._core.settings.max_document_chars
-        if len(text) > limit:
-            raise TextTooLong(f"text: {len(text)} characters, at most {limit} for a document")
+        self.check(text, "text")
         target, source = self._core.prompts.languages_of(target_lang, source_lang)
-        self._core.prompts.check(text[: self._core.settings.max_text_chars], "text")
         most = self._core.settings.max_text_chars
         document = await self._core.preparer.split(text, min(_SEGMENT_CHARS, most), most)
         segments = document.texts()

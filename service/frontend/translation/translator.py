@@ -24,6 +24,7 @@ from service.frontend.translation.delimiters import keep_delimiters
 from service.frontend.translation.detection import (
     Detection,
 )
+from service.frontend.translation.languages import Language
 from service.frontend.translation.long_texts import LongTexts
 from service.frontend.translation.markup_texts import MarkupTexts
 from service.frontend.translation.prompts import (
@@ -32,6 +33,7 @@ from service.frontend.translation.prompts import (
 )
 from service.frontend.translation.results import (
     Completion,
+    Prepared,
     Translation,
     as_is,
 )
@@ -140,8 +142,10 @@ class Translator:
 
         Invalid input fails the whole batch before any work starts (the error names the index);
         failures while generating (overload, deadline, out of memory) are reported per text.
+        A text over ``max_text_chars`` or the tokens a text may have (up to a document's
+        characters) is translated as a document, cut into segments, as ``/translate`` does.
         ``alternatives``: that many more translations of each text are sampled (admitted and
-        scheduled as texts of their own) and the distinct ones kept.
+        scheduled as texts of their own) and the distinct ones kept (not for a document).
         """
         most = self.max_batch_items
         if len(texts) > most:
@@ -149,31 +153,107 @@ class Translator:
         if not texts:
             return []
         target, source = self._core.prompts.languages_of(target_lang, source_lang)
+        longest = self._core.settings.max_text_chars
         for index, text in enumerate(texts):
-            self._core.prompts.check(text, f"texts[{index}]")
+            if len(text) > longest:
+                self._long.check(text, f"texts[{index}]")
+            else:
+                self._core.prompts.check(text, f"texts[{index}]")
         self._core.prompts.check_options(options)
         # Every text answered as it is to begin with; those that are language replaced below.
         results: list[Translation | ServiceError] = [as_is(text, source, target) for text in texts]
         todo = [index for index, text in enumerate(texts) if not verbatim(text)]
-        if not todo:
-            return results
-        with self._core.admission.reserve(len(todo) * (1 + alternatives), deadline) as reservation:
-            fields = [f"texts[{index}]" for index in todo]
+        documents = [index for index in todo if len(texts[index]) > longest]
+        short = [index for index in todo if len(texts[index]) <= longest]
+        if short:
+            with self._core.admission.reserve(
+                len(short) * (1 + alternatives), deadline
+            ) as reservation:
+                prepared, dense = await self._prepared(texts, short, target, source, options)
+                outcomes = await asyncio.gather(
+                    *(
+                        self._core.run(item, target, deadline, reservation, alternatives)
+                        for _, item in prepared
+                    ),
+                    return_exceptions=True,
+                )
+            for (index, _), outcome in zip(prepared, outcomes, strict=True):
+                if isinstance(outcome, Translation | ServiceError):
+                    results[index] = outcome
+                else:
+                    raise outcome  # a bug, not a per-text failure: the one 500 path
+            documents = sorted(documents + dense)
+        for index, outcome in zip(
+            documents,
+            await asyncio.gather(
+                *(
+                    self._long.document(
+                        texts[index], target_lang, source_lang, deadline=deadline, options=options
+                    )
+                    for index in documents
+                ),
+                return_exceptions=True,
+            ),
+            strict=True,
+        ):
+            if not isinstance(outcome, Translation | ServiceError):
+                raise outcome
+            results[index] = outcome
+        return await self._finished(
+            texts, todo, results, target_lang, source_lang, deadline, options
+        )
+
+    async def _prepared(
+        self,
+        texts: Sequence[str],
+        todo: list[int],
+        target: Language,
+        source: Language | None,
+        options: TranslationOptions,
+    ) -> tuple[list[tuple[int, Prepared]], list[int]]:
+        """The requests for ``texts[todo]`` by index, and the indexes of those of too many
+        tokens (prepared again one by one to find them: a document each instead)."""
+        fields = [f"texts[{index}]" for index in todo]
+        try:
             prepared = await self._core.preparer.prepare(
                 [texts[index] for index in todo], target, source, fields, options
             )
-            outcomes = await asyncio.gather(
-                *(
-                    self._core.run(item, target, deadline, reservation, alternatives)
-                    for item in prepared
-                ),
-                return_exceptions=True,
-            )
-        for index, outcome in zip(todo, outcomes, strict=True):
-            if isinstance(outcome, Translation | ServiceError):
-                results[index] = outcome
-            else:
-                raise outcome  # a bug, not a per-text failure: the one 500 path
+            return list(zip(todo, prepared, strict=True)), []
+        except TooManyTokens:
+            pass
+        alone = await asyncio.gather(
+            *(
+                self._core.preparer.prepare([texts[index]], target, source, [field], options)
+                for index, field in zip(todo, fields, strict=True)
+            ),
+            return_exceptions=True,
+        )
+        for outcome in alone:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, TooManyTokens):
+                raise outcome  # the first invalid text in order, as the batch's error
+        found = [
+            (index, outcome[0])
+            for index, outcome in zip(todo, alone, strict=True)
+            if not isinstance(outcome, BaseException)
+        ]
+        dense = [
+            index
+            for index, outcome in zip(todo, alone, strict=True)
+            if isinstance(outcome, TooManyTokens)
+        ]
+        return found, dense
+
+    async def _finished(
+        self,
+        texts: Sequence[str],
+        todo: list[int],
+        results: list[Translation | ServiceError],
+        target_lang: str,
+        source_lang: str | None,
+        deadline: float | None,
+        options: TranslationOptions,
+    ) -> list[Translation | ServiceError]:
+        """``results`` with the batch's delimiters kept and its targets checked."""
         if options.delimiter is not None:
             await keep_delimiters(
                 self._in_batches,
