@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import AsyncIterator
@@ -283,6 +284,15 @@ async def test_a_text_over_the_token_limit_is_cut_into_segments(limited: Service
     translations = batch.json()["translations"]
     assert len(translations) == 3
     assert translations[1]["translation"] == response.json()["translation"]
+    streamed = await limited.http.post(
+        "/translate/stream", json={"text": text, "target_lang": "de"}
+    )
+    assert streamed.status_code == 200, streamed.text
+    last = streamed.text.strip().split("\n\n")[-1].splitlines()
+    assert last[0] == "event: done", streamed.text
+    assert (
+        json.loads(last[1].removeprefix("data: "))["translation"] == translations[1]["translation"]
+    )
 
 
 async def test_batch_over_its_size_limit_is_422(limited: ServiceClient) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from service.contract.errors import TooManyTokens
 from service.contract.types import (
     Decoding,
     Scheduled,
@@ -104,34 +105,44 @@ class Streams:
             yield as_is(text, source, target)
             return
         with self._core.admission.reserve(1, deadline) as reservation:
-            (prepared,) = await self._core.preparer.prepare(
-                [text], target, source, ["text"], options
-            )
-            restore = prepared.restore
-            thoughts = ThoughtFilter() if self._core.settings.think_tags else None
-            async for item in self._core.streamed(prepared, deadline, reservation):
-                if isinstance(item, str):
-                    piece = item if thoughts is None else thoughts.feed(item)
-                    if restore is None and piece:
-                        yield piece
-                    continue
-                result = item.result
-                whole = self._core.answer(prepared, result.text)
-                if restore is not None:
-                    yield whole
-                elif thoughts is not None and (held := thoughts.rest()):
-                    yield held
-                translation = Translation(
-                    text=whole,
-                    source=prepared.source,
-                    target=target,
-                    detected_confidence=prepared.detected_confidence,
-                    input_tokens=result.prompt_tokens,
-                    output_tokens=result.completion_tokens,
-                    cache="bypass",
-                    queue_s=item.queue_s,
-                    inference_s=item.inference_s,
+            try:
+                (prepared,) = await self._core.preparer.prepare(
+                    [text], target, source, ["text"], options
                 )
+            except TooManyTokens:
+                prepared = None  # more tokens than a text may have: as a document, below
+            if prepared is not None:
+                restore = prepared.restore
+                thoughts = ThoughtFilter() if self._core.settings.think_tags else None
+                async for item in self._core.streamed(prepared, deadline, reservation):
+                    if isinstance(item, str):
+                        piece = item if thoughts is None else thoughts.feed(item)
+                        if restore is None and piece:
+                            yield piece
+                        continue
+                    result = item.result
+                    whole = self._core.answer(prepared, result.text)
+                    if restore is not None:
+                        yield whole
+                    elif thoughts is not None and (held := thoughts.rest()):
+                        yield held
+                    translation = Translation(
+                        text=whole,
+                        source=prepared.source,
+                        target=target,
+                        detected_confidence=prepared.detected_confidence,
+                        input_tokens=result.prompt_tokens,
+                        output_tokens=result.completion_tokens,
+                        cache="bypass",
+                        queue_s=item.queue_s,
+                        inference_s=item.inference_s,
+                    )
+        if prepared is None:
+            async for part in self._stream_document(
+                text, target_lang, source_lang, deadline=deadline, options=options
+            ):
+                yield part
+            return
         (checked,) = await self._core.check_targets([translation])
         yield checked
 
