@@ -157,6 +157,25 @@ def test_a_lines_tags_are_read_once_however_many_sentences_end_on_it(
     assert len(reads) == 1
 
 
+def test_a_sentence_end_reads_only_the_characters_before_it_that_decide(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # "A. B. C. ..." never ends a sentence (single capitals), so each end read the whole run
+    # before it again: a 48,000-character line took 16 s of a worker.
+    searched: list[int] = []
+    search = re.search
+
+    def counted(pattern: str, text: str) -> re.Match[str] | None:
+        searched.append(len(text))
+        return search(pattern, text)
+
+    monkeypatch.setattr(re, "search", counted)
+    line = "A. " * 2000
+    assert split_document(line, 1000).join(split_document(line, 1000).texts()) == line
+    assert len(searched) > 1000
+    assert max(searched) <= segments._TAIL
+
+
 async def test_a_long_text_is_translated_by_segment_and_cached_by_segment(
     start_app: StartApp, fake: FakeControl
 ) -> None:

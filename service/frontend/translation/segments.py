@@ -96,6 +96,8 @@ _JOINED = re.compile(
     r"[\u200c\u200d\ufe00-\ufe0f\U0001f3fb-\U0001f3ff\U000e0020-\U000e007f\U000e0100-\U000e01ef]"
 )
 
+# Characters before a sentence end that decide whether it is one (an abbreviation, quotes).
+_TAIL = 200
 # Longer than any emoji sequence: a longer run of marks is cut anywhere.
 _LONGEST_CLUSTER = 32
 
@@ -173,17 +175,44 @@ def _always(text: str) -> bool:
 def _grouped(
     sentences: list[tuple[str, str]], max_chars: int, fits: Fits = _always
 ) -> list[tuple[str, str]]:
-    """Consecutive sentences joined (with the spaces between them) while they fit."""
+    """Consecutive sentences joined (with the spaces between them) while they fit: up to
+    ``max_chars``, and a group ``fits`` says no to cut into the longest runs it says yes to
+    (a few calls a group, not one a sentence: thousands of short sentences on a line)."""
     groups: list[tuple[str, str]] = []
-    for sentence, gap in sentences:
-        if groups:
-            text, before = groups[-1]
-            joined = text + before + sentence
-            if len(joined) <= max_chars and fits(joined):
-                groups[-1] = (joined, gap)
-                continue
-        groups.append((sentence, gap))
+    for group in _runs(sentences, max_chars):
+        if len(group) == 1 or fits(_joined(group)):
+            groups.append((_joined(group), group[-1][1]))
+            continue
+        while group:  # the longest run that fits, by halves (a prefix fits if a longer one does)
+            low, high = 1, len(group)
+            while low < high:
+                middle = (low + high + 1) // 2
+                low, high = (middle, high) if fits(_joined(group[:middle])) else (low, middle - 1)
+            groups.append((_joined(group[:low]), group[low - 1][1]))
+            group = group[low:]
     return groups
+
+
+def _runs(sentences: list[tuple[str, str]], max_chars: int) -> list[list[tuple[str, str]]]:
+    """``sentences`` in runs of at most ``max_chars`` (their gaps between), each as long as it
+    may be."""
+    runs: list[list[tuple[str, str]]] = []
+    size = 0
+    for sentence, gap in sentences:
+        if runs:
+            joined = size + len(runs[-1][-1][1]) + len(sentence)
+            if joined <= max_chars:
+                runs[-1].append((sentence, gap))
+                size = joined
+                continue
+        runs.append([(sentence, gap)])
+        size = len(sentence)
+    return runs
+
+
+def _joined(run: list[tuple[str, str]]) -> str:
+    """A run's sentences with the gaps between them (not the last one's)."""
+    return "".join(sentence + gap for sentence, gap in run[:-1]) + run[-1][0]
 
 
 def _cut(
@@ -285,7 +314,9 @@ def _sentences(line: str) -> list[tuple[str, str]]:
 
 def _ends_here(line: str, start: int, end: int, tags: _Tags) -> bool:
     """Whether the punctuation before ``end`` ends a sentence."""
-    before = line[start:end].rstrip("\"'»”’)]」』）")
+    # Its last characters only: a run of "A. B. C." that never ends a sentence made each end
+    # read the whole run again (seconds for a 48,000-character line).
+    before = line[max(start, end - _TAIL) : end].rstrip("\"'»”’)]」』）")
     if tags.inside_tag(end) or tags.open_elements(end):
         return False  # inside a tag, or inside an element: its tags stay in one sentence
     following = line[end:].lstrip()[:1]
