@@ -11,7 +11,7 @@ class LimitsSettings(Section):
     max_text_chars: int = Field(
         5000,
         ge=1,
-        description="Most characters in one segment; a longer text given to /translate is "
+        description="Most characters in one segment; a longer text (any route or dialect) is "
         "translated as a document (up to max_document_chars), cut into segments.",
     )
     max_document_chars: int = Field(
@@ -20,7 +20,12 @@ class LimitsSettings(Section):
         description="Most characters of a text translated as a document (POST /translate, "
         "segment by segment; each segment takes one admitted place).",
     )
-    max_input_tokens: int = Field(2048, ge=1, description="Most tokens of one text.")
+    max_input_tokens: int = Field(
+        2048,
+        ge=1,
+        description="Most tokens of one segment; a text of more is translated as a document, "
+        "cut into segments (an OpenAI chat turn given as it is: 422).",
+    )
     max_prompt_tokens: int | None = Field(
         None,
         ge=1,
