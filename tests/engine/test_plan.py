@@ -65,10 +65,10 @@ def test_the_prefill_compiles_before_ready_for_every_branch_a_chunk_can_take(
     few = quant_gemv.FOUR_BIT_ROWS_TAKEN
     monkeypatch.setattr(quant_gemv, "FOUR_BIT_MATMUL_ROWS", 0)
     nf4 = quant_gemv.branches(_linear(code=True))
-    assert prefill_warmups(nf4, 8192, 4096, 128) == [1, few, 16, 17]
+    assert prefill_warmups(nf4, 8192, 4096, 128) == sorted({1, few, 16, 17})
     monkeypatch.setattr(quant_gemv, "FOUR_BIT_MATMUL_ROWS", 256)
     nf4 = quant_gemv.branches(_linear(code=True))
-    assert prefill_warmups(nf4, 8192, 4096, 128) == [1, few, 16, 17, 257]
+    assert prefill_warmups(nf4, 8192, 4096, 128) == sorted({1, few, 16, 17, 257})
 
 
 def _linear(code: bool) -> Linear:

@@ -550,15 +550,18 @@ def test_a_device_with_the_wide_tile_s_shared_memory_takes_it_up_to_128_rows(row
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(
-    ("rows", "kernel", "matmul_rows"),
+    ("rows", "kernel", "matmul_rows", "few"),
     [
-        (1, "four_bit_row", 0),
-        (2, "four_bit_rows", 0),
-        (quant_gemv.FOUR_BIT_ROWS_TAKEN, "four_bit_rows", 0),
-        (quant_gemv.FOUR_BIT_ROWS_TAKEN + 1, "dequantized", 0),
-        (quant_gemv.FOUR_BIT_ROWS_TAKEN + 1, "four_bit_matmul", 8),
-        (8, "four_bit_matmul", 8),
-        (9, "dequantized", 8),
+        (1, "four_bit_row", 0, 4),
+        (2, "four_bit_rows", 0, 4),
+        (4, "four_bit_rows", 0, 4),
+        (5, "dequantized", 0, 4),
+        (5, "four_bit_matmul", 8, 4),
+        (8, "four_bit_matmul", 8, 4),
+        (9, "dequantized", 8, 4),
+        # As shipped: one row alone takes the row kernel, two the tensor cores' product.
+        (1, "four_bit_row", 8, quant_gemv.FOUR_BIT_ROWS_TAKEN),
+        (2, "four_bit_matmul", 8, quant_gemv.FOUR_BIT_ROWS_TAKEN),
     ],
 )
 def test_a_few_16_bit_rows_of_4_bit_codes_take_the_engine_s_kernels(
@@ -566,6 +569,7 @@ def test_a_few_16_bit_rows_of_4_bit_codes_take_the_engine_s_kernels(
     rows: int,
     kernel: str,
     matmul_rows: int,
+    few: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # As on a GPU: the projection, its residual and the gated product in the 4-bit row kernel
@@ -575,6 +579,7 @@ def test_a_few_16_bit_rows_of_4_bit_codes_take_the_engine_s_kernels(
     # the kernels cannot run.
     pytest.importorskip("bitsandbytes")  # its operators, which ``_bitsandbytes_gemv`` calls
     monkeypatch.setattr(quant_gemv, "FOUR_BIT_MATMUL_ROWS", matmul_rows)
+    monkeypatch.setattr(quant_gemv, "FOUR_BIT_ROWS_TAKEN", few)
     monkeypatch.setattr(quant_gemv, "available", lambda x: True)
     monkeypatch.setattr(quant_gemv, "_gemv_4bit", _bitsandbytes_gemv)
     taken: list[str] = []

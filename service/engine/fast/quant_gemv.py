@@ -95,9 +95,10 @@ FOUR_BIT_DEFAULT = GemvConfig(block_n=4, block_k=1024, warps=4, stages=3)
 FOUR_BIT_ROWS_DEFAULT = GemvConfig(block_n=4, block_k=512, warps=4, stages=2)
 FOUR_BIT_ROWS = 16
 # The most rows of 4-bit codes ``product`` gives ``four_bit_rows``: its time grows with the rows
-# (each row's products cost as much as the lookup they share), so past a few rows the weight
-# dequantized once for cuBLAS, whose time does not, is faster (docs/benchmarks.md, run 117).
-FOUR_BIT_ROWS_TAKEN = 4
+# (each row's products cost as much as the lookup they share), while the split tensor-core
+# product takes about as long at 2-16 rows as at one, so one row only: a lone request's, fused
+# with its SwiGLU and residual (docs/benchmarks.md, runs 117, 136 and 137).
+FOUR_BIT_ROWS_TAKEN = 1
 # The most rows of 4-bit codes past ``FOUR_BIT_ROWS_TAKEN`` that ``product`` gives
 # ``four_bit_matmul`` (0: none): up to 64 rows its lookup, once a weight for a tile of rows,
 # costs less than writing and reading the dequantized weight (docs/benchmarks.md, runs 120-121).
@@ -442,8 +443,7 @@ def branches(p: Linear) -> tuple[int, ...]:
         return ()
     if p.code is None:
         return (1, INT8_ROWS)
-    bounds = sorted({FOUR_BIT_MATMUL_ROWS, matmul_rows(p)} - {0})
-    return (1, FOUR_BIT_ROWS_TAKEN, *bounds)
+    return tuple(sorted({1, FOUR_BIT_ROWS_TAKEN, FOUR_BIT_MATMUL_ROWS, matmul_rows(p)} - {0}))
 
 
 def _bitsandbytes_row(x: torch.Tensor, p: Linear) -> torch.Tensor:
