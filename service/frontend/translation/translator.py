@@ -163,41 +163,43 @@ class Translator:
         # Every text answered as it is to begin with; those that are language replaced below.
         results: list[Translation | ServiceError] = [as_is(text, source, target) for text in texts]
         todo = [index for index, text in enumerate(texts) if not verbatim(text)]
+        if not todo:
+            return results
         documents = [index for index in todo if len(texts[index]) > longest]
         short = [index for index in todo if len(texts[index]) <= longest]
-        if short:
-            with self._core.admission.reserve(
-                len(short) * (1 + alternatives), deadline
-            ) as reservation:
-                prepared, dense = await self._prepared(texts, short, target, source, options)
-                outcomes = await asyncio.gather(
+        # The short texts' places (a document is admitted segment by segment, by itself).
+        admitted = len(short) * (1 + alternatives)
+        with self._core.admission.reserve(admitted, deadline) as held:
+            # Every text prepared (and checked) before any generation starts.
+            prepared, dense = await self._prepared(texts, short, target, source, options)
+            held.release(len(dense) * (1 + alternatives))  # each a document of its own
+            documents = sorted(documents + dense)
+            outcomes, whole = await asyncio.gather(
+                asyncio.gather(
                     *(
-                        self._core.run(item, target, deadline, reservation, alternatives)
+                        self._core.run(item, target, deadline, held, alternatives)
                         for _, item in prepared
                     ),
                     return_exceptions=True,
-                )
-            for (index, _), outcome in zip(prepared, outcomes, strict=True):
-                if isinstance(outcome, Translation | ServiceError):
-                    results[index] = outcome
-                else:
-                    raise outcome  # a bug, not a per-text failure: the one 500 path
-            documents = sorted(documents + dense)
-        for index, outcome in zip(
-            documents,
-            await asyncio.gather(
-                *(
-                    self._long.document(
-                        texts[index], target_lang, source_lang, deadline=deadline, options=options
-                    )
-                    for index in documents
                 ),
-                return_exceptions=True,
-            ),
-            strict=True,
-        ):
+                asyncio.gather(
+                    *(
+                        self._long.document(
+                            texts[index],
+                            target_lang,
+                            source_lang,
+                            deadline=deadline,
+                            options=options,
+                        )
+                        for index in documents
+                    ),
+                    return_exceptions=True,
+                ),
+            )
+        done = [index for index, _ in prepared] + documents
+        for index, outcome in zip(done, [*outcomes, *whole], strict=True):
             if not isinstance(outcome, Translation | ServiceError):
-                raise outcome
+                raise outcome  # a bug, not a per-text failure: the one 500 path
             results[index] = outcome
         return await self._finished(
             texts, todo, results, target_lang, source_lang, deadline, options
@@ -213,6 +215,8 @@ class Translator:
     ) -> tuple[list[tuple[int, Prepared]], list[int]]:
         """The requests for ``texts[todo]`` by index, and the indexes of those of too many
         tokens (prepared again one by one to find them: a document each instead)."""
+        if not todo:
+            return [], []
         fields = [f"texts[{index}]" for index in todo]
         try:
             prepared = await self._core.preparer.prepare(
