@@ -186,8 +186,10 @@ class Admission:
             self._refused = last = (self._in_flight, now, error)
         return last[2]
 
-    def reserve(self, texts: int, deadline: float | None) -> Reservation:
-        """Admit ``texts`` texts or raise why not; O(1), before any per-text work."""
+    def reserve(self, texts: int, deadline: float | None, segments: bool = False) -> Reservation:
+        """Admit ``texts`` texts or raise why not; O(1), before any per-text work.
+        ``segments``: they are one long text's (a refusal as too large says so: the client
+        sent one text, and can only send it in shorter parts)."""
         if self._closed:
             raise EngineUnavailable("the service is shutting down; retry on another replica")
         unavailable = self._availability()
@@ -212,10 +214,15 @@ class Admission:
                 if alone is not None:
                     # Waiting would not help: an idle engine would not finish it in time
                     # either, and a 429 would send the client back with the same request.
+                    advice = (
+                        "send the text in shorter parts"
+                        if segments
+                        else ("send fewer texts per request")
+                    )
                     raise BatchTooLarge(
-                        f"{texts} texts would take about {alone:.1f} s even on an idle "
-                        "service, more than this request's deadline allows; send fewer "
-                        "texts per request"
+                        f"{texts} {'segments' if segments else 'texts'} would take about "
+                        f"{alone:.1f} s even on an idle service, more than this request's "
+                        f"deadline allows; {advice}"
                     )
                 raise Overloaded(
                     f"the backlog would take about {expected:.1f} s, more than this "

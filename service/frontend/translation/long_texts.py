@@ -76,7 +76,9 @@ class LongTexts:
         for part in [todo[i : i + pace] for i in range(0, len(todo), pace)] or [todo]:
 
             async def attempt(part: list[int] = part) -> list[Translation | BaseException]:
-                with self._core.admission.reserve(len(part), deadline) as reservation:
+                with self._core.admission.reserve(
+                    len(part), deadline, segments=True
+                ) as reservation:
                     prepared = await self.prepare_segments(split, options, part)
                     return await asyncio.gather(
                         *(self._core.run(item, target, deadline, reservation) for item in prepared),

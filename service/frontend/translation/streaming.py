@@ -173,7 +173,7 @@ class Streams:
             except Exception as error:  # handed to the reader, in document order
                 out.put_nowait(error)
 
-        with self._core.admission.reserve(len(todo), deadline) as reservation:
+        with self._core.admission.reserve(len(todo), deadline, segments=True) as reservation:
             prepared_all = await self._long.prepare_segments(split, options, todo)
             for index, prepared in zip(todo, prepared_all, strict=True):
                 streams[index] = asyncio.Queue()
