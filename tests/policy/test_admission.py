@@ -386,7 +386,7 @@ def test_a_request_too_large_for_the_measured_rate_is_refused_as_too_large() -> 
     with pytest.raises(BatchTooLarge, match="200 texts would take about"):
         gate.reserve(200, clock.now + 30.0)
     # One long text's segments: the client can only send it in shorter parts.
-    with pytest.raises(BatchTooLarge, match="200 segments .* send the text in shorter parts"):
+    with pytest.raises(BatchTooLarge, match=r"200 segments .* send the text in shorter parts"):
         gate.reserve(200, clock.now + 30.0, segments=True)
     assert gate.in_flight == 0
     gate.reserve(40, clock.now + 30.0).release(40)
