@@ -138,6 +138,19 @@ def test_a_sentence_no_segment_may_hold_is_cut_into_segments_that_may(
         assert segment == segment.strip()
 
 
+def test_pieces_shortened_for_a_dense_stretch_grow_again_after_it() -> None:
+    # Bytes stand in for tokens: two-byte letters first, then a plain run of words.
+    text = "é" * 40 + " ab" * 100
+
+    def fits(piece: str) -> bool:
+        return len(piece.encode()) <= 30
+
+    pieces = split_document(text, 30, 30, fits).texts()
+    assert "".join(pieces).replace(" ", "") == text.replace(" ", "")
+    plain = [piece for piece in pieces if "é" not in piece]
+    assert all(len(piece) >= 26 for piece in plain[:-1]), plain  # not cut to the dense size
+
+
 def test_a_lines_tags_are_read_once_however_many_sentences_end_on_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

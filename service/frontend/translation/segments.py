@@ -224,8 +224,9 @@ def _cut(
     if len(sentence) <= hard_chars and fits(sentence):
         return [(sentence, gap)]
     pieces: list[tuple[str, str]] = []
-    rest, limit = sentence, max(1, min(max_chars, hard_chars))
-    while len(rest) > limit or not fits(rest):
+    widest = max(1, min(max_chars, hard_chars))
+    rest, limit = sentence, widest
+    while len(rest) > widest or not fits(rest):
         end = _break(rest, min(limit, len(rest) - 1)) if len(rest) > 1 else 1
         piece = rest[:end].rstrip() or rest[:end]  # (a piece of spaces only: still progress)
         if limit > 1 and not fits(piece):
@@ -237,6 +238,7 @@ def _cut(
         rest = following
         if not rest or (limit == 1 and not fits(piece)):
             break  # nothing left, or one character over the tokens: the text's check says so
+        limit = min(widest, 2 * limit)  # a dense stretch over: longer pieces again
     if rest:
         pieces.append((rest, gap))
     else:
