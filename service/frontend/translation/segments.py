@@ -317,7 +317,7 @@ def _sentences(line: str) -> list[tuple[str, str]]:
 def _ends_here(line: str, start: int, end: int, tags: _Tags) -> bool:
     """Whether the punctuation before ``end`` ends a sentence."""
     # Its last characters only: a run of "A. B. C." that never ends a sentence made each end
-    # read the whole run again (seconds for a 48,000-character line).
+    # read the whole run again, quadratic in a long line.
     before = line[max(start, end - _TAIL) : end].rstrip("\"'»”’)]」』）")
     if tags.inside_tag(end) or tags.open_elements(end):
         return False  # inside a tag, or inside an element: its tags stay in one sentence
