@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from typing import Any
 
 import pytest
 from hypothesis import example, given, settings
@@ -187,6 +188,23 @@ def test_a_sentence_end_reads_only_the_characters_before_it_that_decide(
     assert split_document(line, 1000).join(split_document(line, 1000).texts()) == line
     assert len(searched) > 1000
     assert max(searched) <= segments._TAIL
+
+
+def test_a_line_of_sentence_ends_that_end_nothing_is_read_in_linear_time() -> None:
+    # Each end of "A. B. C. ..." copied the unended run before it and the rest of the line after
+    # it: quadratic in the line (over a second of a worker for 48,000 characters).
+    copied: list[int] = []
+
+    class Counted(str):
+        def __getitem__(self, key: Any) -> str:
+            piece = str.__getitem__(self, key)
+            copied.append(len(piece))
+            return piece
+
+    line = "A. " * 4000
+    found = segments._sentences(Counted(line))
+    assert "".join(sentence + gap for sentence, gap in found) == line
+    assert sum(copied) < 40 * len(line)  # each end reads the few characters before it
 
 
 async def test_a_long_text_is_translated_by_segment_and_cached_by_segment(

@@ -96,8 +96,11 @@ _JOINED = re.compile(
     r"[\u200c\u200d\ufe00-\ufe0f\U0001f3fb-\U0001f3ff\U000e0020-\U000e007f\U000e0100-\U000e01ef]"
 )
 
+# Any character but whitespace; the first one after a sentence end (none at the line's end).
+_TEXT = re.compile(r"\S")
+_FOLLOWING = re.compile(r"\s*(.?)", re.DOTALL)
 # Characters before a sentence end that decide whether it is one (an abbreviation, quotes).
-_TAIL = 200
+_TAIL = 64
 # Longer than any emoji sequence: a longer run of marks is cut anywhere.
 _LONGEST_CLUSTER = 32
 
@@ -299,15 +302,15 @@ def _sentences(line: str) -> list[tuple[str, str]]:
     tags = _Tags(line)
     for match in _END.finditer(line):
         end = match.end()
-        candidate = line[start:end]
-        if not candidate.strip() or not _ends_here(line, start, end, tags):
+        # (searched, not sliced: an unended run would be copied again at every end)
+        if not _TEXT.search(line, start, end) or not _ends_here(line, start, end, tags):
             continue
         gap_end = end
         while gap_end < len(line) and line[gap_end].isspace():
             gap_end += 1
         if gap_end == len(line):
             break
-        found.append((candidate, line[end:gap_end]))
+        found.append((line[start:end], line[end:gap_end]))
         start = gap_end
     if start < len(line):
         found.append((line[start:], ""))
@@ -321,7 +324,8 @@ def _ends_here(line: str, start: int, end: int, tags: _Tags) -> bool:
     before = line[max(start, end - _TAIL) : end].rstrip("\"'»”’)]」』）")
     if tags.inside_tag(end) or tags.open_elements(end):
         return False  # inside a tag, or inside an element: its tags stay in one sentence
-    following = line[end:].lstrip()[:1]
+    after = _FOLLOWING.match(line, end)
+    following = after.group(1) if after else ""
     if following.islower():
         return False  # "item one. still one": a lower-case word goes on the same sentence
     if before.endswith("."):
