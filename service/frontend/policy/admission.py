@@ -214,15 +214,14 @@ class Admission:
                 if alone is not None:
                     # Waiting would not help: an idle engine would not finish it in time
                     # either, and a 429 would send the client back with the same request.
-                    advice = (
-                        "send the text in shorter parts"
+                    what, advice = (
+                        ("segments", "send the text in shorter parts")
                         if segments
-                        else ("send fewer texts per request")
+                        else ("texts", "send fewer texts per request")
                     )
                     raise BatchTooLarge(
-                        f"{texts} {'segments' if segments else 'texts'} would take about "
-                        f"{alone:.1f} s even on an idle service, more than this request's "
-                        f"deadline allows; {advice}"
+                        f"{texts} {what} would take about {alone:.1f} s even on an idle "
+                        f"service, more than this request's deadline allows; {advice}"
                     )
                 raise Overloaded(
                     f"the backlog would take about {expected:.1f} s, more than this "
