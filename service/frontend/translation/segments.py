@@ -29,6 +29,8 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from service.frontend.translation.markup import VOID
+
 # Ends of sentences: Latin and Arabic punctuation (then whitespace), CJK full stops (none needed).
 _END = re.compile(r"(?<=[.!?؟۔।])[\"'»”’)\]]*(?=\s)|(?<=[。！？။។៕།༎])[」』”’）]*")
 _ABBREVIATIONS = frozenset(
@@ -86,7 +88,6 @@ _ABBREVIATIONS = frozenset(
 _LEAD = re.compile(r"^(\s*(?:[-*+]\s+|\d+[.)]\s+|#{1,6}\s+|>\s*)*)")
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _TAG = re.compile(r"<(/?)([A-Za-z][\w:.-]*)[^>]*?(/?)>")
-_VOID = frozenset({"br", "hr", "img", "input", "meta", "link", "wbr", "area", "col", "source"})
 # Where an over-long sentence is cut, best first: after clause punctuation, then at a space.
 _CLAUSE = re.compile(r"(?<=[,;:，；：、،؛])\s*")
 _SPACE = re.compile(r"\s+")
@@ -347,9 +348,11 @@ class _Tags:
         self._ends: list[int] = []
         self._depths: list[int] = []
         depth = 0
-        for match in _TAG.finditer(line):
+        # Searched only up to the last ">": from a "<" with none after it the search reads the
+        # rest of the line, and thousands of such "<" made it quadratic.
+        for match in _TAG.finditer(line, 0, line.rfind(">") + 1):
             closing, name, selfclosed = match.groups()
-            if selfclosed or name.lower() in _VOID:
+            if selfclosed or name.lower() in VOID:
                 continue
             depth += -1 if closing else 1
             self._ends.append(match.end())

@@ -11,15 +11,13 @@ numbered ones. Comments stay as written.
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from dataclasses import dataclass
 
-_TOKENS = re.compile(r"(<!--.*?-->|<[^>]*>)", re.S)
-_TAG = re.compile(r"<\s*(/)?\s*([A-Za-z][\w:.-]*)([^>]*)>", re.S)
+from service.frontend.translation.markup import TAG, VOID, split_tags
+
 _NUMBERED = re.compile(r"<(/)?s(\d+)\s*>")
 _TARGET = re.compile(r"<target>(.*?)(?:</target>|$)", re.S)
-_VOID = frozenset(
-    {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "wbr"}
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,35 +45,37 @@ class Numbered:
 
 def number_tags(markup: str) -> Numbered:
     """``markup`` with every element numbered ``<s1>``, ``<s2>``... in the order they open."""
-    parts = _TOKENS.split(markup)
+    parts = split_tags(markup)
     out: list[str] = []
     tags: list[list[str]] = []
-    # Numbers of the elements open now, with their names, innermost last.
+    # Numbers of the elements open now, with their names, innermost last; and where in it each
+    # name is open (a closing tag finds its element without reading the whole of it).
     open_now: list[tuple[str, int]] = []
+    open_at: defaultdict[str, list[int]] = defaultdict(list)
     for index, part in enumerate(parts):
-        tag = _TAG.fullmatch(part) if index % 2 else None
+        tag = TAG.fullmatch(part) if index % 2 else None
         if tag is None:
             out.append(part)
             continue
         closing, name, rest = bool(tag.group(1)), tag.group(2).lower(), tag.group(3)
         if closing:
-            position = next(
-                (i for i in range(len(open_now) - 1, -1, -1) if open_now[i][0] == name), None
-            )
-            if position is None:
+            if not open_at[name]:
                 out.append(part)  # a closing tag without its opening one: left as written
                 continue
-            for _, number in reversed(open_now[position:]):
+            position = open_at[name][-1]
+            for inner, number in reversed(open_now[position:]):
                 out.append(f"</s{number}>")
+                open_at[inner].pop()
             tags[open_now[position][1] - 1][1] = part
             del open_now[position:]
             continue
         tags.append([part, ""])
         number = len(tags)
         out.append(f"<s{number}>")
-        if rest.rstrip().endswith("/") or name in _VOID:
+        if rest.rstrip().endswith("/") or name in VOID:
             out.append(f"</s{number}>")
         else:
+            open_at[name].append(len(open_now))
             open_now.append((name, number))
     for _, number in reversed(open_now):  # elements never closed: closed at the end
         out.append(f"</s{number}>")
