@@ -233,6 +233,43 @@ async def test_a_long_text_is_translated_by_segment_and_cached_by_segment(
     assert "for a document" in too_long.json()["error"]["message"]
 
 
+async def test_a_long_text_that_opens_with_blank_lines_is_translated(
+    start_app: StartApp, fake: FakeControl
+) -> None:
+    # Found by a probe: 49,000 newlines and then a word were refused as "the text is empty",
+    # because only the first max_text_chars characters were looked at.
+    client: ServiceClient = await start_app(loader=fake.loader(), max_text_chars=80)
+    text = "\n" * 500 + "Hello there. This is the only line."
+    answer = await client.http.post("/translate", json={"text": text, "target_lang": "de"})
+    assert answer.status_code == 200, answer.text
+    translation = answer.json()["translation"]
+    assert translation.startswith("\n" * 500)
+    assert translation.strip()
+    blank = await client.http.post("/translate", json={"text": "\n" * 500, "target_lang": "de"})
+    assert blank.status_code == 422
+    assert "empty" in blank.json()["error"]["message"]
+
+
+async def test_a_text_of_more_segments_than_the_queue_holds_is_too_large_not_a_429(
+    start_app: StartApp, fake: FakeControl
+) -> None:
+    # Found by a probe: "a\n" 24,000 times (24,000 one-line segments, a queue of 4,096) got a
+    # 429 "0 texts in flight, at most 4096", which a client retries unchanged for ever.
+    client: ServiceClient = await start_app(
+        loader=fake.loader(), max_text_chars=80, max_queue_size=50
+    )
+    text = "A line.\n" * 60
+    answer = await client.http.post("/translate", json={"text": text, "target_lang": "de"})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["code"] == "batch_too_large"
+    assert "60 segments, more than the 50" in answer.json()["error"]["message"]
+    assert "retry-after" not in answer.headers
+    fits = await client.http.post(
+        "/translate", json={"text": "A line.\n" * 40, "target_lang": "de"}
+    )
+    assert fits.status_code == 200, fits.text
+
+
 async def test_a_long_text_streams_segment_by_segment_in_document_order(
     start_app: StartApp, fake: FakeControl
 ) -> None:

@@ -199,6 +199,14 @@ class Admission:
         if deadline is not None and deadline <= now:
             self._reject("deadline")
             raise DeadlineExceeded("the request's deadline passed before it was admitted")
+        if texts > self._max:
+            # Never admissible, however empty the queue: a 429 would bring it back unchanged.
+            self._reject("queue_full")
+            raise BatchTooLarge(
+                f"{texts} {'segments' if segments else 'texts'}, more than the {self._max} the "
+                f"queue holds at once; "
+                + ("send the text in shorter parts" if segments else "send fewer texts per request")
+            )
         if self._in_flight + texts > self._max:
             self._reject("queue_full")
             raise Overloaded(

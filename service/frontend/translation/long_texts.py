@@ -104,7 +104,10 @@ class LongTexts:
         limit = self._core.settings.max_document_chars
         if len(text) > limit:
             raise TextTooLong(f"{field}: {len(text)} characters, at most {limit} for a document")
-        self._core.prompts.check(text[: self._core.settings.max_text_chars], field)
+        # Its first characters after any leading space: a text that opens with a page of blank
+        # lines is not empty.
+        start = text.lstrip() or text
+        self._core.prompts.check(start[: self._core.settings.max_text_chars], field)
 
     async def split(self, text: str, target_lang: str, source_lang: str | None) -> Split:
         """A long text checked, cut into segments (in the worker pool) and its source language
