@@ -161,6 +161,7 @@ def _lifespan(
         await build_routing_state(app)
         if follow is None:  # the first process of the service: no job runs anywhere yet
             await parts.documents.recover()
+        parts.documents.start()
         runtime.start()
         announcing = asyncio.create_task(announce(), name="announce-serving")
         if follow is not None:

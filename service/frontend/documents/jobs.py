@@ -5,8 +5,11 @@ another owner's job is "not found"). States: ``queued``, ``translating``, ``done
 and ``downloaded`` (the result is served once: marked, and deleted, once it was sent whole).
 The file of a result is written beside its final name and renamed into place before the job
 says ``done``, so a job never says done over a half-written file. A job that is running has a
-heartbeat; one whose heartbeat stopped (its process crashed or the service restarted) reads as
-failed. Jobs expire ``ttl_s`` after their upload: expired ones are removed with their files.
+heartbeat and the claim of the process running it. One whose heartbeat stopped (its process
+crashed, or the service restarted) is resumed from its stored file by whichever process claims
+it first, at most ``MAX_ATTEMPTS`` times in all: a document that brings its process down every
+time fails instead of taking the service down for ever. A process stopping hands its jobs
+back. Jobs expire ``ttl_s`` after their upload: expired ones are removed with their files.
 
 The store is synchronous and small; callers in the event loop use ``asyncio.to_thread``. The
 SQLite file is shared by the API processes of one service.
@@ -17,8 +20,10 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import sqlite3
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -34,6 +39,8 @@ HEARTBEAT_LOST_S = 15.0
 # A result claimed for sending this long ago by a process that never said how it went (it
 # crashed) may be claimed again.
 SENDING_LOST_S = 600.0
+# Runs of one job that may end without it finishing (a crash each) before it fails.
+MAX_ATTEMPTS = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -52,14 +59,32 @@ CREATE TABLE IF NOT EXISTS jobs (
     created REAL NOT NULL,
     started REAL,
     heartbeat REAL,
-    expires REAL NOT NULL
+    expires REAL NOT NULL,
+    request TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    claim TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs(owner);
 """
 _COLUMNS = (
     "id, key, owner, filename, format, target_lang, source_lang, options, state, error, "
-    "characters, done_characters, created, started, heartbeat, expires"
+    "characters, done_characters, created, started, heartbeat, expires, request, attempts, claim"
 )
+# Unfinished: a process runs it, or one will.
+_UNFINISHED = "state IN ('queued', 'translating')"
+# Unfinished, and no process runs it.
+_ORPHANED = f"{_UNFINISHED} AND (heartbeat IS NULL OR heartbeat < ?)"
+
+
+def _migrate(connection: sqlite3.Connection) -> None:
+    """A jobs file of before resuming: the columns resuming needs (its jobs cannot resume)."""
+    columns = {row[1] for row in connection.execute("PRAGMA table_info(jobs)")}
+    if columns and "claim" not in columns:
+        connection.executescript(
+            "BEGIN; ALTER TABLE jobs ADD COLUMN request TEXT; "
+            "ALTER TABLE jobs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0; "
+            "ALTER TABLE jobs ADD COLUMN claim TEXT; COMMIT;"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +105,11 @@ class Job:
     started: float | None
     heartbeat: float | None
     expires: float
+    # What resuming needs: the translation options in full (JSON; None for a job of before
+    # resuming), the runs begun, and the process running it now.
+    request: str | None
+    attempts: int
+    claim: str | None
 
     def seconds_remaining(self, now: float) -> int | None:
         """An estimate from the pace so far (none before any progress)."""
@@ -98,10 +128,16 @@ class JobLimits:
 class JobStore:
     """The document jobs of one service: one SQLite file and a folder per job."""
 
-    def __init__(self, folder: Path, limits: JobLimits | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        limits: JobLimits | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._folder = folder
         self._limits = limits or JobLimits()
-        self._db = Database(self._folder / "jobs.sqlite3", _SCHEMA)
+        self._clock = clock
+        self._db = Database(self._folder / "jobs.sqlite3", _SCHEMA, migrate=_migrate)
 
     def _files(self, job_id: str) -> Path:
         return self._folder / job_id
@@ -122,10 +158,13 @@ class JobStore:
         source_lang: str | None,
         options: str,
         characters: int,
+        request: str,
+        claim: str,
     ) -> Job:
-        """A queued job for ``data``; ``TooManyDocuments`` past the owner's bound."""
+        """A queued job for ``data``, run by ``claim``'s process; ``request``: its options in
+        full, to resume it from. ``TooManyDocuments`` past the owner's bound."""
         self.purge()
-        now = time.time()
+        now = self._clock()
         job = Job(
             id=uuid.uuid4().hex.upper(),
             key=uuid.uuid4().hex + uuid.uuid4().hex,
@@ -143,6 +182,9 @@ class JobStore:
             started=None,
             heartbeat=now,
             expires=now + self._limits.ttl_s,
+            request=request,
+            attempts=1,
+            claim=claim,
         )
         folder = self._files(job.id)
         folder.mkdir(parents=True)
@@ -163,7 +205,7 @@ class JobStore:
                     retry_after_s=max(1.0, first_expiry - now),
                 )
             db.execute(
-                f"INSERT INTO jobs ({_COLUMNS}) VALUES ({', '.join('?' * 16)})",
+                f"INSERT INTO jobs ({_COLUMNS}) VALUES ({', '.join('?' * 19)})",
                 tuple(getattr(job, name.strip()) for name in _COLUMNS.split(",")),
             )
         return job
@@ -171,7 +213,7 @@ class JobStore:
     def get(self, owner: str | None, job_id: str, key: str | None = None) -> Job:
         """The owner's job; with ``key``, only if it matches (DeepL's ``document_key``); with
         no owner, the key alone (a LibreTranslate download link). A running job whose heartbeat
-        stopped is failed here, whoever reads it."""
+        stopped that cannot be resumed is failed here, whoever reads it."""
         if owner is None and key is None:
             raise NotFound("Document not found")
         with self._db.transaction() as db:
@@ -183,39 +225,93 @@ class JobStore:
         ):
             raise NotFound("Document not found")
         job = Job(*row)
-        if job.state in ("queued", "translating") and self._lost(job):
-            self.fail(job.id, "the service stopped while translating this document")
+        if job.state in ("queued", "translating") and self._lost(job) and not _resumable(job):
+            self.fail_hopeless()
             return self.get(owner, job_id, key)
         return job
 
     def _lost(self, job: Job) -> bool:
-        return job.heartbeat is None or time.time() - job.heartbeat > HEARTBEAT_LOST_S
+        return job.heartbeat is None or self._clock() - job.heartbeat > HEARTBEAT_LOST_S
 
-    def start(self, job_id: str) -> None:
-        now = time.time()
+    def claim_orphan(self, claim: str) -> Job | None:
+        """The oldest unfinished job no process runs, claimed for ``claim``'s process to run
+        again from the start (queued, one more attempt), or None."""
+        now = self._clock()
         with self._db.transaction() as db:
-            db.execute(
-                "UPDATE jobs SET state = 'translating', started = ?, heartbeat = ? WHERE id = ?",
-                (now, now, job_id),
+            row = db.execute(
+                "UPDATE jobs SET state = 'queued', heartbeat = ?, claim = ?, "
+                "attempts = attempts + 1, done_characters = 0, started = NULL "
+                f"WHERE id = (SELECT id FROM jobs WHERE {_ORPHANED} AND request IS NOT NULL "
+                f"AND attempts < ? ORDER BY created LIMIT 1) RETURNING {_COLUMNS}",
+                (now, claim, now - HEARTBEAT_LOST_S, MAX_ATTEMPTS),
+            ).fetchone()
+        return None if row is None else Job(*row)
+
+    def fail_hopeless(self) -> int:
+        """Unfinished jobs no process runs that cannot be resumed failed, saying why: those
+        begun ``MAX_ATTEMPTS`` times, and those of before resuming. The number failed."""
+        lost = self._clock() - HEARTBEAT_LOST_S
+        with self._db.transaction() as db:
+            crashed = db.execute(
+                "UPDATE jobs SET state = 'error', error = 'the service stopped ' || attempts || "
+                f"' times while translating this document' WHERE {_ORPHANED} AND attempts >= ?",
+                (lost, MAX_ATTEMPTS),
+            ).rowcount
+            return (
+                crashed
+                + db.execute(
+                    "UPDATE jobs SET state = 'error', "
+                    "error = 'the service restarted while translating this document' "
+                    f"WHERE {_ORPHANED} AND request IS NULL",
+                    (lost,),
+                ).rowcount
             )
 
-    def beat(self, job_ids: list[str]) -> None:
-        """The running jobs' heartbeat."""
+    def release(self, job_ids: list[str], claim: str) -> None:
+        """``claim``'s process stopping: its unfinished jobs handed back to be resumed at once
+        elsewhere (a stop that was asked for does not count as an attempt)."""
         with self._db.transaction() as db:
             db.executemany(
-                "UPDATE jobs SET heartbeat = ? WHERE id = ? AND state IN ('queued', 'translating')",
-                [(time.time(), job_id) for job_id in job_ids],
+                "UPDATE jobs SET state = 'queued', heartbeat = NULL, claim = NULL, "
+                f"attempts = MAX(attempts - 1, 0) WHERE id = ? AND claim = ? AND {_UNFINISHED}",
+                [(job_id, claim) for job_id in job_ids],
             )
 
-    def progress(self, job_id: str, done_characters: int) -> None:
+    def start(self, job: Job) -> None:
+        now = self._clock()
         with self._db.transaction() as db:
             db.execute(
-                "UPDATE jobs SET done_characters = ?, heartbeat = ? WHERE id = ?",
-                (done_characters, time.time(), job_id),
+                "UPDATE jobs SET state = 'translating', started = ?, heartbeat = ? "
+                f"WHERE id = ? AND claim IS ? AND {_UNFINISHED}",
+                (now, now, job.id, job.claim),
+            )
+
+    def beat(self, job_ids: list[str], claim: str) -> set[str]:
+        """The heartbeat of the jobs ``claim``'s process runs; those of ``job_ids`` it no longer
+        runs (deleted, or claimed by another process after its heartbeat stopped)."""
+        with self._db.transaction() as db:
+            db.executemany(
+                f"UPDATE jobs SET heartbeat = ? WHERE id = ? AND claim = ? AND {_UNFINISHED}",
+                [(self._clock(), job_id, claim) for job_id in job_ids],
+            )
+            mine = {
+                row[0]
+                for row in db.execute(
+                    f"SELECT id FROM jobs WHERE claim = ? AND {_UNFINISHED}", (claim,)
+                )
+            }
+        return set(job_ids) - mine
+
+    def progress(self, job: Job, done_characters: int) -> None:
+        with self._db.transaction() as db:
+            db.execute(
+                "UPDATE jobs SET done_characters = ?, heartbeat = ? WHERE id = ? AND claim IS ?",
+                (done_characters, self._clock(), job.id, job.claim),
             )
 
     def finish(self, job: Job, result: bytes) -> None:
-        """The result written and renamed into place, then the job done."""
+        """The result written and renamed into place, then the job done (if ``job``'s claim
+        still holds it)."""
         final = self.result_path(job)
         partial = final.with_name(final.name + ".partial")
         partial.write_bytes(result)
@@ -224,28 +320,29 @@ class JobStore:
         partial.replace(final)
         with self._db.transaction() as db:
             db.execute(
-                "UPDATE jobs SET state = 'done', done_characters = characters WHERE id = ?",
-                (job.id,),
+                "UPDATE jobs SET state = 'done', done_characters = characters "
+                f"WHERE id = ? AND claim IS ? AND {_UNFINISHED}",
+                (job.id, job.claim),
             )
 
-    def fail(self, job_id: str, message: str) -> None:
+    def fail(self, job: Job, message: str) -> None:
+        """``job`` failed, if its claim still holds it."""
         with self._db.transaction() as db:
             db.execute(
-                "UPDATE jobs SET state = 'error', error = ? WHERE id = ? "
-                "AND state IN ('queued', 'translating')",
-                (message, job_id),
+                f"UPDATE jobs SET state = 'error', error = ? WHERE id = ? AND claim IS ? "
+                f"AND {_UNFINISHED}",
+                (message, job.id, job.claim),
             )
 
-    def fail_unfinished(self, message: str) -> int:
-        """Every queued or translating job failed, and every result left on its way done
-        again: for a service starting, whose processes run or send none of them yet. The
-        number failed."""
+    def requeue_unfinished(self) -> int:
+        """Every unfinished job made free to be resumed at once, and every result left on its
+        way done again: for a service starting, whose processes run or send none of them yet.
+        The number to resume or fail."""
         with self._db.transaction() as db:
             db.execute("UPDATE jobs SET state = 'done' WHERE state = 'sending'")
             return db.execute(
-                "UPDATE jobs SET state = 'error', error = ? "
-                "WHERE state IN ('queued', 'translating')",
-                (message,),
+                "UPDATE jobs SET state = 'queued', heartbeat = NULL, claim = NULL "
+                f"WHERE {_UNFINISHED}"
             ).rowcount
 
     def result(self, owner: str | None, job_id: str, key: str | None = None) -> tuple[Job, bytes]:
@@ -253,7 +350,7 @@ class JobStore:
         arrived, ``released`` back to ``done`` if it did not, so it is served once and never
         lost on the way."""
         job = self.get(owner, job_id, key)
-        now = time.time()
+        now = self._clock()
         with self._db.transaction() as db:
             claimed = db.execute(
                 "UPDATE jobs SET state = 'sending', heartbeat = ? WHERE id = ? "
@@ -299,7 +396,7 @@ class JobStore:
         with self._db.transaction() as db:
             expired = [
                 row[0]
-                for row in db.execute("SELECT id FROM jobs WHERE expires < ?", (time.time(),))
+                for row in db.execute("SELECT id FROM jobs WHERE expires < ?", (self._clock(),))
             ]
             db.executemany("DELETE FROM jobs WHERE id = ?", [(job_id,) for job_id in expired])
         for job_id in expired:
@@ -307,3 +404,7 @@ class JobStore:
 
     def close(self) -> None:
         self._db.close()
+
+
+def _resumable(job: Job) -> bool:
+    return job.request is not None and job.attempts < MAX_ATTEMPTS

@@ -4,7 +4,9 @@ translator, progress and heartbeats written to the job store, the result rebuilt
 At most ``max_running`` jobs translate at once in a process; more wait queued. Units are sent
 a few at a time, so a document shares the engine with live requests rather than filling the
 queue: a full queue (``Overloaded``) makes the job wait and try again, never fail. A job that
-fails says why in its status; the service stopping fails the jobs it is running.
+fails says why in its status. The runner's claim names this process in the job store: its
+heartbeat keeps its jobs, a job another process took over (or that was deleted) stops here, and
+the process stopping hands its jobs back to be resumed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -45,6 +48,8 @@ class DocumentRunner:
         translator: Callable[[], Translator],
         config: RunnerConfig | None = None,
     ) -> None:
+        # This process's claim on the jobs it runs.
+        self.claim = uuid.uuid4().hex
         self._store = store
         self._translator = translator
         self._config = config or RunnerConfig()
@@ -52,8 +57,13 @@ class DocumentRunner:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._heart: asyncio.Task[None] | None = None
 
+    @property
+    def has_room(self) -> bool:
+        """Whether a job taken on now would start at once."""
+        return len(self._tasks) < self._config.max_running
+
     def submit(self, job: Job, parsed: Parsed, options: TranslationOptions) -> None:
-        """Translate ``job`` in the background."""
+        """Translate ``job`` (claimed by this runner) in the background."""
         task = asyncio.create_task(self._run(job, parsed, options), name=f"document-{job.id}")
         self._tasks[job.id] = task
         task.add_done_callback(lambda _: self._tasks.pop(job.id, None))
@@ -73,40 +83,43 @@ class DocumentRunner:
             await asyncio.shield(task)
 
     async def close(self) -> None:
-        """Stop every job (each says it failed) and the heartbeat."""
+        """Stop every job and the heartbeat, and hand the jobs back to be resumed."""
+        running = list(self._tasks)
         tasks = [*self._tasks.values(), *([self._heart] if self._heart else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.to_thread(self._store.release, running, self.claim)
 
     async def _beat(self) -> None:
         while self._tasks:
-            await asyncio.to_thread(self._store.beat, list(self._tasks))
+            gone = await asyncio.to_thread(self._store.beat, list(self._tasks), self.claim)
+            for job_id in gone:
+                self.cancel(job_id)
             await asyncio.sleep(HEARTBEAT_S)
 
     async def _run(self, job: Job, parsed: Parsed, options: TranslationOptions) -> None:
+        # Cancelled (the job deleted, taken over elsewhere, or this process stopping), it is
+        # left as it is: it either is gone, runs elsewhere, or is handed back by ``close``.
         try:
             async with self._running:
-                await asyncio.to_thread(self._store.start, job.id)
+                await asyncio.to_thread(self._store.start, job)
                 translations = await self._translate(job, parsed.units, options)
                 result = await asyncio.to_thread(parsed.rebuild, translations)
                 await asyncio.to_thread(self._store.finish, job, result)
-        except asyncio.CancelledError:
-            await asyncio.to_thread(
-                self._store.fail, job.id, "the service stopped while translating this document"
-            )
-            raise
         except ServiceError as error:
-            await asyncio.to_thread(self._store.fail, job.id, error.message)
+            await asyncio.to_thread(self._store.fail, job, error.message)
         except Exception:
             log.exception("document translation failed", extra={"document_id": job.id})
-            await asyncio.to_thread(self._store.fail, job.id, "internal error")
+            await asyncio.to_thread(self._store.fail, job, "internal error")
 
     async def _translate(
         self, job: Job, units: Sequence[Unit], options: TranslationOptions
     ) -> list[str]:
         """One translation per unit, in order, a few units at a time."""
-        translator = self._translator()
+        translator = await patiently(
+            self._serving_translator, time.monotonic() + self._config.unit_timeout_s
+        )
         out: list[str] = [""] * len(units)
         groups = _groups(units, translator.max_batch_items)
         done = 0
@@ -123,10 +136,15 @@ class DocumentRunner:
             for index, text in zip(indexes, texts, strict=True):
                 out[index] = text
             done += sum(units[i].characters for i in indexes)
-            await asyncio.to_thread(self._store.progress, job.id, done)
+            await asyncio.to_thread(self._store.progress, job, done)
 
         await asyncio.gather(*(run(group) for group in groups))
         return out
+
+    async def _serving_translator(self) -> Translator:
+        """The translator, or why the service does not translate now (the model loading: the
+        job waits for it)."""
+        return self._translator()
 
     async def _once(
         self, translator: Translator, job: Job, units: list[Unit], options: TranslationOptions

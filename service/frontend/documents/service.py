@@ -1,5 +1,6 @@
 """The documents domain in one object: upload (checked and parsed before it is accepted),
-status, the one download, and waiting for a job; the API dialects call only this."""
+status, the one download, waiting for a job, and resuming the jobs no process runs; the API
+dialects call only this."""
 
 from __future__ import annotations
 
@@ -7,16 +8,19 @@ import asyncio
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from service.contract.errors import InvalidInput, PayloadTooLarge, TextTooLong
 from service.frontend.documents.formats import (
     MEDIA_TYPES,
     FileFormat,
     PackageLimits,
+    Parsed,
     format_of,
     parse,
 )
 from service.frontend.documents.jobs import Job, JobLimits, JobStore
+from service.frontend.documents.resume import Resumer, encode_request
 from service.frontend.documents.runner import DocumentRunner, RunnerConfig, options_json
 from service.frontend.translation.prompts import PLAIN, TranslationOptions
 from service.frontend.translation.translator import Translator
@@ -45,6 +49,7 @@ class Documents:
         self._store = store
         self._config = config
         self._runner = DocumentRunner(store, translator, config.runner)
+        self._resumer = Resumer(store, self._runner, self._parse_stored)
         self._translator = translator
 
     async def upload(
@@ -67,9 +72,7 @@ class Documents:
         file_format: FileFormat = format_of(filename)
         # Checked now, so a wrong language is a 4xx of the upload, not a failed job.
         self._translator().languages_of(target_lang, source_lang)
-        parsed = await asyncio.to_thread(
-            parse, data, file_format, self._config.chunk_chars, self._config.package
-        )
+        parsed = await self._parse(data, file_format)
         characters = parsed.characters
         if characters > self._config.max_file_chars:
             raise TextTooLong(
@@ -87,6 +90,8 @@ class Documents:
             source_lang,
             options_json(options),
             characters,
+            encode_request(options),
+            self._runner.claim,
         )
         self._runner.submit(job, parsed, options)
         return job
@@ -132,12 +137,24 @@ class Documents:
 
     async def recover(self) -> None:
         """At the start of a service (its first process): jobs left unfinished by the last
-        run say they failed, and expired ones go."""
-        await asyncio.to_thread(
-            self._store.fail_unfinished, "the service restarted while translating this document"
-        )
+        run made free to be resumed at once, and expired ones gone."""
+        await asyncio.to_thread(self._store.requeue_unfinished)
         await asyncio.to_thread(self._store.purge)
 
+    def start(self) -> None:
+        """Resume, in this process, jobs that no process runs (see ``resume``)."""
+        self._resumer.start()
+
     async def close(self) -> None:
+        """Stop resuming, and hand this process's jobs back to be resumed."""
+        await self._resumer.close()
         await self._runner.close()
         self._store.close()
+
+    async def _parse(self, data: bytes, file_format: FileFormat) -> Parsed:
+        return await asyncio.to_thread(
+            parse, data, file_format, self._config.chunk_chars, self._config.package
+        )
+
+    async def _parse_stored(self, data: bytes, job: Job) -> Parsed:
+        return await self._parse(data, cast(FileFormat, job.format))

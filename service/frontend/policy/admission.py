@@ -45,7 +45,9 @@ from typing import TypeVar
 from service.contract.errors import (
     BatchTooLarge,
     DeadlineExceeded,
+    EngineDied,
     EngineUnavailable,
+    NotReady,
     Overloaded,
     ServiceError,
 )
@@ -285,17 +287,27 @@ class Admission:
 
 
 _T = TypeVar("_T")
+# How often waiting work asks again whether the engine serves (loading or restarting).
+_ENGINE_BACK_S = 1.0
 
 
 async def patiently(attempt: Callable[[], Awaitable[_T]], deadline: float | None) -> _T:
-    """``attempt`` until admission has room for it, waiting as long as each refusal's
-    ``Retry-After`` says (between 0.2 and 5 s), or until the deadline would pass first: for
-    work that may wait (an uploaded document), not for a live request, which is refused."""
+    """``attempt`` until admission has room for it and the engine serves, waiting as long as
+    each full queue's ``Retry-After`` says (between 0.2 and 5 s), or a second while the model
+    loads or the engine restarts, until the deadline would pass first: for work that may wait
+    (an uploaded document, resumed as a service starts), not for a live request, which is
+    refused."""
     while True:
         try:
             return await attempt()
-        except Overloaded as full:
-            wait = min(max(full.retry_after_s, 0.2), 5.0)
+        except EngineDied:
+            raise  # the work was in the engine when it went: it may be what took it down
+        except (Overloaded, NotReady, EngineUnavailable) as refused:
+            wait = (
+                min(max(refused.retry_after_s, 0.2), 5.0)
+                if isinstance(refused, Overloaded)
+                else _ENGINE_BACK_S
+            )
             if deadline is not None and time.monotonic() + wait > deadline:
                 raise
             await asyncio.sleep(wait)
