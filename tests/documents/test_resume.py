@@ -13,7 +13,8 @@ import httpx
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.frontend.documents.jobs import HEARTBEAT_LOST_S, MAX_ATTEMPTS, Job, JobStore
+from service.frontend.documents.jobs import JobStore
+from service.frontend.documents.records import HEARTBEAT_LOST_S, MAX_ATTEMPTS, Job
 from service.frontend.documents.resume import decode_request, encode_request
 from service.frontend.translation.prompts import PLAIN, TranslationOptions
 from tests.conftest import MakeSettings, ServiceClient, own_data, started
@@ -45,22 +46,22 @@ def test_a_job_whose_process_stopped_is_resumed_elsewhere_and_finished_only_ther
     clock = Clock()
     store = JobStore(tmp_path, clock=clock)
     job = _job(store)
-    assert store.claim_orphan("B") is None  # its heartbeat is fresh: A runs it
+    assert store.claims.claim_orphan("B") is None  # its heartbeat is fresh: A runs it
     clock.pass_heartbeat_timeout()
     # A stopped beating: the job reads as waiting to be resumed, not as failed.
     assert store.get("owner", job.id).state == "queued"
-    taken = store.claim_orphan("B")
+    taken = store.claims.claim_orphan("B")
     assert taken is not None
     assert (taken.id, taken.claim, taken.attempts, taken.state) == (job.id, "B", 2, "queued")
-    assert store.claim_orphan("C") is None  # claimed once
+    assert store.claims.claim_orphan("C") is None  # claimed once
     # A, back (it was only stalled), learns the job runs elsewhere; its late result is not
     # the job's, nor is its failure.
-    assert store.beat([job.id], "A") == {job.id}
+    assert store.claims.beat([job.id], "A") == {job.id}
     store.fail(job, "A's failure")
     store.finish(job, b"A's result")
     assert store.get("owner", job.id).state == "queued"
     store.start(taken)
-    assert store.beat([job.id], "B") == set()
+    assert store.claims.beat([job.id], "B") == set()
     store.finish(taken, b"B's result")
     assert store.result("owner", job.id)[1] == b"B's result"
 
@@ -73,11 +74,11 @@ def test_a_job_that_keeps_stopping_its_process_fails_after_the_last_attempt(
     job = _job(store)
     for attempt in range(2, MAX_ATTEMPTS + 1):
         clock.pass_heartbeat_timeout()
-        taken = store.claim_orphan(f"process {attempt}")
+        taken = store.claims.claim_orphan(f"process {attempt}")
         assert taken is not None
         assert taken.attempts == attempt
     clock.pass_heartbeat_timeout()
-    assert store.claim_orphan("one more") is None
+    assert store.claims.claim_orphan("one more") is None
     failed = store.get("owner", job.id)
     assert failed.state == "error"
     stops = f"the service stopped {MAX_ATTEMPTS} times"
@@ -90,10 +91,10 @@ def test_a_job_handed_back_by_a_stopping_process_resumes_at_once_without_an_atte
     clock = Clock()
     store = JobStore(tmp_path, clock=clock)
     job = _job(store)
-    store.release([job.id], "somebody else")  # not its claim: nothing happens
-    assert store.claim_orphan("B") is None
-    store.release([job.id], "A")
-    taken = store.claim_orphan("B")
+    store.claims.release([job.id], "somebody else")  # not its claim: nothing happens
+    assert store.claims.claim_orphan("B") is None
+    store.claims.release([job.id], "A")
+    taken = store.claims.claim_orphan("B")
     assert taken is not None
     assert taken.attempts == 1  # a stop that was asked for is not held against the document
 
@@ -118,10 +119,10 @@ def test_after_a_restart_unfinished_jobs_resume_and_jobs_of_before_resuming_fail
     old.close()
     store = JobStore(tmp_path)
     job = _job(store)  # a running job of the new layout, in a process that then stopped
-    assert store.requeue_unfinished() == 2
-    assert store.claim_orphan("B") is not None  # at once: nothing runs at a start
-    assert store.claim_orphan("C") is None
-    assert store.fail_hopeless() == 1
+    assert store.claims.requeue_unfinished() == 2
+    assert store.claims.claim_orphan("B") is not None  # at once: nothing runs at a start
+    assert store.claims.claim_orphan("C") is None
+    assert store.claims.fail_hopeless() == 1
     old_job = store.get("owner", "OLD")
     assert old_job.state == "error"
     assert old_job.error == "the service restarted while translating this document"

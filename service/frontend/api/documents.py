@@ -28,7 +28,7 @@ from service.frontend.api.deepl_requests import (
     parse_deepl,
 )
 from service.frontend.api.params import Params, read_form, read_params
-from service.frontend.documents.jobs import Job
+from service.frontend.documents.records import Job
 from service.frontend.documents.service import Documents
 from service.frontend.translation.languages import Language
 from service.frontend.translation.prompts import TranslationOptions

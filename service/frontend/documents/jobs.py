@@ -4,12 +4,10 @@ A job belongs to the owner that uploaded it (an API key, or the one owner of an 
 another owner's job is "not found"). States: ``queued``, ``translating``, ``done``, ``error``
 and ``downloaded`` (the result is served once: marked, and deleted, once it was sent whole).
 The file of a result is written beside its final name and renamed into place before the job
-says ``done``, so a job never says done over a half-written file. A job that is running has a
-heartbeat and the claim of the process running it. One whose heartbeat stopped (its process
-crashed, or the service restarted) is resumed from its stored file by whichever process claims
-it first, at most ``MAX_ATTEMPTS`` times in all: a document that brings its process down every
-time fails instead of taking the service down for ever. A process stopping hands its jobs
-back. Jobs expire ``ttl_s`` after their upload: expired ones are removed with their files.
+says ``done``, so a job never says done over a half-written file. Which process runs a job is
+``claims``'s (a job runs again elsewhere when its process stops); a running job's progress,
+result and failure count only while its claim holds it. Jobs expire ``ttl_s`` after their
+upload: expired ones are removed with their files.
 
 The store is synchronous and small; callers in the event loop use ``asyncio.to_thread``. The
 SQLite file is shared by the API processes of one service.
@@ -20,103 +18,28 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import sqlite3
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from service.contract.errors import NotFound, TooManyDocuments
+from service.frontend.documents.claims import JobClaims
+from service.frontend.documents.records import (
+    COLUMNS,
+    HEARTBEAT_LOST_S,
+    SCHEMA,
+    UNFINISHED,
+    Job,
+    migrate,
+    resumable,
+)
 from service.frontend.sqlite import Database
 
-# ``sending``: a done job's result on its way to a client (done again if it does not arrive).
-JobState = Literal["queued", "translating", "done", "sending", "error", "downloaded"]
-# A running job's heartbeat is refreshed this often; one older than HEARTBEAT_LOST_S is dead.
-HEARTBEAT_S = 2.0
-HEARTBEAT_LOST_S = 15.0
 # A result claimed for sending this long ago by a process that never said how it went (it
 # crashed) may be claimed again.
 SENDING_LOST_S = 600.0
-# Runs of one job that may end without it finishing (a crash each) before it fails.
-MAX_ATTEMPTS = 3
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    key TEXT NOT NULL,
-    owner TEXT NOT NULL,
-    filename TEXT NOT NULL,
-    format TEXT NOT NULL,
-    target_lang TEXT NOT NULL,
-    source_lang TEXT,
-    options TEXT NOT NULL,
-    state TEXT NOT NULL,
-    error TEXT,
-    characters INTEGER NOT NULL,
-    done_characters INTEGER NOT NULL,
-    created REAL NOT NULL,
-    started REAL,
-    heartbeat REAL,
-    expires REAL NOT NULL,
-    request TEXT,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    claim TEXT
-);
-CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs(owner);
-"""
-_COLUMNS = (
-    "id, key, owner, filename, format, target_lang, source_lang, options, state, error, "
-    "characters, done_characters, created, started, heartbeat, expires, request, attempts, claim"
-)
-# Unfinished: a process runs it, or one will.
-_UNFINISHED = "state IN ('queued', 'translating')"
-# Unfinished, and no process runs it.
-_ORPHANED = f"{_UNFINISHED} AND (heartbeat IS NULL OR heartbeat < ?)"
-
-
-def _migrate(connection: sqlite3.Connection) -> None:
-    """A jobs file of before resuming: the columns resuming needs (its jobs cannot resume)."""
-    columns = {row[1] for row in connection.execute("PRAGMA table_info(jobs)")}
-    if columns and "claim" not in columns:
-        connection.executescript(
-            "BEGIN; ALTER TABLE jobs ADD COLUMN request TEXT; "
-            "ALTER TABLE jobs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0; "
-            "ALTER TABLE jobs ADD COLUMN claim TEXT; COMMIT;"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    id: str
-    key: str
-    owner: str
-    filename: str
-    format: str
-    target_lang: str
-    source_lang: str | None
-    options: str  # JSON of the translation options asked
-    state: JobState
-    error: str | None
-    characters: int
-    done_characters: int
-    created: float
-    started: float | None
-    heartbeat: float | None
-    expires: float
-    # What resuming needs: the translation options in full (JSON; None for a job of before
-    # resuming), the runs begun, and the process running it now.
-    request: str | None
-    attempts: int
-    claim: str | None
-
-    def seconds_remaining(self, now: float) -> int | None:
-        """An estimate from the pace so far (none before any progress)."""
-        if self.state != "translating" or not self.started or not self.done_characters:
-            return None
-        pace = (now - self.started) / self.done_characters
-        return max(0, round(pace * (self.characters - self.done_characters)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +60,9 @@ class JobStore:
         self._folder = folder
         self._limits = limits or JobLimits()
         self._clock = clock
-        self._db = Database(self._folder / "jobs.sqlite3", _SCHEMA, migrate=_migrate)
+        self._db = Database(self._folder / "jobs.sqlite3", SCHEMA, migrate=migrate)
+        # Which process runs which job (the same file).
+        self.claims = JobClaims(self._db, clock)
 
     def _files(self, job_id: str) -> Path:
         return self._folder / job_id
@@ -205,8 +130,8 @@ class JobStore:
                     retry_after_s=max(1.0, first_expiry - now),
                 )
             db.execute(
-                f"INSERT INTO jobs ({_COLUMNS}) VALUES ({', '.join('?' * 19)})",
-                tuple(getattr(job, name.strip()) for name in _COLUMNS.split(",")),
+                f"INSERT INTO jobs ({COLUMNS}) VALUES ({', '.join('?' * 19)})",
+                tuple(getattr(job, name.strip()) for name in COLUMNS.split(",")),
             )
         return job
 
@@ -217,7 +142,7 @@ class JobStore:
         if owner is None and key is None:
             raise NotFound("Document not found")
         with self._db.transaction() as db:
-            row = db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            row = db.execute(f"SELECT {COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if (
             row is None
             or (owner is not None and row[2] != owner)
@@ -225,82 +150,22 @@ class JobStore:
         ):
             raise NotFound("Document not found")
         job = Job(*row)
-        if job.state in ("queued", "translating") and self._lost(job) and not _resumable(job):
-            self.fail_hopeless()
+        if job.state in ("queued", "translating") and self._lost(job) and not resumable(job):
+            self.claims.fail_hopeless()
             return self.get(owner, job_id, key)
         return job
 
     def _lost(self, job: Job) -> bool:
         return job.heartbeat is None or self._clock() - job.heartbeat > HEARTBEAT_LOST_S
 
-    def claim_orphan(self, claim: str) -> Job | None:
-        """The oldest unfinished job no process runs, claimed for ``claim``'s process to run
-        again from the start (queued, one more attempt), or None."""
-        now = self._clock()
-        with self._db.transaction() as db:
-            row = db.execute(
-                "UPDATE jobs SET state = 'queued', heartbeat = ?, claim = ?, "
-                "attempts = attempts + 1, done_characters = 0, started = NULL "
-                f"WHERE id = (SELECT id FROM jobs WHERE {_ORPHANED} AND request IS NOT NULL "
-                f"AND attempts < ? ORDER BY created LIMIT 1) RETURNING {_COLUMNS}",
-                (now, claim, now - HEARTBEAT_LOST_S, MAX_ATTEMPTS),
-            ).fetchone()
-        return None if row is None else Job(*row)
-
-    def fail_hopeless(self) -> int:
-        """Unfinished jobs no process runs that cannot be resumed failed, saying why: those
-        begun ``MAX_ATTEMPTS`` times, and those of before resuming. The number failed."""
-        lost = self._clock() - HEARTBEAT_LOST_S
-        with self._db.transaction() as db:
-            crashed = db.execute(
-                "UPDATE jobs SET state = 'error', error = 'the service stopped ' || attempts || "
-                f"' times while translating this document' WHERE {_ORPHANED} AND attempts >= ?",
-                (lost, MAX_ATTEMPTS),
-            ).rowcount
-            return (
-                crashed
-                + db.execute(
-                    "UPDATE jobs SET state = 'error', "
-                    "error = 'the service restarted while translating this document' "
-                    f"WHERE {_ORPHANED} AND request IS NULL",
-                    (lost,),
-                ).rowcount
-            )
-
-    def release(self, job_ids: list[str], claim: str) -> None:
-        """``claim``'s process stopping: its unfinished jobs handed back to be resumed at once
-        elsewhere (a stop that was asked for does not count as an attempt)."""
-        with self._db.transaction() as db:
-            db.executemany(
-                "UPDATE jobs SET state = 'queued', heartbeat = NULL, claim = NULL, "
-                f"attempts = MAX(attempts - 1, 0) WHERE id = ? AND claim = ? AND {_UNFINISHED}",
-                [(job_id, claim) for job_id in job_ids],
-            )
-
     def start(self, job: Job) -> None:
         now = self._clock()
         with self._db.transaction() as db:
             db.execute(
                 "UPDATE jobs SET state = 'translating', started = ?, heartbeat = ? "
-                f"WHERE id = ? AND claim IS ? AND {_UNFINISHED}",
+                f"WHERE id = ? AND claim IS ? AND {UNFINISHED}",
                 (now, now, job.id, job.claim),
             )
-
-    def beat(self, job_ids: list[str], claim: str) -> set[str]:
-        """The heartbeat of the jobs ``claim``'s process runs; those of ``job_ids`` it no longer
-        runs (deleted, or claimed by another process after its heartbeat stopped)."""
-        with self._db.transaction() as db:
-            db.executemany(
-                f"UPDATE jobs SET heartbeat = ? WHERE id = ? AND claim = ? AND {_UNFINISHED}",
-                [(self._clock(), job_id, claim) for job_id in job_ids],
-            )
-            mine = {
-                row[0]
-                for row in db.execute(
-                    f"SELECT id FROM jobs WHERE claim = ? AND {_UNFINISHED}", (claim,)
-                )
-            }
-        return set(job_ids) - mine
 
     def progress(self, job: Job, done_characters: int) -> None:
         with self._db.transaction() as db:
@@ -321,7 +186,7 @@ class JobStore:
         with self._db.transaction() as db:
             db.execute(
                 "UPDATE jobs SET state = 'done', done_characters = characters "
-                f"WHERE id = ? AND claim IS ? AND {_UNFINISHED}",
+                f"WHERE id = ? AND claim IS ? AND {UNFINISHED}",
                 (job.id, job.claim),
             )
 
@@ -330,20 +195,9 @@ class JobStore:
         with self._db.transaction() as db:
             db.execute(
                 f"UPDATE jobs SET state = 'error', error = ? WHERE id = ? AND claim IS ? "
-                f"AND {_UNFINISHED}",
+                f"AND {UNFINISHED}",
                 (message, job.id, job.claim),
             )
-
-    def requeue_unfinished(self) -> int:
-        """Every unfinished job made free to be resumed at once, and every result left on its
-        way done again: for a service starting, whose processes run or send none of them yet.
-        The number to resume or fail."""
-        with self._db.transaction() as db:
-            db.execute("UPDATE jobs SET state = 'done' WHERE state = 'sending'")
-            return db.execute(
-                "UPDATE jobs SET state = 'queued', heartbeat = NULL, claim = NULL "
-                f"WHERE {_UNFINISHED}"
-            ).rowcount
 
     def result(self, owner: str | None, job_id: str, key: str | None = None) -> tuple[Job, bytes]:
         """The done job's result, claimed for sending (``sending``): ``downloaded`` once it
@@ -404,7 +258,3 @@ class JobStore:
 
     def close(self) -> None:
         self._db.close()
-
-
-def _resumable(job: Job) -> bool:
-    return job.request is not None and job.attempts < MAX_ATTEMPTS

@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from service.frontend.documents.formats import Parsed
-from service.frontend.documents.jobs import Job, JobStore
+from service.frontend.documents.jobs import JobStore
+from service.frontend.documents.records import Job
 from service.frontend.documents.runner import DocumentRunner
 from service.frontend.translation.prompts import TranslationOptions
 
@@ -61,10 +62,10 @@ class Resumer:
     async def once(self) -> int:
         """Jobs that cannot be resumed failed, then as many orphans claimed and restarted as
         the runner has room for; the number restarted."""
-        await asyncio.to_thread(self._store.fail_hopeless)
+        await asyncio.to_thread(self._store.claims.fail_hopeless)
         restarted = 0
         while self._runner.has_room:
-            job = await asyncio.to_thread(self._store.claim_orphan, self._runner.claim)
+            job = await asyncio.to_thread(self._store.claims.claim_orphan, self._runner.claim)
             if job is None:
                 break
             restarted += await self._restart(job)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from service.contract.errors import ServiceError
 from service.frontend.documents.formats import Parsed, Unit
-from service.frontend.documents.jobs import HEARTBEAT_S, Job, JobStore
+from service.frontend.documents.jobs import JobStore
+from service.frontend.documents.records import HEARTBEAT_S, Job
 from service.frontend.policy.admission import patiently
 from service.frontend.translation.prompts import TranslationOptions
 from service.frontend.translation.results import Translation
@@ -89,11 +90,11 @@ class DocumentRunner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.to_thread(self._store.release, running, self.claim)
+        await asyncio.to_thread(self._store.claims.release, running, self.claim)
 
     async def _beat(self) -> None:
         while self._tasks:
-            gone = await asyncio.to_thread(self._store.beat, list(self._tasks), self.claim)
+            gone = await asyncio.to_thread(self._store.claims.beat, list(self._tasks), self.claim)
             for job_id in gone:
                 self.cancel(job_id)
             await asyncio.sleep(HEARTBEAT_S)

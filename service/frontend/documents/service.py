@@ -19,7 +19,8 @@ from service.frontend.documents.formats import (
     format_of,
     parse,
 )
-from service.frontend.documents.jobs import Job, JobLimits, JobStore
+from service.frontend.documents.jobs import JobLimits, JobStore
+from service.frontend.documents.records import Job
 from service.frontend.documents.resume import Resumer, encode_request
 from service.frontend.documents.runner import DocumentRunner, RunnerConfig, options_json
 from service.frontend.translation.prompts import PLAIN, TranslationOptions
@@ -138,7 +139,7 @@ class Documents:
     async def recover(self) -> None:
         """At the start of a service (its first process): jobs left unfinished by the last
         run made free to be resumed at once, and expired ones gone."""
-        await asyncio.to_thread(self._store.requeue_unfinished)
+        await asyncio.to_thread(self._store.claims.requeue_unfinished)
         await asyncio.to_thread(self._store.purge)
 
     def start(self) -> None:
