@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -378,3 +379,25 @@ def value_of(text: str, sample: str) -> float | None:
     """The value of ``sample`` (a metric's name with its labels) in a /metrics text."""
     found = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.M)
     return None if found is None else float(found.group(1))
+
+
+def _series(text: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+async def test_a_generation_cut_at_its_token_budget_is_counted(
+    demo: ServiceClient, start_app: StartApp, fake: FakeControl
+) -> None:
+    # The demo model's random weights never end their turn: its generation stops at the
+    # text's budget, an answer cut short, which operators must be able to see.
+    before = _series((await demo.http.get("/metrics")).text, "hymt_generations_cut_total")
+    text = {"text": f"Cut me short {uuid.uuid4().hex}", "target_lang": "it"}
+    assert (await demo.http.post("/translate", json=text)).status_code == 200
+    after = _series((await demo.http.get("/metrics")).text, "hymt_generations_cut_total")
+    assert after == before + 1
+    # One that ended its turn (the fake engine's) is not.
+    client: ServiceClient = await start_app(loader=fake.loader(), warmup=False)
+    assert (await client.http.post("/translate", json=text)).status_code == 200
+    metrics = (await client.http.get("/metrics")).text
+    assert _series(metrics, "hymt_generations_cut_total") == 0
+    assert _series(metrics, "hymt_generated_tokens_total") > 0

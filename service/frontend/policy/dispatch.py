@@ -71,4 +71,6 @@ class Dispatcher:
         self._metrics.prompt_tokens.inc(answer.result.prompt_tokens)
         self._metrics.cached_prompt_tokens.inc(answer.result.cached_tokens)
         self._metrics.generated_tokens.inc(answer.result.completion_tokens)
+        if answer.result.finish_reason == "length":
+            self._metrics.generations_cut.inc()
         return Scheduled(answer.result, queue_s, answer.inference_s)
