@@ -111,11 +111,12 @@ def test_a_person_translates_text_and_a_file_and_reads_what_went_wrong(
     if os.environ.get("HYMT_SCREENSHOT"):
         browser.save_screenshot(os.environ["HYMT_SCREENSHOT"])
 
-    # More segments than the queue admits: the refusal is told in words.
+    # More segments than the queue ever holds: the refusal is told in words, with what to do
+    # (not "busy": waiting would not help).
     text.clear()
     text.send_keys("\n".join(f"Line {n} of a text that is long enough. " * 2 for n in range(6)))
     named(browser, "Translate").click()
-    wait(browser, lambda d: "busy" in alert(d))
+    wait(browser, lambda d: "send the text in shorter parts" in alert(d))
 
     # A file: uploaded, its progress shown, its translation downloaded.
     subtitles = tmp_path / "talk.srt"

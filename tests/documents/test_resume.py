@@ -13,10 +13,15 @@ import httpx
 from hypothesis import given
 from hypothesis import strategies as st
 
+from service.contract.errors import NotReady
+from service.frontend.documents import formats
+from service.frontend.documents.formats import Parsed
 from service.frontend.documents.jobs import JobStore
 from service.frontend.documents.records import HEARTBEAT_LOST_S, MAX_ATTEMPTS, Job
-from service.frontend.documents.resume import decode_request, encode_request
+from service.frontend.documents.resume import Resumer, decode_request, encode_request
+from service.frontend.documents.runner import DocumentRunner
 from service.frontend.translation.prompts import PLAIN, TranslationOptions
+from service.frontend.translation.translator import Translator
 from tests.conftest import MakeSettings, ServiceClient, own_data, started
 from tests.fakes import FakeControl
 
@@ -128,6 +133,33 @@ def test_after_a_restart_unfinished_jobs_resume_and_jobs_of_before_resuming_fail
     assert old_job.error == "the service restarted while translating this document"
     assert store.get("owner", "DONE").state == "done"
     assert store.get("owner", job.id).state == "queued"
+
+
+async def test_jobs_are_resumed_only_while_the_service_serves(tmp_path: Path) -> None:
+    # Claimed while the model loads, a job would wait for it and could fail on a long load; it
+    # stays unclaimed until the service serves.
+    clock = Clock()
+    store = JobStore(tmp_path, clock=clock)
+    job = _job(store, claim="a process that crashed")
+    clock.pass_heartbeat_timeout()
+
+    def loading() -> Translator:
+        raise NotReady("the model is loading; retry shortly")
+
+    runner = DocumentRunner(store, loading)
+    serving = False
+
+    async def parse(data: bytes, job: Job) -> Parsed:
+        return await asyncio.to_thread(formats.parse, data, "txt", 1000)
+
+    resumer = Resumer(store, runner, parse, lambda: serving)
+    assert await resumer.once() == 0
+    assert store.get("owner", job.id).claim == "a process that crashed"
+    serving = True
+    assert await resumer.once() == 1
+    assert store.get("owner", job.id).claim == runner.claim
+    await runner.close()  # handed back, to be resumed by whoever looks next
+    assert store.get("owner", job.id).claim is None
 
 
 _TEXT = st.text(max_size=20)

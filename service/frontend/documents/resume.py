@@ -1,7 +1,9 @@
 """Resuming document jobs that no process runs: every API process looks for them now and then
-and, while its runner has room, claims the oldest and translates it again from its stored file
-and options. So a crash, an out-of-memory kill or a restart loses no accepted document, and a
-document that keeps bringing its process down fails after ``MAX_ATTEMPTS`` runs.
+and, while it serves and its runner has room, claims the oldest and translates it again from
+its stored file and options (a model still loading leaves them for later, so a long load does
+not use up a resumed job's wait). So a crash, an out-of-memory kill or a restart loses no
+accepted document, and a document that keeps bringing its process down fails after
+``MAX_ATTEMPTS`` runs.
 """
 
 from __future__ import annotations
@@ -42,11 +44,13 @@ class Resumer:
         store: JobStore,
         runner: DocumentRunner,
         parse: Callable[[bytes, Job], Awaitable[Parsed]],
+        serving: Callable[[], bool],
         every_s: float = RESUME_S,
     ) -> None:
         self._store = store
         self._runner = runner
         self._parse = parse
+        self._serving = serving
         self._every_s = every_s
         self._task: asyncio.Task[None] | None = None
 
@@ -64,7 +68,7 @@ class Resumer:
         the runner has room for; the number restarted."""
         await asyncio.to_thread(self._store.claims.fail_hopeless)
         restarted = 0
-        while self._runner.has_room:
+        while self._serving() and self._runner.has_room:
             job = await asyncio.to_thread(self._store.claims.claim_orphan, self._runner.claim)
             if job is None:
                 break

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import cast
 
-from service.contract.errors import InvalidInput, PayloadTooLarge, TextTooLong
+from service.contract.errors import InvalidInput, PayloadTooLarge, ServiceError, TextTooLong
 from service.frontend.documents.formats import (
     MEDIA_TYPES,
     FileFormat,
@@ -50,7 +50,7 @@ class Documents:
         self._store = store
         self._config = config
         self._runner = DocumentRunner(store, translator, config.runner)
-        self._resumer = Resumer(store, self._runner, self._parse_stored)
+        self._resumer = Resumer(store, self._runner, self._parse_stored, self._serving)
         self._translator = translator
 
     async def upload(
@@ -151,6 +151,13 @@ class Documents:
         await self._resumer.close()
         await self._runner.close()
         self._store.close()
+
+    def _serving(self) -> bool:
+        try:
+            self._translator()
+        except ServiceError:  # loading, restarting or stopping: why does not matter here
+            return False
+        return True
 
     async def _parse(self, data: bytes, file_format: FileFormat) -> Parsed:
         return await asyncio.to_thread(
