@@ -83,6 +83,13 @@ class TooManyDocuments(RateLimited):
     code = "too_many_documents"
 
 
+class StorageFull(ServiceError):
+    """The service's disk (or its volume's quota) is full: nothing it should keep can be
+    written now (an upload, a glossary). The operator's problem, not the client's request's."""
+
+    code = "storage_full"
+
+
 class Unsupported(InvalidInput):
     """The request asks for an option this service cannot honour."""
 

@@ -1,14 +1,36 @@
 """One SQLite file shared by the API processes of a service: opened on first use with its
 schema, WAL journal (readers never wait for a writer across processes), one connection per
-process guarded by a lock, each ``transaction`` committed or rolled back whole."""
+process guarded by a lock, each ``transaction`` committed or rolled back whole. A full disk,
+whether SQLite or a file write finds it, is ``StorageFull`` (``disk_space``)."""
 
 from __future__ import annotations
 
+import errno
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from service.contract.errors import StorageFull
+
+_FULL = "the service's storage is full; try again later"
+
+
+@contextmanager
+def disk_space() -> Iterator[None]:
+    """A write that finds the disk (or its quota) full raises ``StorageFull`` instead: a 507
+    the client can retry, not an internal error."""
+    try:
+        yield
+    except sqlite3.OperationalError as error:
+        if getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            raise StorageFull(_FULL) from error
+        raise
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StorageFull(_FULL) from error
+        raise
 
 
 class Database:
@@ -39,7 +61,7 @@ class Database:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
+        with self._lock, disk_space():
             connection = self._connect()
             with connection:
                 yield connection

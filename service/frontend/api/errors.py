@@ -36,6 +36,7 @@ STATUS_BY_ERROR: tuple[tuple[type[errors.ServiceError], int], ...] = (
     (errors.NotReady, 503),
     (errors.EngineUnavailable, 503),
     (errors.OutOfMemory, 507),
+    (errors.StorageFull, 507),
     (errors.GenerationFailed, 500),
 )
 
@@ -70,7 +71,7 @@ def service_error_response(
     headers: dict[str, str] = {}
     if isinstance(error, errors.Overloaded):
         headers["Retry-After"] = str(math.ceil(error.retry_after_s))
-    elif isinstance(error, errors.EngineUnavailable | errors.NotReady):
+    elif isinstance(error, errors.EngineUnavailable | errors.NotReady | errors.StorageFull):
         headers["Retry-After"] = "5"
     elif isinstance(error, errors.Unauthenticated):
         headers["WWW-Authenticate"] = "Bearer"

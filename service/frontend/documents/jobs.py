@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.contract.errors import NotFound, TooManyDocuments
+from service.contract.errors import NotFound, StorageFull, TooManyDocuments
 from service.frontend.documents.claims import JobClaims
 from service.frontend.documents.records import (
     COLUMNS,
@@ -35,7 +35,7 @@ from service.frontend.documents.records import (
     migrate,
     resumable,
 )
-from service.frontend.sqlite import Database
+from service.frontend.sqlite import Database, disk_space
 
 # A result claimed for sending this long ago by a process that never said how it went (it
 # crashed) may be claimed again.
@@ -112,8 +112,13 @@ class JobStore:
             claim=claim,
         )
         folder = self._files(job.id)
-        folder.mkdir(parents=True)
-        self.source_path(job).write_bytes(data)
+        try:
+            with disk_space():
+                folder.mkdir(parents=True)
+                self.source_path(job).write_bytes(data)
+        except StorageFull:
+            shutil.rmtree(folder, ignore_errors=True)  # no half-written file left behind
+            raise
         with self._db.transaction() as db:
             # Unfinished and undownloaded jobs hold a slot; failed and downloaded ones do not.
             held, first_expiry = db.execute(
@@ -179,9 +184,14 @@ class JobStore:
         still holds it)."""
         final = self.result_path(job)
         partial = final.with_name(final.name + ".partial")
-        partial.write_bytes(result)
-        with partial.open("rb") as written:
-            os.fsync(written.fileno())
+        try:
+            with disk_space():
+                partial.write_bytes(result)
+                with partial.open("rb") as written:
+                    os.fsync(written.fileno())
+        except StorageFull:
+            partial.unlink(missing_ok=True)  # the space it took is wanted
+            raise
         partial.replace(final)
         with self._db.transaction() as db:
             db.execute(
