@@ -33,7 +33,8 @@ class DocumentsSettings(Section):
     max_documents_per_key: int = Field(
         20,
         ge=1,
-        description="Document jobs a key may hold at once (until downloaded or expired).",
+        description="Document jobs a key (on a service without keys, a client address) may "
+        "hold at once (until downloaded or expired).",
     )
     document_ttl_s: float = Field(
         86_400.0, gt=0, description="How long a document job and its files are kept."

@@ -74,7 +74,7 @@ def documents_config(settings: Settings) -> DocumentsConfig:
         package=PackageLimits(max_unpacked_bytes=documents.max_unpacked_bytes),
         public_origin=documents.public_origin,
         limits=JobLimits(
-            max_jobs_per_owner=documents.max_documents_per_key, ttl_s=documents.document_ttl_s
+            max_jobs_per_client=documents.max_documents_per_key, ttl_s=documents.document_ttl_s
         ),
         runner=RunnerConfig(
             max_running=documents.document_jobs,

@@ -41,7 +41,17 @@ class Clock:
 
 def _job(store: JobStore, claim: str = "A") -> Job:
     return store.create(
-        "owner", "a.txt", "txt", b"Hello there.", "de", None, "{}", 12, encode_request(PLAIN), claim
+        "owner",
+        "a.txt",
+        "txt",
+        b"Hello there.",
+        "de",
+        None,
+        "{}",
+        12,
+        encode_request(PLAIN),
+        claim,
+        "owner",
     )
 
 

@@ -107,6 +107,7 @@ def install_deepl_document_routes(
             source.code if source else None,
             options,
             charge=context.charge,
+            holder=context.client.identity,
         )
         return JSONResponse({"document_id": job.id, "document_key": job.key})
 
@@ -149,7 +150,13 @@ def install_libretranslate_file_routes(
         source = params.get("source")
         source_lang = None if not isinstance(source, str) or source == "auto" else source
         job = await documents.upload(
-            context.owner, filename, data, target, source_lang, charge=context.charge
+            context.owner,
+            filename,
+            data,
+            target,
+            source_lang,
+            charge=context.charge,
+            holder=context.client.identity,
         )
         # LibreTranslate answers once the file is translated.
         job = await documents.wait(job)

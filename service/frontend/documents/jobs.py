@@ -44,7 +44,7 @@ SENDING_LOST_S = 600.0
 
 @dataclass(frozen=True, slots=True)
 class JobLimits:
-    max_jobs_per_owner: int = 20
+    max_jobs_per_client: int = 20
     ttl_s: float = 86_400.0
 
 
@@ -85,9 +85,11 @@ class JobStore:
         characters: int,
         request: str,
         claim: str,
+        holder: str,
     ) -> Job:
         """A queued job for ``data``, run by ``claim``'s process; ``request``: its options in
-        full, to resume it from. ``TooManyDocuments`` past the owner's bound."""
+        full, to resume it from. ``TooManyDocuments`` past the bound of jobs ``holder`` (the
+        client that uploads it) may hold."""
         self.purge()
         now = self._clock()
         job = Job(
@@ -110,6 +112,7 @@ class JobStore:
             request=request,
             attempts=1,
             claim=claim,
+            holder=holder,
         )
         folder = self._files(job.id)
         try:
@@ -122,20 +125,20 @@ class JobStore:
         with self._db.transaction() as db:
             # Unfinished and undownloaded jobs hold a slot; failed and downloaded ones do not.
             held, first_expiry = db.execute(
-                "SELECT COUNT(*), MIN(expires) FROM jobs WHERE owner = ? "
+                "SELECT COUNT(*), MIN(expires) FROM jobs WHERE COALESCE(holder, owner) = ? "
                 "AND state IN ('queued', 'translating', 'done', 'sending')",
-                (owner,),
+                (holder,),
             ).fetchone()
-            if held >= self._limits.max_jobs_per_owner:
+            if held >= self._limits.max_jobs_per_client:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise TooManyDocuments(
-                    f"too many documents: at most {self._limits.max_jobs_per_owner} held at "
+                    f"too many documents: at most {self._limits.max_jobs_per_client} held at "
                     "once; download the finished ones, or wait for the earliest to expire",
                     # The time a slot frees by itself; a download frees one at once.
                     retry_after_s=max(1.0, first_expiry - now),
                 )
             db.execute(
-                f"INSERT INTO jobs ({COLUMNS}) VALUES ({', '.join('?' * 19)})",
+                f"INSERT INTO jobs ({COLUMNS}) VALUES ({', '.join('?' * 20)})",
                 tuple(getattr(job, name.strip()) for name in COLUMNS.split(",")),
             )
         return job

@@ -36,13 +36,15 @@ CREATE TABLE IF NOT EXISTS jobs (
     expires REAL NOT NULL,
     request TEXT,
     attempts INTEGER NOT NULL DEFAULT 0,
-    claim TEXT
+    claim TEXT,
+    holder TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs(owner);
 """
 COLUMNS = (
     "id, key, owner, filename, format, target_lang, source_lang, options, state, error, "
-    "characters, done_characters, created, started, heartbeat, expires, request, attempts, claim"
+    "characters, done_characters, created, started, heartbeat, expires, request, attempts, claim, "
+    "holder"
 )
 # Unfinished: a process runs it, or one will.
 UNFINISHED = "state IN ('queued', 'translating')"
@@ -50,15 +52,23 @@ UNFINISHED = "state IN ('queued', 'translating')"
 ORPHANED = f"{UNFINISHED} AND (heartbeat IS NULL OR heartbeat < ?)"
 
 
+# Columns a jobs file of an earlier layout lacks, and how each is added: what resuming needs
+# (its jobs cannot resume), and who holds each job's slot (its owner, for those jobs).
+_ADDED = {
+    "request": "request TEXT",
+    "attempts": "attempts INTEGER NOT NULL DEFAULT 0",
+    "claim": "claim TEXT",
+    "holder": "holder TEXT",
+}
+
+
 def migrate(connection: sqlite3.Connection) -> None:
-    """A jobs file of before resuming: the columns resuming needs (its jobs cannot resume)."""
+    """A jobs file of an earlier layout brought up to this one."""
     columns = {row[1] for row in connection.execute("PRAGMA table_info(jobs)")}
-    if columns and "claim" not in columns:
-        connection.executescript(
-            "BEGIN; ALTER TABLE jobs ADD COLUMN request TEXT; "
-            "ALTER TABLE jobs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0; "
-            "ALTER TABLE jobs ADD COLUMN claim TEXT; COMMIT;"
-        )
+    missing = [column for name, column in _ADDED.items() if columns and name not in columns]
+    if missing:
+        added = "".join(f"ALTER TABLE jobs ADD COLUMN {column}; " for column in missing)
+        connection.executescript(f"BEGIN; {added}COMMIT;")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +94,9 @@ class Job:
     request: str | None
     attempts: int
     claim: str | None
+    # Whose slot it takes: the client that uploaded it (its key, or on an open service its
+    # address), so that one client of an open service cannot take every slot.
+    holder: str | None
 
     def seconds_remaining(self, now: float) -> int | None:
         """An estimate from the pace so far (none before any progress)."""

@@ -62,10 +62,12 @@ class Documents:
         source_lang: str | None,
         options: TranslationOptions = PLAIN,
         charge: Callable[[int], Awaitable[None]] | None = None,
+        holder: str | None = None,
     ) -> Job:
         """A job for the file, translating in the background; the file is refused (4xx) before
         any job exists when it is too large, of an unknown type, or cannot be read, or when
-        ``charge`` refuses its characters (the caller's quota)."""
+        ``charge`` refuses its characters (the caller's quota). ``holder``: the client whose
+        slots it takes (``owner``'s when not given)."""
         if len(data) > self._config.max_file_bytes:
             raise PayloadTooLarge(f"file: over {self._config.max_file_bytes} bytes")
         if not data:
@@ -93,6 +95,7 @@ class Documents:
             characters,
             encode_request(options),
             self._runner.claim,
+            holder or owner,
         )
         self._runner.submit(job, parsed, options)
         return job
