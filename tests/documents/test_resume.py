@@ -22,7 +22,7 @@ from service.frontend.documents.resume import Resumer, decode_request, encode_re
 from service.frontend.documents.runner import DocumentRunner
 from service.frontend.translation.prompts import PLAIN, TranslationOptions
 from service.frontend.translation.translator import Translator
-from tests.conftest import MakeSettings, ServiceClient, own_data, started
+from tests.conftest import MakeSettings, ServiceClient, StartApp, own_data, started
 from tests.fakes import FakeControl
 
 AUTH = {"Authorization": "DeepL-Auth-Key k"}
@@ -251,3 +251,33 @@ async def test_a_document_translating_when_the_service_stops_is_finished_after_i
         )
         assert result.content == expected.content
         assert result.content.count(b"\n\n") == 1
+
+
+async def test_a_file_waited_for_whose_job_went_elsewhere_is_a_503_not_the_client_s_error(
+    start_app: StartApp, fake: FakeControl, data_dir: Path, tmp_path: Path
+) -> None:
+    # LibreTranslate's translate_file waits for its job in this process. Taken over by another
+    # process (this one was thought dead), the job is no longer this request's to finish: a
+    # 503 to send it again, not a 400 "Cannot translate file: translating".
+    own = own_data(data_dir, tmp_path / "data")
+    client = await start_app(loader=fake.loader(delay_s=5.0), warmup=False, data_dir=own)
+    waiting = asyncio.ensure_future(
+        client.http.post(
+            "/libretranslate/translate_file",
+            data={"source": "en", "target": "de"},
+            files={"file": ("a.txt", b"Hello there.")},
+        )
+    )
+    jobs = sqlite3.connect(own / "documents" / "jobs.sqlite3")
+    deadline = time.monotonic() + 30
+    while not jobs.execute("SELECT COUNT(*) FROM jobs WHERE state = 'translating'").fetchone()[0]:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    jobs.execute("UPDATE jobs SET claim = 'another process'")
+    jobs.commit()
+    jobs.close()
+    response = await waiting
+    assert response.status_code == 503, response.text
+    assert response.json() == {
+        "error": "the service stopped while translating the file; send it again"
+    }

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import UploadFile
 from starlette.types import Receive, Scope, Send
 
-from service.contract.errors import InvalidInput, NotFound
+from service.contract.errors import EngineUnavailable, InvalidInput, NotFound
 from service.frontend.api.context import RequestContext
 from service.frontend.api.deepl_requests import (
     DeepLOptions,
@@ -160,6 +160,10 @@ def install_libretranslate_file_routes(
         )
         # LibreTranslate answers once the file is translated.
         job = await documents.wait(job)
+        if job.state in ("queued", "translating"):
+            # This process stopped (or gave the job up) before it finished: the client that
+            # waits here cannot be told where it resumes.
+            raise EngineUnavailable("the service stopped while translating the file; send it again")
         if job.state != "done":
             raise InvalidInput(f"Cannot translate file: {job.error or job.state}")
         name = urllib.parse.quote(_translated_name(job))

@@ -81,7 +81,10 @@ class DocumentRunner:
         """Until the job's translation ends here (at once when it does not run here)."""
         task = self._tasks.get(job_id)
         if task is not None:
-            await asyncio.shield(task)
+            # Not ``shield``: a job cancelled here (deleted, or taken over) would raise its
+            # cancellation into the waiting request. ``wait`` neither raises it nor cancels
+            # the job when the request itself is cancelled.
+            await asyncio.wait({task})
 
     async def close(self) -> None:
         """Stop every job and the heartbeat, and hand the jobs back to be resumed."""
