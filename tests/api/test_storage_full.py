@@ -8,6 +8,7 @@ import errno
 import sqlite3
 from pathlib import Path
 
+import httpx
 import pytest
 
 from service.contract.errors import StorageFull
@@ -49,23 +50,21 @@ async def test_an_upload_onto_a_full_disk_is_507_and_leaves_no_job(
             raise OSError(errno.ENOSPC, "No space left on device")
         return write_bytes(path, data)
 
+    async def upload_one() -> httpx.Response:
+        return await client.http.post(
+            "/v2/document",
+            data={"target_lang": "DE"},
+            files={"file": ("a.txt", b"Hello there.")},
+            headers=AUTH,
+        )
+
     monkeypatch.setattr(Path, "write_bytes", full)
-    upload = await client.http.post(
-        "/v2/document",
-        data={"target_lang": "DE"},
-        files={"file": ("a.txt", b"Hello there.")},
-        headers=AUTH,
-    )
+    upload = await upload_one()
     assert upload.status_code == 507, upload.text
     assert upload.json() == {"message": "the service's storage is full; try again later"}
     assert upload.headers["retry-after"] == "5"
     folder = own / "documents"
     assert [p.name for p in folder.iterdir() if p.is_dir()] == []  # no job folder left
     monkeypatch.setattr(Path, "write_bytes", write_bytes)
-    again = await client.http.post(
-        "/v2/document",
-        data={"target_lang": "DE"},
-        files={"file": ("a.txt", b"Hello there.")},
-        headers=AUTH,
-    )
+    again = await upload_one()
     assert again.status_code == 200, again.text
