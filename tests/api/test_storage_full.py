@@ -51,12 +51,13 @@ async def test_an_upload_onto_a_full_disk_is_507_and_leaves_no_job(
         return write_bytes(path, data)
 
     async def upload_one() -> httpx.Response:
-        return await client.http.post(
+        response: httpx.Response = await client.http.post(
             "/v2/document",
             data={"target_lang": "DE"},
             files={"file": ("a.txt", b"Hello there.")},
             headers=AUTH,
         )
+        return response
 
     monkeypatch.setattr(Path, "write_bytes", full)
     upload = await upload_one()
