@@ -27,6 +27,7 @@ from service.contract.tokenizer import TokenizerSpec
 from service.contract.types import (
     Completion,
     EngineInfo,
+    FinishReason,
     GenerationRequest,
     GenerationResult,
     TextSink,
@@ -65,6 +66,8 @@ class FakeOptions:
     load_s: float = 0.0
     # Every text's answer instead of its prompt length.
     answer: str | None = None
+    # How every generation ends: its turn ("stop") or its token budget ("length").
+    finish_reason: FinishReason = "stop"
     # What the engine says one decode step takes, by batch size (``Engine.step_seconds``).
     step_seconds: tuple[tuple[int, float], ...] = ()
     # The share of the wall time its accelerator works: ``Engine.device_seconds`` grows at this
@@ -231,7 +234,7 @@ class FakeEngine:
                 text=options.answer if options.answer is not None else f"out:{length}",
                 prompt_tokens=length,
                 completion_tokens=min(3, request.max_new_tokens),
-                finish_reason="stop",
+                finish_reason=options.finish_reason,
                 # As if a kept prefix (the template) had given the prompt's first whole blocks.
                 cached_tokens=FAKE_CACHED_BLOCK * ((length - 1) // FAKE_CACHED_BLOCK),
             )

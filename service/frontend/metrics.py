@@ -230,8 +230,8 @@ class Metrics:
             f"{PREFIX}_generations_cut_total",
             "Generations that stopped at their token budget (HYMT_MAX_NEW_TOKENS, or the "
             "text's share of it from HYMT_OUTPUT_TOKENS_RATIO) instead of ending their turn: "
-            "answers cut short. A model with random weights never ends its turn, so all of its "
-            "generations count.",
+            "answers cut short. A model with random weights seldom ends its turn, so nearly "
+            "all of its generations count.",
             registry=r,
         )
         self.model_load_seconds = Gauge(

@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.frontend.api.middleware import Door
 from service.frontend.metrics import Metrics
+from service.frontend.translation import markup, markup_texts
 from tests.api.test_faults import until
 from tests.conftest import ServiceClient, StartApp
 from tests.fakes import FakeControl
@@ -226,3 +227,23 @@ async def test_no_request_builds_the_routing_state_it_was_built_at_start(
     monkeypatch.setattr(fastapi.routing._EffectiveRouteContext, "from_api_route", counted)
     await _call_every_route(client)
     assert built == []
+
+
+async def test_markup_is_read_at_its_tags_outside_the_api_process(
+    start_app: StartApp, fake: FakeControl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Linear, reading markup still costs about a second of CPU a megabyte (a DeepL body of
+    # HTML): in the API process that second held every request it serves, /health included.
+    # The preparation workers read it; in the API process it would fail here.
+    def not_here(*args: object, **kwargs: object) -> object:
+        raise AssertionError("markup read on the API process's event loop")
+
+    monkeypatch.setattr(markup, "segment", not_here)
+    monkeypatch.setattr(markup_texts, "segment", not_here, raising=False)
+    client = await start_app(loader=fake.loader(answer="Hallo <b>Welt</b>"), warmup=False)
+    response = await client.http.post(
+        "/v2/translate",
+        json={"text": ["<p>Hello <b>world</b></p>"], "target_lang": "DE", "tag_handling": "html"},
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["translations"][0]["text"] == "<p>Hallo <b>Welt</b></p>"

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 
 from service.contract.errors import ServiceError
 from service.frontend.translation.core import TranslationCore
-from service.frontend.translation.markup import Segmented, segment, tag_sequence
+from service.frontend.translation.markup import Segmented, tag_sequence
 from service.frontend.translation.results import (
     InBatches,
     Translation,
@@ -40,7 +40,7 @@ class MarkupTexts:
         does not keep those tags in order, its pieces between the tags are translated instead.
         ``paced``: the runs go in slices the queue has room for (as ``document``'s)."""
         target, _ = self._core.prompts.languages_of(target_lang, source_lang)
-        segmented = [segment(document, ignore, inline) for document in documents]
+        segmented = await self._core.preparer.segment(documents, ignore, inline)
         runs = [s.parts[i] for s in segmented for i in s.texts]
         outcomes = await self._in_batches(runs, target_lang, source_lang, deadline, paced)
         await self._untangle(segmented, outcomes, target_lang, source_lang, deadline, paced)

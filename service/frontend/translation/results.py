@@ -5,7 +5,7 @@ of a text."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,6 +19,7 @@ from service.contract.types import (
 )
 from service.frontend.translation.detection import Detection
 from service.frontend.translation.languages import Language
+from service.frontend.translation.markup import Segmented
 from service.frontend.translation.prompts import PLAIN, TranslationOptions
 from service.frontend.translation.segments import Document
 from service.frontend.translation.tags import Numbered
@@ -71,6 +72,12 @@ class TextPreparer(Protocol):
     async def split(self, text: str, max_chars: int, hard_chars: int) -> Document:
         """``segments.split_document`` of a long text (milliseconds: not on the event loop),
         its segments within the tokens a text may have."""
+        ...
+
+    async def segment(
+        self, documents: Sequence[str], ignore: Sequence[str], inline: Iterable[str]
+    ) -> list[Segmented]:
+        """``markup.segment`` of each HTML or XML document (a second of CPU a megabyte)."""
         ...
 
     async def prepare_chat(
