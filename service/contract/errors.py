@@ -83,6 +83,13 @@ class TooManyDocuments(RateLimited):
     code = "too_many_documents"
 
 
+class UnsupportedEncoding(ServiceError):
+    """The body comes with a ``Content-Encoding`` (gzip, ...): the service reads bodies as
+    they are, and would otherwise call a compressed body "not UTF-8"."""
+
+    code = "unsupported_encoding"
+
+
 class StorageFull(ServiceError):
     """The service's disk (or its volume's quota) is full: nothing it should keep can be
     written now (an upload, a glossary). The operator's problem, not the client's request's."""

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from tests.conftest import ServiceClient
@@ -67,3 +72,30 @@ async def test_odd_cases_of_language_codes(demo: ServiceClient) -> None:
         response = await demo.http.post("/translate", json={"text": "hi", "target_lang": code})
         assert response.status_code == 200
         assert response.json()["target_lang"] == canonical
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "shape"),
+    [
+        ("/translate", {"text": "hello", "target_lang": "de"}, lambda b: b["error"]["message"]),
+        ("/v2/translate", {"text": ["hello"], "target_lang": "DE"}, lambda b: b["message"]),
+        (
+            "/libretranslate/translate",
+            {"q": "hello", "source": "en", "target": "de"},
+            lambda b: b["error"],
+        ),
+        ("/language/translate/v2", {"q": "hello", "target": "de"}, lambda b: b["error"]["message"]),
+    ],
+)
+async def test_a_compressed_body_is_415_in_the_route_s_shape_not_called_not_utf8(
+    demo: ServiceClient, path: str, body: dict[str, object], shape: Callable[[Any], str]
+) -> None:
+    # Found by a probe: a gzip body (Content-Encoding: gzip) was read as it came and refused as
+    # "the body is not UTF-8", which tells a client nothing it can act on.
+    compressed = gzip.compress(json.dumps(body).encode())
+    headers = {"content-type": "application/json", "content-encoding": "gzip"}
+    response = await demo.http.post(path, content=compressed, headers=headers)
+    assert response.status_code == 415, response.text
+    assert "Content-Encoding 'gzip' is not accepted" in shape(response.json())
+    plain = await demo.http.post(path, json=body, headers={"content-encoding": "identity"})
+    assert plain.status_code == 200, plain.text

@@ -31,6 +31,7 @@ STATUS_BY_ERROR: tuple[tuple[type[errors.ServiceError], int], ...] = (
     (errors.NotFound, 404),
     (errors.MethodNotAllowed, 405),
     (errors.PayloadTooLarge, 413),
+    (errors.UnsupportedEncoding, 415),
     (errors.Overloaded, 429),
     (errors.DeadlineExceeded, 504),
     (errors.NotReady, 503),

@@ -40,7 +40,7 @@ from fastapi.telemetry import TelemetryConfig
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.contract.errors import InvalidInput
+from service.contract.errors import InvalidInput, UnsupportedEncoding
 from service.frontend.api.errors import NATIVE, Dialect, error_response
 from service.frontend.api.surrogates import lone_surrogate
 from service.frontend.metrics import Children, Metrics
@@ -230,10 +230,16 @@ class RequestContextMiddleware:
             limit = self._limit(scope)
             body = await self._read_body(scope, receive, limit)
             invalid = None if body is None else lone_surrogate(body)
+            encoding = (_header(scope, b"content-encoding") or "identity").strip().lower()
             if body is None:
                 await self._reply(
                     413, "payload_too_large", self._too_large(limit), send_with_id, scope, receive
                 )
+            elif body and encoding != "identity":
+                unread = UnsupportedEncoding(
+                    f"Content-Encoding {encoding[:32]!r} is not accepted: send the body as it is"
+                )
+                await self._dialect(scope).response(unread)(scope, receive, send_with_id)
             elif invalid is not None:
                 error = InvalidInput(f"{invalid}: not valid Unicode (a lone surrogate)")
                 await self._dialect(scope).response(error)(scope, receive, send_with_id)
