@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -132,3 +133,24 @@ async def test_a_rate_check_waiting_for_the_files_lock_leaves_the_event_loop_fre
     with pytest.raises(RateLimited):
         await access.admit(client)
     access.close()
+
+
+def test_a_process_that_opens_the_file_while_another_writes_it_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    # Seen in make test (loadtests.counting's two processes starting together): switching the
+    # file to WAL while another connection writes is refused at once, "database is locked",
+    # without SQLite's busy wait. It waits now, as every other statement on the file does.
+    path = tmp_path / "limits.sqlite3"
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("CREATE TABLE other (a)")
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("INSERT INTO other VALUES (1)")
+    committing = threading.Timer(0.3, lambda: writer.execute("COMMIT"))
+    committing.start()
+    try:
+        storage = SharedFileStorage(path)
+        assert storage.incr("client", 60) == 1
+    finally:
+        committing.join()
+        writer.close()
