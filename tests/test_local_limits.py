@@ -19,6 +19,7 @@ from limits.strategies import SlidingWindowCounterRateLimiter
 from service.contract.errors import QuotaExceeded, RateLimited
 from service.frontend.access import AccessConfig, AccessControl, Client
 from service.frontend.local_limits import SharedFileStorage
+from service.frontend.sqlite import Database
 
 
 @settings(max_examples=60, deadline=None)
@@ -154,3 +155,24 @@ def test_a_process_that_opens_the_file_while_another_writes_it_waits_for_it(
     finally:
         committing.join()
         writer.close()
+
+
+def test_a_store_opened_while_another_process_writes_its_file_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    # The same for the jobs and glossary files, which every API process opens as it starts.
+    path = tmp_path / "jobs.sqlite3"
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("CREATE TABLE other (a)")
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("INSERT INTO other VALUES (1)")
+    committing = threading.Timer(0.3, lambda: writer.execute("COMMIT"))
+    committing.start()
+    database = Database(path, "CREATE TABLE IF NOT EXISTS t (v);")
+    try:
+        with database.transaction() as db:
+            db.execute("INSERT INTO t VALUES (1)")
+    finally:
+        committing.join()
+        writer.close()
+        database.close()

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from limits.storage.base import SlidingWindowCounterSupport, Storage, TimestampedSlidingWindow
 
+from service.frontend.sqlite import while_locked
+
 # Increments between two purges of the expired counters.
 _PURGE_EVERY = 1000
 # How long a statement waits for another process's lock on the file.
@@ -36,28 +38,17 @@ class SharedFileStorage(Storage, SlidingWindowCounterSupport, TimestampedSliding
         self._connection = sqlite3.connect(
             path, timeout=_BUSY_S, isolation_level=None, check_same_thread=False
         )
-        self._set_up()
+        while_locked(self._set_up, _BUSY_S)
         self._increments = 0
 
     def _set_up(self) -> None:
-        """WAL mode and the table. The API processes of a service start together: switching
-        the file to WAL while another process writes its table is refused at once ("database
-        is locked"), without SQLite's busy wait, which would deadlock there; so it is tried
-        again until the busy timeout."""
-        deadline = time.monotonic() + _BUSY_S
-        while True:
-            try:
-                self._connection.execute("PRAGMA journal_mode=WAL")
-                self._connection.execute("PRAGMA synchronous=OFF")
-                self._connection.execute(
-                    "CREATE TABLE IF NOT EXISTS counters "
-                    "(key TEXT PRIMARY KEY, count INTEGER NOT NULL, expires REAL NOT NULL)"
-                )
-                return
-            except sqlite3.OperationalError as error:
-                if "locked" not in str(error) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
+        """WAL mode and the table (again while another process holds the file: ``while_locked``)."""
+        self._connection.execute("PRAGMA journal_mode=WAL")
+        self._connection.execute("PRAGMA synchronous=OFF")
+        self._connection.execute(
+            "CREATE TABLE IF NOT EXISTS counters "
+            "(key TEXT PRIMARY KEY, count INTEGER NOT NULL, expires REAL NOT NULL)"
+        )
 
     @property
     def base_exceptions(self) -> type[Exception]:

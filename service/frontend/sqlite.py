@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +16,23 @@ from pathlib import Path
 from service.contract.errors import StorageFull
 
 _FULL = "the service's storage is full; try again later"
+# How long a statement waits for another process's lock on the file.
+BUSY_S = 10.0
+
+
+def while_locked(action: Callable[[], None], seconds: float = BUSY_S) -> None:
+    """``action`` (setting a file up), again while SQLite says "database is locked" at once.
+    The API processes of a service start together, and switching a file to WAL while another
+    process writes it is refused without SQLite's busy wait, which would deadlock there."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            action()
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 @contextmanager
@@ -50,12 +68,16 @@ class Database:
     def _connect(self) -> sqlite3.Connection:
         if self._connection is None:
             self._path.parent.mkdir(parents=True, exist_ok=True)
-            connection = sqlite3.connect(self._path, check_same_thread=False, timeout=10)
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute("PRAGMA foreign_keys=ON")
-            if self._migrate is not None:
-                self._migrate(connection)
-            connection.executescript(self._schema)
+            connection = sqlite3.connect(self._path, check_same_thread=False, timeout=BUSY_S)
+
+            def set_up() -> None:
+                connection.execute("PRAGMA journal_mode=WAL")
+                connection.execute("PRAGMA foreign_keys=ON")
+                if self._migrate is not None:
+                    self._migrate(connection)
+                connection.executescript(self._schema)
+
+            while_locked(set_up)
             self._connection = connection
         return self._connection
 
