@@ -4,10 +4,12 @@ whose requests the kernel spreads over the processes gets exactly its allowance.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -136,6 +138,22 @@ async def test_a_rate_check_waiting_for_the_files_lock_leaves_the_event_loop_fre
     access.close()
 
 
+@contextlib.contextmanager
+def _written_by_another(path: Path) -> Iterator[None]:
+    """``path`` held by another connection's write (``BEGIN IMMEDIATE``) for 0.3 s."""
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("CREATE TABLE other (a)")
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("INSERT INTO other VALUES (1)")
+    committing = threading.Timer(0.3, lambda: writer.execute("COMMIT"))
+    committing.start()
+    try:
+        yield
+    finally:
+        committing.join()
+        writer.close()
+
+
 def test_a_process_that_opens_the_file_while_another_writes_it_waits_for_it(
     tmp_path: Path,
 ) -> None:
@@ -143,18 +161,9 @@ def test_a_process_that_opens_the_file_while_another_writes_it_waits_for_it(
     # file to WAL while another connection writes is refused at once, "database is locked",
     # without SQLite's busy wait. It waits now, as every other statement on the file does.
     path = tmp_path / "limits.sqlite3"
-    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    writer.execute("CREATE TABLE other (a)")
-    writer.execute("BEGIN IMMEDIATE")
-    writer.execute("INSERT INTO other VALUES (1)")
-    committing = threading.Timer(0.3, lambda: writer.execute("COMMIT"))
-    committing.start()
-    try:
+    with _written_by_another(path):
         storage = SharedFileStorage(path)
         assert storage.incr("client", 60) == 1
-    finally:
-        committing.join()
-        writer.close()
 
 
 def test_a_store_opened_while_another_process_writes_its_file_waits_for_it(
@@ -162,17 +171,8 @@ def test_a_store_opened_while_another_process_writes_its_file_waits_for_it(
 ) -> None:
     # The same for the jobs and glossary files, which every API process opens as it starts.
     path = tmp_path / "jobs.sqlite3"
-    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    writer.execute("CREATE TABLE other (a)")
-    writer.execute("BEGIN IMMEDIATE")
-    writer.execute("INSERT INTO other VALUES (1)")
-    committing = threading.Timer(0.3, lambda: writer.execute("COMMIT"))
-    committing.start()
     database = Database(path, "CREATE TABLE IF NOT EXISTS t (v);")
-    try:
+    with _written_by_another(path):
         with database.transaction() as db:
             db.execute("INSERT INTO t VALUES (1)")
-    finally:
-        committing.join()
-        writer.close()
         database.close()
