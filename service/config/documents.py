@@ -42,6 +42,23 @@ class DocumentsSettings(Section):
     document_jobs: int = Field(
         2, ge=1, description="Documents translating at once in each API process."
     )
+    document_reads: int = Field(
+        1,
+        ge=1,
+        description="Documents read (or written back) at once in each API process, each in a "
+        "child process of its own; uploads finding 8 more waiting get 429.",
+    )
+    document_read_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="Longest one document's read or rebuild may take; an upload over it gets 413.",
+    )
+    document_read_memory_mib: int = Field(
+        2048,
+        ge=64,
+        description="Memory one document's read may take (its child process's address space "
+        "beyond its start); an upload over it gets 413.",
+    )
     max_glossaries_per_key: int = Field(
         1000, ge=1, description="Glossaries a key may keep (DeepL's limit per account)."
     )

@@ -7,6 +7,7 @@ from service.config.settings import Settings
 from service.frontend.access import AccessConfig
 from service.frontend.documents.formats import PackageLimits
 from service.frontend.documents.jobs import JobLimits
+from service.frontend.documents.reading import ReadingConfig
 from service.frontend.documents.runner import RunnerConfig
 from service.frontend.documents.service import DocumentsConfig
 from service.frontend.glossaries import GlossaryLimits
@@ -70,8 +71,13 @@ def documents_config(settings: Settings) -> DocumentsConfig:
     return DocumentsConfig(
         max_file_bytes=documents.max_file_bytes,
         max_file_chars=documents.max_file_chars,
-        chunk_chars=settings.limits.max_document_chars,
-        package=PackageLimits(max_unpacked_bytes=documents.max_unpacked_bytes),
+        reading=ReadingConfig(
+            chunk_chars=settings.limits.max_document_chars,
+            package=PackageLimits(max_unpacked_bytes=documents.max_unpacked_bytes),
+            at_once=documents.document_reads,
+            timeout_s=documents.document_read_timeout_s,
+            memory_bytes=documents.document_read_memory_mib * 2**20,
+        ),
         public_origin=documents.public_origin,
         limits=JobLimits(
             max_jobs_per_client=documents.max_documents_per_key, ttl_s=documents.document_ttl_s

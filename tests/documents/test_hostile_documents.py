@@ -16,7 +16,9 @@ import httpx
 import pytest
 
 from service.config.settings import Settings
+from service.frontend.documents import formats, reading
 from tests.conftest import own_data, served
+from tests.documents.test_reading import many_paragraphs
 from tests.fakes import FakeControl
 
 KEY = "doc-key"
@@ -70,6 +72,7 @@ def documents(
         api_keys=[KEY],
         max_queue_size=256,
         request_timeout_s=60,
+        document_read_memory_mib=64,
     )
     with served(configured, controls.loader(answer="Hallo\x01 Welt\x0b\x1f.")) as client:
         yield client
@@ -118,6 +121,25 @@ def test_3000_lines_and_3000_runs_finish_without_refusing_live_traffic(
     assert [s["status"] for s in statuses] == ["done", "done"], statuses
     assert live
     assert set(live) == {200}, live
+
+
+def test_a_file_that_needs_more_memory_to_read_is_413_and_never_read_in_the_api_process(
+    documents: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """9 MB of one-letter paragraphs made python-docx take 574 MB and 14.6 s of CPU in the API
+    process, holding its event loop's GIL; 20 at once would have taken 11 GB."""
+
+    def not_here(*args: object, **kwargs: object) -> object:
+        raise AssertionError("a document read in the API process")
+
+    monkeypatch.setattr(formats, "parse", not_here)
+    monkeypatch.setattr(reading, "parse", not_here)
+    heavy = _upload(documents, "heavy.docx", many_paragraphs())
+    assert heavy.status_code == 413, heavy.text
+    assert "needs more than 64 MiB" in heavy.json()["message"]
+    fits = _upload(documents, "fits.docx", _word(["Hello there."]))
+    assert fits.status_code == 200, fits.text
+    assert _wait(documents, fits.json())["status"] == "done"
 
 
 def test_billed_characters_are_the_source_text_s(documents: httpx.Client) -> None:

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from service.contract.errors import NotReady
 from service.frontend.documents import formats
-from service.frontend.documents.formats import Parsed
 from service.frontend.documents.jobs import JobStore
+from service.frontend.documents.reading import Read
 from service.frontend.documents.records import HEARTBEAT_LOST_S, MAX_ATTEMPTS, Job
 from service.frontend.documents.resume import Resumer, decode_request, encode_request
 from service.frontend.documents.runner import DocumentRunner
@@ -156,13 +156,17 @@ async def test_jobs_are_resumed_only_while_the_service_serves(tmp_path: Path) ->
     def loading() -> Translator:
         raise NotReady("the model is loading; retry shortly")
 
-    runner = DocumentRunner(store, loading)
+    async def rebuilt(job: Job, translations: list[str]) -> bytes:
+        raise AssertionError("never translated while loading")
+
+    runner = DocumentRunner(store, loading, rebuilt)
     serving = False
 
-    async def parse(data: bytes, job: Job) -> Parsed:
-        return await asyncio.to_thread(formats.parse, data, "txt", 1000)
+    async def read(data: bytes, job: Job) -> Read:
+        parsed = formats.parse(data, "txt", 1000)
+        return Read(parsed.units, parsed.characters)
 
-    resumer = Resumer(store, runner, parse, lambda: serving)
+    resumer = Resumer(store, runner, read, lambda: serving)
     assert await resumer.once() == 0
     assert store.get("owner", job.id).claim == "a process that crashed"
     serving = True

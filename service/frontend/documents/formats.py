@@ -300,6 +300,8 @@ def _parse_docx(data: bytes, limits: PackageLimits) -> Parsed:
         document = docx.Document(io.BytesIO(data))
         paragraphs = [p for p in _paragraphs(document) if _words(p.text)]
         units = [_paragraph_unit(paragraph) for paragraph in paragraphs]
+    except MemoryError:
+        raise  # the file is too large to read within the reader's memory, not broken
     except Exception:
         # Whatever a broken package makes python-docx, zipfile or lxml raise: a missing part
         # (KeyError), a part that is not XML (lxml's own types), a content-types part without

@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from service.frontend.documents.formats import Parsed
 from service.frontend.documents.jobs import JobStore
+from service.frontend.documents.reading import Read
 from service.frontend.documents.records import Job
 from service.frontend.documents.runner import DocumentRunner
 from service.frontend.translation.prompts import TranslationOptions
@@ -43,13 +43,13 @@ class Resumer:
         self,
         store: JobStore,
         runner: DocumentRunner,
-        parse: Callable[[bytes, Job], Awaitable[Parsed]],
+        read: Callable[[bytes, Job], Awaitable[Read]],
         serving: Callable[[], bool],
         every_s: float = RESUME_S,
     ) -> None:
         self._store = store
         self._runner = runner
-        self._parse = parse
+        self._read = read
         self._serving = serving
         self._every_s = every_s
         self._task: asyncio.Task[None] | None = None
@@ -87,7 +87,7 @@ class Resumer:
         assert job.request is not None  # claimed only with its options
         try:
             data = await asyncio.to_thread(self._store.source_path(job).read_bytes)
-            parsed = await self._parse(data, job)
+            read = await self._read(data, job)
             options = decode_request(job.request)
         except Exception:
             log.exception("a document could not be resumed", extra={"document_id": job.id})
@@ -96,5 +96,5 @@ class Resumer:
             )
             return 0
         log.info("document resumed", extra={"document_id": job.id, "attempt": job.attempts})
-        self._runner.submit(job, parsed, options)
+        self._runner.submit(job, read.units, options)
         return 1

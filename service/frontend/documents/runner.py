@@ -16,11 +16,11 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from service.contract.errors import ServiceError
-from service.frontend.documents.formats import Parsed, Unit
+from service.frontend.documents.formats import Unit
 from service.frontend.documents.jobs import JobStore
 from service.frontend.documents.records import HEARTBEAT_S, Job
 from service.frontend.policy.admission import patiently
@@ -47,12 +47,15 @@ class DocumentRunner:
         self,
         store: JobStore,
         translator: Callable[[], Translator],
+        rebuilt: Callable[[Job, list[str]], Awaitable[bytes]],
         config: RunnerConfig | None = None,
     ) -> None:
         # This process's claim on the jobs it runs.
         self.claim = uuid.uuid4().hex
         self._store = store
         self._translator = translator
+        # The job's file with its units replaced by their translations.
+        self._rebuilt = rebuilt
         self._config = config or RunnerConfig()
         self._running = asyncio.Semaphore(self._config.max_running)
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -63,9 +66,9 @@ class DocumentRunner:
         """Whether a job taken on now would start at once."""
         return len(self._tasks) < self._config.max_running
 
-    def submit(self, job: Job, parsed: Parsed, options: TranslationOptions) -> None:
+    def submit(self, job: Job, units: list[Unit], options: TranslationOptions) -> None:
         """Translate ``job`` (claimed by this runner) in the background."""
-        task = asyncio.create_task(self._run(job, parsed, options), name=f"document-{job.id}")
+        task = asyncio.create_task(self._run(job, units, options), name=f"document-{job.id}")
         self._tasks[job.id] = task
         task.add_done_callback(lambda _: self._tasks.pop(job.id, None))
         if self._heart is None or self._heart.done():
@@ -102,14 +105,14 @@ class DocumentRunner:
                 self.cancel(job_id)
             await asyncio.sleep(HEARTBEAT_S)
 
-    async def _run(self, job: Job, parsed: Parsed, options: TranslationOptions) -> None:
+    async def _run(self, job: Job, units: list[Unit], options: TranslationOptions) -> None:
         # Cancelled (the job deleted, taken over elsewhere, or this process stopping), it is
         # left as it is: it either is gone, runs elsewhere, or is handed back by ``close``.
         try:
             async with self._running:
                 await asyncio.to_thread(self._store.start, job)
-                translations = await self._translate(job, parsed.units, options)
-                result = await asyncio.to_thread(parsed.rebuild, translations)
+                translations = await self._translate(job, units, options)
+                result = await self._rebuilt(job, translations)
                 await asyncio.to_thread(self._store.finish, job, result)
         except ServiceError as error:
             await asyncio.to_thread(self._store.fail, job, error.message)

@@ -11,15 +11,9 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from service.contract.errors import InvalidInput, PayloadTooLarge, ServiceError, TextTooLong
-from service.frontend.documents.formats import (
-    MEDIA_TYPES,
-    FileFormat,
-    PackageLimits,
-    Parsed,
-    format_of,
-    parse,
-)
+from service.frontend.documents.formats import MEDIA_TYPES, FileFormat, format_of
 from service.frontend.documents.jobs import JobLimits, JobStore
+from service.frontend.documents.reading import DocumentReader, Read, ReadingConfig
 from service.frontend.documents.records import Job
 from service.frontend.documents.resume import Resumer, encode_request
 from service.frontend.documents.runner import DocumentRunner, RunnerConfig, options_json
@@ -31,9 +25,7 @@ from service.frontend.translation.translator import Translator
 class DocumentsConfig:
     max_file_bytes: int = 10 * 1024 * 1024
     max_file_chars: int = 1_000_000
-    # The most characters of one unit translated as a document (a chunk of paragraphs).
-    chunk_chars: int = 50_000
-    package: PackageLimits = field(default_factory=PackageLimits)
+    reading: ReadingConfig = field(default_factory=ReadingConfig)
     limits: JobLimits = field(default_factory=JobLimits)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     # The scheme and host (and port) clients reach the service at, for links to results; None:
@@ -49,8 +41,9 @@ class Documents:
     ) -> None:
         self._store = store
         self._config = config
-        self._runner = DocumentRunner(store, translator, config.runner)
-        self._resumer = Resumer(store, self._runner, self._parse_stored, self._serving)
+        self._reader = DocumentReader(config.reading)
+        self._runner = DocumentRunner(store, translator, self._rebuilt, config.runner)
+        self._resumer = Resumer(store, self._runner, self._read_stored, self._serving)
         self._translator = translator
 
     async def upload(
@@ -75,8 +68,8 @@ class Documents:
         file_format: FileFormat = format_of(filename)
         # Checked now, so a wrong language is a 4xx of the upload, not a failed job.
         self._translator().languages_of(target_lang, source_lang)
-        parsed = await self._parse(data, file_format)
-        characters = parsed.characters
+        read = await self._reader.units(data, file_format)
+        characters = read.characters
         if characters > self._config.max_file_chars:
             raise TextTooLong(
                 f"file: {characters} characters to translate, at most {self._config.max_file_chars}"
@@ -97,7 +90,7 @@ class Documents:
             self._runner.claim,
             holder or owner,
         )
-        self._runner.submit(job, parsed, options)
+        self._runner.submit(job, read.units, options)
         return job
 
     async def status(self, owner: str | None, job_id: str, key: str | None) -> Job:
@@ -162,10 +155,10 @@ class Documents:
             return False
         return True
 
-    async def _parse(self, data: bytes, file_format: FileFormat) -> Parsed:
-        return await asyncio.to_thread(
-            parse, data, file_format, self._config.chunk_chars, self._config.package
-        )
+    async def _read_stored(self, data: bytes, job: Job) -> Read:
+        # An accepted job's read: it waits for the reader rather than being refused.
+        return await self._reader.units(data, cast(FileFormat, job.format), refuse=False)
 
-    async def _parse_stored(self, data: bytes, job: Job) -> Parsed:
-        return await self._parse(data, cast(FileFormat, job.format))
+    async def _rebuilt(self, job: Job, translations: list[str]) -> bytes:
+        data = await asyncio.to_thread(self._store.source_path(job).read_bytes)
+        return await self._reader.rebuilt(data, cast(FileFormat, job.format), translations)

@@ -1,0 +1,121 @@
+"""Documents are read in a child process of their own, under a memory cap and a deadline, a few
+at a time: a file built to cost gigabytes or minutes to read costs the API process nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import sys
+import zipfile
+from functools import cache
+
+import docx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.contract.errors import InvalidInput, Overloaded, PayloadTooLarge
+from service.frontend.documents import formats, reading
+from service.frontend.documents.reading import DocumentReader, ReadingConfig
+
+_NS = b'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
+
+
+@cache
+def many_paragraphs(count: int = 250_000) -> bytes:
+    """A Word file of ``count`` one-letter paragraphs, stored, not deflated (so no ratio
+    check refuses it): some 9 MB that python-docx reads in seconds and hundreds of MB."""
+    plain = io.BytesIO()
+    docx.Document().save(plain)
+    body = b"<w:p><w:r><w:t>a</w:t></w:r></w:p>" * count
+    document = b"<w:document " + _NS + b"><w:body>" + body + b"</w:body></w:document>"
+    out = io.BytesIO()
+    with (
+        zipfile.ZipFile(io.BytesIO(plain.getvalue())) as source,
+        zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as package,
+    ):
+        for item in source.infolist():
+            data = document if item.filename == "word/document.xml" else source.read(item)
+            item.compress_type = zipfile.ZIP_STORED
+            package.writestr(item, data)
+    return out.getvalue()
+
+
+_LINES = st.lists(
+    st.text(st.characters(exclude_categories=["Cs"]), max_size=30), min_size=1, max_size=8
+)
+
+
+@settings(max_examples=8, deadline=None)
+@given(lines=_LINES, file_format=st.sampled_from(["txt", "md"]))
+def test_a_child_reads_and_rebuilds_what_the_parser_does_in_process(
+    lines: list[str], file_format: formats.FileFormat
+) -> None:
+    data = "\n\n".join(lines).encode()
+    try:
+        expected = formats.parse(data, file_format, 1000)
+    except InvalidInput:
+        with pytest.raises(InvalidInput):
+            asyncio.run(DocumentReader().units(data, file_format))
+        return
+    reader = DocumentReader()
+    read = asyncio.run(reader.units(data, file_format))
+    assert read.units == expected.units
+    assert read.characters == expected.characters
+    translations = [unit.text.upper() for unit in read.units]
+    rebuilt = asyncio.run(reader.rebuilt(data, file_format, translations))
+    assert rebuilt == expected.rebuild(translations)
+
+
+async def test_a_word_file_keeps_its_runs_through_the_child() -> None:
+    document = docx.Document()
+    paragraph = document.add_paragraph("Hello ")
+    paragraph.add_run("bold").bold = True
+    out = io.BytesIO()
+    document.save(out)
+    reader = DocumentReader()
+    read = await reader.units(out.getvalue(), "docx")
+    assert [unit.text for unit in read.units] == ["<r0>Hello </r0><r1>bold</r1>"]
+    rebuilt = await reader.rebuilt(out.getvalue(), "docx", ["<r0>Hallo </r0><r1>fett</r1>"])
+    assert [p.text for p in docx.Document(io.BytesIO(rebuilt)).paragraphs] == ["Hallo fett"]
+
+
+async def test_a_file_that_needs_more_memory_than_the_cap_is_413() -> None:
+    # python-docx builds an object per element: the file needs far more than 64 MiB to read.
+    reader = DocumentReader(ReadingConfig(memory_bytes=64 * 2**20))
+    with pytest.raises(PayloadTooLarge, match="needs more than 64 MiB"):
+        await reader.units(many_paragraphs(), "docx")
+
+
+async def test_a_file_that_takes_longer_than_the_deadline_is_413() -> None:
+    reader = DocumentReader(ReadingConfig(timeout_s=0.5))
+    with pytest.raises(PayloadTooLarge, match=r"took over 0\.5 s"):
+        await reader.units(many_paragraphs(), "docx")
+
+
+async def test_uploads_beyond_those_waiting_are_refused_and_accepted_work_waits() -> None:
+    reader = DocumentReader(ReadingConfig(at_once=1, waiting=1))
+    data = b"hello"
+    first = asyncio.ensure_future(reader.units(data, "txt"))
+    second = asyncio.ensure_future(reader.units(data, "txt"))
+    await asyncio.sleep(0)  # the first reads, the second waits
+    with pytest.raises(Overloaded) as refused:
+        await reader.units(data, "txt")
+    assert refused.value.retry_after_s > 0
+    # A resumed job's read and a rebuild wait their turn instead.
+    resumed = asyncio.ensure_future(reader.units(data, "txt", refuse=False))
+    rebuilt = asyncio.ensure_future(reader.rebuilt(data, "txt", ["hallo"]))
+    done = await asyncio.gather(first, second, resumed)
+    assert [read.units[0].text for read in done] == ["hello"] * 3
+    assert await rebuilt == b"hallo"
+
+
+async def test_a_child_that_dies_is_a_422_and_the_reader_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reader = DocumentReader()
+    monkeypatch.setattr(reading, "_CHILD", [sys.executable, "-c", "import os; os.abort()"])
+    with pytest.raises(InvalidInput, match="could not be read"):
+        await reader.units(b"hello", "txt")
+    monkeypatch.undo()
+    assert (await reader.units(b"hello", "txt")).characters == 5
