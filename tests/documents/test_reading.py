@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import io
 import sys
+import time
 import zipfile
 from functools import cache
+from pathlib import Path
+from typing import Any
 
 import docx
 import pytest
@@ -16,7 +19,9 @@ from hypothesis import strategies as st
 
 from service.contract.errors import InvalidInput, Overloaded, PayloadTooLarge
 from service.frontend.documents import formats, reading
-from service.frontend.documents.reading import DocumentReader, ReadingConfig
+from service.frontend.documents.reading import DocumentReader, Read, ReadingConfig
+from tests.conftest import MakeSettings, own_data, started
+from tests.fakes import FakeControl
 
 _NS = b'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
 
@@ -119,3 +124,52 @@ async def test_a_child_that_dies_is_a_422_and_the_reader_goes_on(
         await reader.units(b"hello", "txt")
     monkeypatch.undo()
     assert (await reader.units(b"hello", "txt")).characters == 5
+
+
+async def test_a_job_that_waits_for_the_runner_holds_none_of_its_document(
+    make_settings: MakeSettings,
+    fake: FakeControl,
+    data_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each upload's units were kept in memory until its job ran, any number of jobs queued.
+    reads: list[bool] = []
+    units = DocumentReader.units
+
+    async def counted(self: DocumentReader, data: bytes, *args: Any, **kwargs: Any) -> Read:
+        reads.append(kwargs.get("refuse", True))
+        return await units(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(DocumentReader, "units", counted)
+    settings = make_settings(
+        data_dir=own_data(data_dir, tmp_path / "data"), warmup=False, document_jobs=1
+    )
+    auth = {"Authorization": "DeepL-Auth-Key k"}
+    async with started(settings, fake.loader(delay_s=0.3)) as client:
+        jobs = []
+        for n in range(3):
+            upload = await client.http.post(
+                "/v2/document",
+                data={"target_lang": "DE"},
+                files=[("file", (f"{n}.txt", f"Paragraph {n}.".encode()))],
+                headers=auth,
+            )
+            assert upload.status_code == 200, upload.text
+            jobs.append(upload.json())
+        for job in jobs:
+            deadline = time.monotonic() + 60
+            while True:
+                state = await client.http.post(
+                    f"/v2/document/{job['document_id']}",
+                    json={"document_key": job["document_key"]},
+                    headers=auth,
+                )
+                if state.json()["status"] in ("done", "error"):
+                    break
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            assert state.json()["status"] == "done", state.text
+    # Three uploads read once each; the two that waited read again when they started.
+    assert reads.count(True) == 3
+    assert reads.count(False) == 2

@@ -14,9 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from service.contract.errors import NotReady
-from service.frontend.documents import formats
+from service.frontend.documents.formats import Unit
 from service.frontend.documents.jobs import JobStore
-from service.frontend.documents.reading import Read
 from service.frontend.documents.records import HEARTBEAT_LOST_S, MAX_ATTEMPTS, Job
 from service.frontend.documents.resume import Resumer, decode_request, encode_request
 from service.frontend.documents.runner import DocumentRunner
@@ -156,17 +155,16 @@ async def test_jobs_are_resumed_only_while_the_service_serves(tmp_path: Path) ->
     def loading() -> Translator:
         raise NotReady("the model is loading; retry shortly")
 
-    async def rebuilt(job: Job, translations: list[str]) -> bytes:
-        raise AssertionError("never translated while loading")
+    class NeverRead:
+        async def units(self, job: Job) -> list[Unit]:
+            raise AssertionError("never read while loading")
 
-    runner = DocumentRunner(store, loading, rebuilt)
+        async def rebuilt(self, job: Job, translations: list[str]) -> bytes:
+            raise AssertionError("never translated while loading")
+
+    runner = DocumentRunner(store, loading, NeverRead())
     serving = False
-
-    async def read(data: bytes, job: Job) -> Read:
-        parsed = formats.parse(data, "txt", 1000)
-        return Read(parsed.units, parsed.characters)
-
-    resumer = Resumer(store, runner, read, lambda: serving)
+    resumer = Resumer(store, runner, lambda: serving)
     assert await resumer.once() == 0
     assert store.get("owner", job.id).claim == "a process that crashed"
     serving = True

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import msgspec
 
 from service.frontend.documents.jobs import JobStore
-from service.frontend.documents.reading import Read
 from service.frontend.documents.records import Job
 from service.frontend.documents.runner import DocumentRunner
 from service.frontend.translation.prompts import TranslationOptions
@@ -43,13 +42,11 @@ class Resumer:
         self,
         store: JobStore,
         runner: DocumentRunner,
-        read: Callable[[bytes, Job], Awaitable[Read]],
         serving: Callable[[], bool],
         every_s: float = RESUME_S,
     ) -> None:
         self._store = store
         self._runner = runner
-        self._read = read
         self._serving = serving
         self._every_s = every_s
         self._task: asyncio.Task[None] | None = None
@@ -86,15 +83,14 @@ class Resumer:
     async def _restart(self, job: Job) -> int:
         assert job.request is not None  # claimed only with its options
         try:
-            data = await asyncio.to_thread(self._store.source_path(job).read_bytes)
-            read = await self._read(data, job)
             options = decode_request(job.request)
-        except Exception:
+        except msgspec.DecodeError:
             log.exception("a document could not be resumed", extra={"document_id": job.id})
             await asyncio.to_thread(
-                self._store.fail, job, "the document could not be read again to resume it"
+                self._store.fail, job, "the document's options could not be read to resume it"
             )
             return 0
         log.info("document resumed", extra={"document_id": job.id, "attempt": job.attempts})
-        self._runner.submit(job, read.units, options)
+        # Its file is read again when it starts (as for any job that waited for the runner).
+        self._runner.submit(job, options)
         return 1

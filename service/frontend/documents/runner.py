@@ -16,8 +16,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from service.contract.errors import ServiceError
 from service.frontend.documents.formats import Unit
@@ -40,6 +41,14 @@ class RunnerConfig:
     unit_timeout_s: float = 600.0
 
 
+class JobFiles(Protocol):
+    """A job's stored file: what it holds to translate, and it with its translations."""
+
+    async def units(self, job: Job) -> list[Unit]: ...
+
+    async def rebuilt(self, job: Job, translations: list[str]) -> bytes: ...
+
+
 class DocumentRunner:
     """Translates the jobs submitted to it, in the background."""
 
@@ -47,15 +56,14 @@ class DocumentRunner:
         self,
         store: JobStore,
         translator: Callable[[], Translator],
-        rebuilt: Callable[[Job, list[str]], Awaitable[bytes]],
+        files: JobFiles,
         config: RunnerConfig | None = None,
     ) -> None:
         # This process's claim on the jobs it runs.
         self.claim = uuid.uuid4().hex
         self._store = store
         self._translator = translator
-        # The job's file with its units replaced by their translations.
-        self._rebuilt = rebuilt
+        self._files = files
         self._config = config or RunnerConfig()
         self._running = asyncio.Semaphore(self._config.max_running)
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -66,8 +74,14 @@ class DocumentRunner:
         """Whether a job taken on now would start at once."""
         return len(self._tasks) < self._config.max_running
 
-    def submit(self, job: Job, units: list[Unit], options: TranslationOptions) -> None:
-        """Translate ``job`` (claimed by this runner) in the background."""
+    def submit(
+        self, job: Job, options: TranslationOptions, units: list[Unit] | None = None
+    ) -> None:
+        """Translate ``job`` (claimed by this runner) in the background; ``units``, its file's
+        when just read, kept only if it starts at once: a job that waits holds none of its
+        document in memory (it is read again when it starts), however many wait."""
+        if not self.has_room:
+            units = None
         task = asyncio.create_task(self._run(job, units, options), name=f"document-{job.id}")
         self._tasks[job.id] = task
         task.add_done_callback(lambda _: self._tasks.pop(job.id, None))
@@ -105,14 +119,16 @@ class DocumentRunner:
                 self.cancel(job_id)
             await asyncio.sleep(HEARTBEAT_S)
 
-    async def _run(self, job: Job, units: list[Unit], options: TranslationOptions) -> None:
+    async def _run(self, job: Job, units: list[Unit] | None, options: TranslationOptions) -> None:
         # Cancelled (the job deleted, taken over elsewhere, or this process stopping), it is
         # left as it is: it either is gone, runs elsewhere, or is handed back by ``close``.
         try:
             async with self._running:
                 await asyncio.to_thread(self._store.start, job)
+                if units is None:
+                    units = await self._files.units(job)
                 translations = await self._translate(job, units, options)
-                result = await self._rebuilt(job, translations)
+                result = await self._files.rebuilt(job, translations)
                 await asyncio.to_thread(self._store.finish, job, result)
         except ServiceError as error:
             await asyncio.to_thread(self._store.fail, job, error.message)

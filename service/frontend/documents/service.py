@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from service.contract.errors import InvalidInput, PayloadTooLarge, ServiceError, TextTooLong
-from service.frontend.documents.formats import MEDIA_TYPES, FileFormat, format_of
+from service.frontend.documents.formats import MEDIA_TYPES, FileFormat, Unit, format_of
 from service.frontend.documents.jobs import JobLimits, JobStore
-from service.frontend.documents.reading import DocumentReader, Read, ReadingConfig
+from service.frontend.documents.reading import DocumentReader, ReadingConfig
 from service.frontend.documents.records import Job
 from service.frontend.documents.resume import Resumer, encode_request
 from service.frontend.documents.runner import DocumentRunner, RunnerConfig, options_json
@@ -42,8 +42,9 @@ class Documents:
         self._store = store
         self._config = config
         self._reader = DocumentReader(config.reading)
-        self._runner = DocumentRunner(store, translator, self._rebuilt, config.runner)
-        self._resumer = Resumer(store, self._runner, self._read_stored, self._serving)
+        files = _StoredFiles(store, self._reader)
+        self._runner = DocumentRunner(store, translator, files, config.runner)
+        self._resumer = Resumer(store, self._runner, self._serving)
         self._translator = translator
 
     async def upload(
@@ -90,7 +91,7 @@ class Documents:
             self._runner.claim,
             holder or owner,
         )
-        self._runner.submit(job, read.units, options)
+        self._runner.submit(job, options, read.units)
         return job
 
     async def status(self, owner: str | None, job_id: str, key: str | None) -> Job:
@@ -155,10 +156,20 @@ class Documents:
             return False
         return True
 
-    async def _read_stored(self, data: bytes, job: Job) -> Read:
-        # An accepted job's read: it waits for the reader rather than being refused.
-        return await self._reader.units(data, cast(FileFormat, job.format), refuse=False)
 
-    async def _rebuilt(self, job: Job, translations: list[str]) -> bytes:
+class _StoredFiles:
+    """Jobs' stored files through the reader; an accepted job's read waits for the reader
+    rather than being refused."""
+
+    def __init__(self, store: JobStore, reader: DocumentReader) -> None:
+        self._store = store
+        self._reader = reader
+
+    async def units(self, job: Job) -> list[Unit]:
+        data = await asyncio.to_thread(self._store.source_path(job).read_bytes)
+        read = await self._reader.units(data, cast(FileFormat, job.format), refuse=False)
+        return read.units
+
+    async def rebuilt(self, job: Job, translations: list[str]) -> bytes:
         data = await asyncio.to_thread(self._store.source_path(job).read_bytes)
         return await self._reader.rebuilt(data, cast(FileFormat, job.format), translations)
