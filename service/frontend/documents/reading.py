@@ -222,6 +222,9 @@ def _answer(task: _Task) -> _Answer:
 
 def _child() -> None:
     """The child: one task from stdin, its answer to stdout."""
+    # Reading is throughput work; the API processes' event loops (refusals, probes) are
+    # latency work, and the kernel should run them first.
+    os.nice(10)
     task = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=_Task)
     limit = _limit_memory(task.memory_bytes) if sys.platform == "linux" else None
     try:
