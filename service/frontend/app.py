@@ -8,6 +8,7 @@ background so liveness answers at once) and drains and stops it on shutdown. Thi
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -279,12 +280,30 @@ class AdmissionGate:
             return None
         return self._runtime.admission.arrive()
 
+    def route(self, scope: Scope) -> str:
+        path = _path(scope)
+        if path in _ADMITTING:
+            return path
+        project = _GOOGLE_V3_PARENT.fullmatch(path)
+        if project is None:
+            return "unmatched"
+        located = "/locations/{location}" if project.group(1) else ""
+        return f"/v3/projects/{{project}}{located}:translateText"
+
+
+# Google v3's translation routes, ``{project}`` with or without ``/locations/{location}``.
+_GOOGLE_V3_PARENT = re.compile(r"/v3/projects/[^/]+(/locations/[^/]+)?:translateText")
+
+
+def _path(scope: Scope) -> str:
+    return str(scope.get("path", "")).removeprefix(str(scope.get("root_path", "")))
+
 
 def _admitting(scope: Scope) -> Dialect | None:
     """The dialect of a request that admits texts, or None for any other request."""
     if scope.get("method") != "POST":
         return None
-    path = str(scope.get("path", "")).removeprefix(str(scope.get("root_path", "")))
+    path = _path(scope)
     if path.startswith("/v3/projects/") and path.endswith(":translateText"):
         return GOOGLE_V3
     return _ADMITTING.get(path)

@@ -9,18 +9,22 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import fastapi.dependencies.utils
 import fastapi.routing
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import Histogram
 from starlette.concurrency import run_in_threadpool
 
 from service.frontend.api.middleware import Door
+from service.frontend.app import AdmissionGate
 from service.frontend.metrics import Metrics
 from service.frontend.translation import markup, markup_texts
 from tests.api.test_faults import until
+from tests.api.test_protocol import Gate
 from tests.conftest import ServiceClient, StartApp
 from tests.fakes import FakeControl
 
@@ -130,7 +134,7 @@ async def test_the_last_refusals_are_logged_at_shutdown_not_after_it(
 ) -> None:
     # A summary still pending when the app stops is logged then, and its timer does not fire
     # later, into whatever runs on the loop next.
-    door = Door(Metrics())
+    door = Door(Metrics(), Gate())
     scope: Any = {"type": "http", "method": "POST", "path": "/translate", "headers": []}
     with caplog.at_level(logging.INFO, logger="service.frontend.access"):
         door.record(scope, 0.001)
@@ -148,7 +152,7 @@ async def test_a_refusal_leaves_its_metrics_for_later_and_every_rendering_counts
     # A flood's refusals are over in milliseconds; their metrics (a few microseconds each, more
     # in the shared files of several processes) were counted between them.
     metrics = Metrics()
-    door = Door(metrics)
+    door = Door(metrics, Gate())
     touched: list[str] = []
     for kind in (type(metrics.requests.labels("/", "POST", "429")), Histogram):
         for name in ("inc", "observe"):
@@ -247,3 +251,33 @@ async def test_markup_is_read_at_its_tags_outside_the_api_process(
     )
     assert response.status_code == 200, response.text
     assert response.json()["translations"][0]["text"] == "<p>Hallo <b>Welt</b></p>"
+
+
+_SEGMENT = st.text(st.characters(exclude_characters="/:?#%", codec="ascii"), min_size=1)
+
+
+@given(
+    parents=st.lists(
+        st.tuples(_SEGMENT, st.none() | _SEGMENT),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_door_refusals_count_under_route_templates_never_the_paths_clients_choose(
+    parents: list[tuple[str, str | None]],
+) -> None:
+    # Google v3's parent is the client's to choose: each refusal of a flood to a new project
+    # made a new series in the metrics, kept (and scraped) for good.
+    gate = AdmissionGate(cast(Any, None))
+    routes = set()
+    for project, location in parents:
+        located = "" if location is None else f"/locations/{location}"
+        routes.add(gate.route({"path": f"/v3/projects/{project}{located}:translateText"}))
+    routes.add(gate.route({"path": "/v3/projects/a/b/c:translateText"}))
+    routes.add(gate.route({"path": "/translate"}))
+    assert routes <= {
+        "/v3/projects/{project}:translateText",
+        "/v3/projects/{project}/locations/{location}:translateText",
+        "unmatched",
+        "/translate",
+    }

@@ -112,6 +112,9 @@ class Gate(OpenGate):
 
         return arrived
 
+    def route(self, scope: Scope) -> str:
+        return str(scope["path"])
+
 
 def refusing(metrics: Metrics) -> Door:
     return Door(metrics, Gate())

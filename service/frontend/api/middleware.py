@@ -74,6 +74,11 @@ class Gate(Protocol):
         closes for it as for an admitted one) until the returned callable is called."""
         ...
 
+    def route(self, scope: Scope) -> str:
+        """The route template a refused request is counted under (never the path itself: a
+        client chooses paths, and each new label value is a series kept for good)."""
+        ...
+
 
 class OpenGate:
     """A gate that refuses nothing."""
@@ -86,6 +91,9 @@ class OpenGate:
 
     def arrive(self, scope: Scope) -> Callable[[], None] | None:
         return None
+
+    def route(self, scope: Scope) -> str:
+        return "unmatched"
 
 
 # For every FastAPI app of the service: FastAPI's native OpenTelemetry wrapper stays off. The
@@ -116,6 +124,7 @@ class Door:
         self.closed = gate.closed
         self.refusal = gate.refusal
         self.arrive = gate.arrive
+        self._route = gate.route
         self.request_id = RequestIds()
         self._requests = Children(metrics.requests)
         self._durations = Children(metrics.request_duration)
@@ -136,7 +145,7 @@ class Door:
         self._refused += 1
         if not self._period:
             self._summary = asyncio.get_running_loop().call_later(_SUMMARY_PERIOD_S, self.flush)
-        self._period.append((str(scope.get("path", "")), scope["method"], seconds))
+        self._period.append((self._route(scope), scope["method"], seconds))
 
     def count(self) -> None:
         """The refusals recorded since the last count, into the metrics."""
