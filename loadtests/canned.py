@@ -96,6 +96,9 @@ class _Shut:
     def arrive(self, scope: Scope) -> None:
         return None
 
+    def route(self, scope: Scope) -> str:
+        return "/translate"
+
 
 async def _ok(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] == "http":

@@ -96,6 +96,9 @@ class _LetIn:
     def arrive(self, scope: Scope) -> Callable[[], None] | None:
         return self._release
 
+    def route(self, scope: Scope) -> str:
+        return "/translate"
+
 
 def _full_admission() -> AdmissionGate:
     """The service's own gate over an admission with no room (one text on its way, of one)."""
