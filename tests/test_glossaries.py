@@ -9,7 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from service.contract.errors import InvalidInput, LimitReached, NotFound
@@ -38,6 +38,25 @@ def test_entries_accepted_from_csv_read_back_the_same_from_their_tsv(
     except InvalidInput:
         return  # refused, with the line: never stored
     assert parse_entries(to_tsv(entries), "tsv") == entries
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@example(text='"' + "a" * 200_000 + '",b', entries_format="csv")
+@example(text='a,b\n"' + "a" * 200_000, entries_format="csv")
+@given(
+    text=st.text(st.sampled_from('ab ,"\t\n\r\x00\u00e9'), max_size=60) | st.text(max_size=30),
+    entries_format=st.sampled_from(["csv", "tsv"]),
+)
+def test_any_entries_are_read_or_refused_as_the_client_s_error(
+    text: str, entries_format: str
+) -> None:
+    """A field over the csv module's limit (a quote never closed) raised ``csv.Error``: a 500."""
+    try:
+        entries = parse_entries(text, entries_format)
+    except InvalidInput:
+        return
+    assert entries
+    assert all(source and target for source, target in entries)
 
 
 def test_a_term_with_a_line_break_is_refused_naming_its_line() -> None:

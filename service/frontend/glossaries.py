@@ -123,7 +123,7 @@ def parse_entries(text: str, entries_format: str) -> list[tuple[str, str]]:
     if entries_format == "tsv":
         rows = [line.split("\t") for line in text.splitlines()]
     elif entries_format == "csv":
-        rows = list(csv.reader(io.StringIO(text)))
+        rows = _csv_rows(text)
     else:
         raise InvalidInput("entries_format: 'tsv' or 'csv'")
     entries: list[tuple[str, str]] = []
@@ -149,6 +149,16 @@ def parse_entries(text: str, entries_format: str) -> list[tuple[str, str]]:
     if not entries:
         raise InvalidInput("entries: no entries")
     return entries
+
+
+def _csv_rows(text: str) -> list[list[str]]:
+    reader = csv.reader(io.StringIO(text))
+    try:
+        return list(reader)
+    except csv.Error as error:
+        # A field over the csv module's own limit (128 KiB: a quote never closed takes the
+        # rest of the text into one field), a line break inside an unquoted field, and so on.
+        raise InvalidInput(f"entries: line {reader.line_num} is not CSV: {error}") from None
 
 
 def to_tsv(entries: list[tuple[str, str]]) -> str:
