@@ -40,8 +40,13 @@ from fastapi.telemetry import TelemetryConfig
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.contract.errors import InvalidInput, UnsupportedEncoding
-from service.frontend.api.errors import NATIVE, Dialect, error_response
+from service.contract.errors import (
+    InvalidInput,
+    PayloadTooLarge,
+    ServiceError,
+    UnsupportedEncoding,
+)
+from service.frontend.api.errors import NATIVE, Dialect
 from service.frontend.api.surrogates import lone_surrogate
 from service.frontend.metrics import Children, Metrics
 
@@ -241,9 +246,8 @@ class RequestContextMiddleware:
             invalid = None if body is None else lone_surrogate(body)
             encoding = (_header(scope, b"content-encoding") or "identity").strip().lower()
             if body is None:
-                await self._reply(
-                    413, "payload_too_large", self._too_large(limit), send_with_id, scope, receive
-                )
+                too_large = PayloadTooLarge(self._too_large(limit))
+                await self._dialect(scope).response(too_large)(scope, receive, send_with_id)
             elif body and encoding != "identity":
                 unread = UnsupportedEncoding(
                     f"Content-Encoding {encoding[:32]!r} is not accepted: send the body as it is"
@@ -259,9 +263,8 @@ class RequestContextMiddleware:
         except Exception:
             log.exception("unhandled error", extra={"request_id": request_id})
             if not response_started:
-                await self._reply(
-                    500, "internal_error", "internal server error", send_with_id, scope, receive
-                )
+                failed = ServiceError("internal server error")
+                await self._dialect(scope).response(failed)(scope, receive, send_with_id)
         finally:
             if refused and status == 429:
                 self.door.record(scope, time.perf_counter() - started)
@@ -351,12 +354,6 @@ class RequestContextMiddleware:
         if disconnected.is_set() and current.cancelling():
             current.uncancel()  # the app finished anyway; the request task goes on
         return True
-
-    @staticmethod
-    async def _reply(
-        status: int, code: str, message: str, send: Send, scope: Scope, receive: Receive
-    ) -> None:
-        await error_response(status, code, message)(scope, receive, send)
 
     def _record(self, scope: Scope, status: int, seconds: float, request_id: str) -> None:
         route = _route_template(scope)
