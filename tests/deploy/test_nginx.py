@@ -10,8 +10,9 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -423,3 +424,44 @@ def test_what_nginx_cannot_parse_is_answered_in_json(nginx: Process, case: str) 
     fields = {line.split(":", 1)[0].lower(): line.split(":", 1)[1].strip() for line in lines[1:]}
     assert fields["content-type"] == "application/json", fields
     assert json.loads(body)["error"]["code"]
+
+
+# What a client of each API reads an error's message from.
+_SHAPES: dict[str, Callable[[Any], str]] = {
+    "/translate": lambda b: b["error"]["message"],
+    "/v2/translate": lambda b: b["message"],
+    "/v3/glossaries": lambda b: b["message"],
+    "/libretranslate/translate": lambda b: b["error"],
+    "/language/translate/v2": lambda b: b["error"]["errors"][0]["message"],
+    "/v3/projects/p:translateText": lambda b: b["error"]["message"],
+    "/v1/chat/completions": lambda b: b["error"]["message"],
+}
+
+
+@pytest.mark.parametrize("path", sorted(_SHAPES))
+def test_nginx_s_own_413_comes_in_the_shape_of_the_path_s_api(nginx: Process, path: str) -> None:
+    """Every error nginx answered itself was in the native shape, whatever API the path spoke."""
+    response = httpx.post(
+        f"{nginx.url}{path}",
+        content=b'{"q": "' + b"x" * (2 * 1024 * 1024) + b'"}',
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert response.status_code == 413
+    assert response.headers["content-type"] == "application/json"
+    assert "request body over the limit" in _SHAPES[path](response.json())
+
+
+async def test_nginx_s_own_429_comes_in_each_api_s_shape(nginx: Process) -> None:
+    paths = ("/libretranslate/languages", "/v2/languages", "/language/translate/v2/languages")
+    async with httpx.AsyncClient(base_url=nginx.url, timeout=30) as client:
+        responses = await asyncio.gather(*(client.get(p) for p in paths for _ in range(60)))
+    refused = {str(r.url.path): r.json() for r in responses if r.status_code == 429}
+    assert refused, "no request was refused"
+    for path, body in refused.items():
+        if path.startswith("/libretranslate"):
+            assert body["error"].startswith("Slowdown: ")
+        elif path.startswith("/v2"):
+            assert body["message"] == "too many requests from this client"
+        else:
+            assert body["error"]["status"] == "RESOURCE_EXHAUSTED"

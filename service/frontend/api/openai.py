@@ -30,12 +30,15 @@ from service.contract.errors import (
     DeadlineExceeded,
     Forbidden,
     InvalidInput,
+    MethodNotAllowed,
     NotFound,
     Overloaded,
+    PayloadTooLarge,
     QuotaExceeded,
     ServiceError,
     Unauthenticated,
     Unsupported,
+    UnsupportedEncoding,
 )
 from service.contract.types import Decoding
 from service.frontend.access import AccessControl
@@ -57,6 +60,9 @@ _STATUS = {
 _TYPES: tuple[tuple[type[ServiceError], str], ...] = (
     (InvalidInput, "invalid_request_error"),
     (NotFound, "invalid_request_error"),
+    (MethodNotAllowed, "invalid_request_error"),
+    (PayloadTooLarge, "invalid_request_error"),
+    (UnsupportedEncoding, "invalid_request_error"),
     (Unauthenticated, "authentication_error"),
     (Forbidden, "permission_error"),
     (QuotaExceeded, "insufficient_quota"),
