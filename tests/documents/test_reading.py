@@ -173,3 +173,11 @@ async def test_a_job_that_waits_for_the_runner_holds_none_of_its_document(
     # Three uploads read once each; the two that waited read again when they started.
     assert reads.count(True) == 3
     assert reads.count(False) == 2
+
+
+async def test_a_reader_that_cannot_start_is_a_429_to_retry_not_the_file_s_fault(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reading, "_CHILD", ["/nonexistent/python"])
+    with pytest.raises(Overloaded, match="cannot read documents right now"):
+        await DocumentReader().units(b"hello", "txt")

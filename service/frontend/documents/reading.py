@@ -154,12 +154,20 @@ class DocumentReader:
         return answer
 
     async def _in_child(self, payload: bytes) -> _Answer:
-        process = await asyncio.create_subprocess_exec(
-            *_CHILD,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *_CHILD,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as error:
+            # The host is out of processes or memory for a moment: the file is not at fault.
+            log.warning("a document reader could not start", extra={"error": str(error)})
+            raise Overloaded(
+                "file: the service cannot read documents right now; send it again in a few seconds",
+                retry_after_s=5.0,
+            ) from None
         try:
             out, err = await asyncio.wait_for(process.communicate(payload), self._config.timeout_s)
         except TimeoutError:
