@@ -23,7 +23,8 @@ from service.frontend.sqlite import while_locked
 
 # Increments between two purges of the expired counters.
 _PURGE_EVERY = 1000
-# How long a statement waits for another process's lock on the file.
+# How long a statement waits for another process's lock on the file: shorter than the jobs and
+# glossary files' wait (``sqlite.BUSY_S``), since a request's rate check waits on it.
 _BUSY_S = 5.0
 
 
