@@ -10,7 +10,6 @@ import time
 import zipfile
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import docx
 import pytest
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 
 from service.contract.errors import InvalidInput, Overloaded, PayloadTooLarge
 from service.frontend.documents import formats, reading
+from service.frontend.documents.formats import FileFormat
 from service.frontend.documents.reading import DocumentReader, Read, ReadingConfig
 from tests.conftest import MakeSettings, own_data, started
 from tests.fakes import FakeControl
@@ -101,18 +101,31 @@ async def test_a_file_that_takes_longer_than_the_deadline_is_413() -> None:
 async def test_uploads_beyond_those_waiting_are_refused_and_accepted_work_waits() -> None:
     reader = DocumentReader(ReadingConfig(at_once=1, waiting=1))
     data = b"hello"
-    first = asyncio.ensure_future(reader.units(data, "txt"))
-    second = asyncio.ensure_future(reader.units(data, "txt"))
+    first = asyncio.ensure_future(reader.units(data, "txt", "a"))
+    second = asyncio.ensure_future(reader.units(data, "txt", "b"))
     await asyncio.sleep(0)  # the first reads, the second waits
     with pytest.raises(Overloaded) as refused:
-        await reader.units(data, "txt")
+        await reader.units(data, "txt", "c")
     assert refused.value.retry_after_s > 0
     # A resumed job's read and a rebuild wait their turn instead.
-    resumed = asyncio.ensure_future(reader.units(data, "txt", refuse=False))
+    resumed = asyncio.ensure_future(reader.units(data, "txt"))
     rebuilt = asyncio.ensure_future(reader.rebuilt(data, "txt", ["hallo"]))
     done = await asyncio.gather(first, second, resumed)
     assert [read.units[0].text for read in done] == ["hello"] * 3
     assert await rebuilt == b"hallo"
+
+
+async def test_one_client_s_uploads_cannot_hold_up_every_other_s() -> None:
+    # One reader a process: a client sending heavy files one after another kept every other
+    # client's upload waiting behind them, then refused once the queue was full.
+    reader = DocumentReader(ReadingConfig(at_once=1, waiting=8, per_client=1))
+    heavy = asyncio.ensure_future(reader.units(b"slow", "txt", "attacker"))
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded, match="your other documents"):
+        await reader.units(b"again", "txt", "attacker")
+    assert (await reader.units(b"hello", "txt", "someone")).characters == 5
+    await heavy
+    assert (await reader.units(b"now", "txt", "attacker")).characters == 3
 
 
 async def test_a_child_that_dies_is_a_422_and_the_reader_goes_on(
@@ -134,12 +147,14 @@ async def test_a_job_that_waits_for_the_runner_holds_none_of_its_document(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Each upload's units were kept in memory until its job ran, any number of jobs queued.
-    reads: list[bool] = []
+    reads: list[bool] = []  # whether each read was an upload's (a client's)
     units = DocumentReader.units
 
-    async def counted(self: DocumentReader, data: bytes, *args: Any, **kwargs: Any) -> Read:
-        reads.append(kwargs.get("refuse", True))
-        return await units(self, data, *args, **kwargs)
+    async def counted(
+        self: DocumentReader, data: bytes, file_format: FileFormat, client: str | None = None
+    ) -> Read:
+        reads.append(client is not None)
+        return await units(self, data, file_format, client)
 
     monkeypatch.setattr(DocumentReader, "units", counted)
     settings = make_settings(

@@ -13,8 +13,9 @@ travel over the child's pipes as msgpack (msgspec), never pickle: the child's ou
 parsing a stranger's file.
 
 At most ``at_once`` children read at a time in an API process; an upload finding ``waiting``
-others already waiting is refused with 429 and a Retry-After, while the reads of accepted jobs
-(a resumed job's, a rebuild) always wait their turn: refusing them would fail accepted work.
+others already waiting, or whose client has ``per_client`` uploads reading or waiting, is
+refused with 429 and a Retry-After, while the reads of accepted jobs (a resumed job's, a
+rebuild) always wait their turn: refusing them would fail accepted work.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import logging
 import os
 import resource
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -54,6 +56,8 @@ class ReadingConfig:
     at_once: int = 1
     # Uploads waiting for a child before more are refused (429).
     waiting: int = 8
+    # Uploads of one client being read or waiting before its next is refused (429).
+    per_client: int = 2
     # How long one read or rebuild may take, the child's start included.
     timeout_s: float = 120.0
     # Memory a child may take beyond what it holds once started (its interpreter and imports).
@@ -98,16 +102,35 @@ class DocumentReader:
         self._config = config or ReadingConfig()
         self._slots = asyncio.Semaphore(self._config.at_once)
         self._waiting = 0
+        # Uploads being read or waiting, by client.
+        self._clients: Counter[str] = Counter()
 
-    async def units(self, data: bytes, file_format: FileFormat, *, refuse: bool = True) -> Read:
-        """What ``data`` holds to translate. ``refuse``: an upload, turned away (429) when too
-        many wait already; an accepted job's read waits instead."""
-        answer = await self._run("units", data, file_format, [], refuse)
+    async def units(self, data: bytes, file_format: FileFormat, client: str | None = None) -> Read:
+        """What ``data`` holds to translate. ``client``: whose upload it is, turned away (429)
+        when too many wait already or that client has ``per_client`` reading or waiting (so
+        one client's heavy files cannot hold every upload up); None, an accepted job's read,
+        which waits its turn instead."""
+        if client is None:
+            answer = await self._run("units", data, file_format, [], refuse=False)
+            return Read(answer.units, answer.characters)
+        if self._clients[client] >= self._config.per_client:
+            raise Overloaded(
+                "file: your other documents are still being read; send this one once they are "
+                "accepted",
+                retry_after_s=5.0,
+            )
+        self._clients[client] += 1
+        try:
+            answer = await self._run("units", data, file_format, [], refuse=True)
+        finally:
+            self._clients[client] -= 1
+            if not self._clients[client]:
+                del self._clients[client]
         return Read(answer.units, answer.characters)
 
     async def rebuilt(self, data: bytes, file_format: FileFormat, translations: list[str]) -> bytes:
         """``data`` with its units replaced by ``translations``."""
-        answer = await self._run("rebuilt", data, file_format, translations, False)
+        answer = await self._run("rebuilt", data, file_format, translations, refuse=False)
         return answer.document
 
     async def _run(
@@ -116,6 +139,7 @@ class DocumentReader:
         data: bytes,
         file_format: FileFormat,
         translations: list[str],
+        *,
         refuse: bool,
     ) -> _Answer:
         if refuse and self._slots.locked() and self._waiting >= self._config.waiting:

@@ -69,7 +69,7 @@ class Documents:
         file_format: FileFormat = format_of(filename)
         # Checked now, so a wrong language is a 4xx of the upload, not a failed job.
         self._translator().languages_of(target_lang, source_lang)
-        read = await self._reader.units(data, file_format)
+        read = await self._reader.units(data, file_format, holder or owner)
         characters = read.characters
         if characters > self._config.max_file_chars:
             raise TextTooLong(
@@ -167,7 +167,7 @@ class _StoredFiles:
 
     async def units(self, job: Job) -> list[Unit]:
         data = await asyncio.to_thread(self._store.source_path(job).read_bytes)
-        read = await self._reader.units(data, cast(FileFormat, job.format), refuse=False)
+        read = await self._reader.units(data, cast(FileFormat, job.format))
         return read.units
 
     async def rebuilt(self, job: Job, translations: list[str]) -> bytes:
