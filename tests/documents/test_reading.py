@@ -7,7 +7,6 @@ import asyncio
 import io
 import sys
 import time
-import zipfile
 from functools import cache
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loadtests.heavy_document import heavy_word_file
 from service.contract.errors import InvalidInput, Overloaded, PayloadTooLarge
 from service.frontend.documents import formats, reading
 from service.frontend.documents.formats import FileFormat
@@ -23,27 +23,12 @@ from service.frontend.documents.reading import DocumentReader, Read, ReadingConf
 from tests.conftest import MakeSettings, own_data, started
 from tests.fakes import FakeControl
 
-_NS = b'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
-
 
 @cache
-def many_paragraphs(count: int = 250_000) -> bytes:
-    """A Word file of ``count`` one-letter paragraphs, stored, not deflated (so no ratio
-    check refuses it): some 9 MB that python-docx reads in seconds and hundreds of MB."""
-    plain = io.BytesIO()
-    docx.Document().save(plain)
-    body = b"<w:p><w:r><w:t>a</w:t></w:r></w:p>" * count
-    document = b"<w:document " + _NS + b"><w:body>" + body + b"</w:body></w:document>"
-    out = io.BytesIO()
-    with (
-        zipfile.ZipFile(io.BytesIO(plain.getvalue())) as source,
-        zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as package,
-    ):
-        for item in source.infolist():
-            data = document if item.filename == "word/document.xml" else source.read(item)
-            item.compress_type = zipfile.ZIP_STORED
-            package.writestr(item, data)
-    return out.getvalue()
+def many_paragraphs() -> bytes:
+    """250,000 one-letter paragraphs, stored (9.3 MB): python-docx reads them in seconds and
+    hundreds of MB."""
+    return heavy_word_file()
 
 
 _LINES = st.lists(
