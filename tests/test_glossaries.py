@@ -6,13 +6,15 @@ from __future__ import annotations
 import csv
 import io
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from service.contract.errors import InvalidInput, LimitReached, NotFound
+from service.contract.errors import Forbidden, InvalidInput, LimitReached, NotFound
+from service.frontend import glossaries
 from service.frontend.glossaries import (
     Dictionary,
     GlossaryLimits,
@@ -116,3 +118,55 @@ def test_dictionaries_are_merged_replaced_and_deleted_within_the_limits(tmp_path
         store.create("me", "x", [("en", "de", []), ("en", "de", [])])
     store.delete("me", made.id)
     assert store.owned("me") == []
+
+
+def test_on_an_open_service_only_a_glossary_s_creator_changes_or_deletes_it(
+    tmp_path: Path,
+) -> None:
+    """Without keys every caller shared one owner: any client could list every glossary and
+    delete or overwrite it (a team's work gone to a stranger's DELETE), and one client could
+    use up the limits all shared."""
+    store = GlossaryStore(tmp_path / "g.sqlite3", GlossaryLimits(max_glossaries=1))
+    creator, stranger = "addr:10.0.0.1", "addr:10.0.0.2"
+    made = store.create("open", "team", [("en", "de", [("node", "Knoten")])], creator)
+    # Every client sees and uses it...
+    assert [g.id for g in store.owned("open")] == [made.id]
+    assert store.entries("open", made.id, "en", "de")[1] == [("node", "Knoten")]
+    # ...but a stranger can neither change nor delete it.
+    changes: list[Callable[[], object]] = [
+        lambda: store.delete("open", made.id, stranger),
+        lambda: store.update("open", made.id, "mine", (), stranger),
+        lambda: store.replace("open", made.id, "en", "de", [("node", "X")], stranger),
+        lambda: store.delete_dictionary("open", made.id, "en", "de", stranger),
+    ]
+    for change in changes:
+        with pytest.raises(Forbidden, match="only the client that created"):
+            change()
+    assert store.get("open", made.id) == made
+    assert store.entries("open", made.id, "en", "de")[1] == [("node", "Knoten")]
+    # The limits are each client's own.
+    store.create("open", "theirs", [("en", "de", [("a", "b")])], stranger)
+    with pytest.raises(LimitReached):
+        store.create("open", "more", [("en", "de", [("c", "d")])], creator)
+    assert store.update("open", made.id, "team 2", (), creator).name == "team 2"
+    store.delete("open", made.id, creator)
+    assert [g.name for g in store.owned("open")] == ["theirs"]
+
+
+def test_a_file_without_creators_gains_them_and_its_open_glossaries_stay_open(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "glossaries.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.executescript(
+            glossaries._SCHEMA.replace(",\n    creator TEXT", "")
+            + "INSERT INTO glossaries VALUES ('g1', 'open', 'shared', 1.0),"
+            " ('g2', 'key:abc', 'mine', 2.0);"
+            "INSERT INTO dictionaries VALUES ('g1', 'en', 'de'), ('g2', 'en', 'de');"
+        )
+    store = GlossaryStore(path)
+    with pytest.raises(Forbidden):
+        store.delete("key:abc", "g2", "key:other")  # a key's glossary: its key's
+    store.delete("key:abc", "g2", "key:abc")
+    store.delete("open", "g1", "addr:10.0.0.9")  # made before creators were kept: open to all
+    assert store.owned("open") == []

@@ -5,7 +5,9 @@ A glossary is a name and one or more dictionaries, each a list of source term ->
 one language pair, as DeepL's ``/v3/glossaries`` defines it (entries given as TSV or CSV, one pair
 per line); a ``/v2/glossaries`` glossary is one with a single dictionary. Each caller sees
 only its own glossaries; another key's id is "not found", never "forbidden", so ids reveal
-nothing. On an open service (no keys) every caller shares one owner. The file survives restarts
+nothing. On an open service (no keys) every caller shares one owner: every client sees and uses
+every glossary, but only the client (address) that created one may change or delete it, and
+each client's glossaries count against the limits on their own. The file survives restarts
 and is shared by the API processes of one service (SQLite's own locking, WAL journal).
 
 The store is synchronous and small; the routes call it through ``asyncio.to_thread``.
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.contract.errors import InvalidInput, LimitReached, NotFound
+from service.contract.errors import Forbidden, InvalidInput, LimitReached, NotFound
 from service.frontend.sqlite import Database
 
 # DeepL's limit on a glossary's entries (10 MB); a term longer than this is not a term.
@@ -37,7 +39,8 @@ CREATE TABLE IF NOT EXISTS glossaries (
     id TEXT PRIMARY KEY,
     owner TEXT NOT NULL,
     name TEXT NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    creator TEXT
 );
 CREATE TABLE IF NOT EXISTS dictionaries (
     glossary TEXT NOT NULL REFERENCES glossaries(id) ON DELETE CASCADE,
@@ -68,7 +71,8 @@ DROP INDEX IF EXISTS glossaries_by_owner;
 """
     + _SCHEMA
     + """
-INSERT INTO glossaries SELECT id, owner, name, created FROM glossaries_v1;
+INSERT INTO glossaries (id, owner, name, created) SELECT id, owner, name, created
+    FROM glossaries_v1;
 INSERT INTO dictionaries SELECT id, source_lang, target_lang FROM glossaries_v1;
 INSERT INTO terms SELECT e.glossary, g.source_lang, g.target_lang, e.position, e.source, e.target
     FROM entries_v1 e JOIN glossaries_v1 g ON g.id = e.glossary;
@@ -78,10 +82,20 @@ DROP TABLE glossaries_v1;
 )
 
 
+# The second layout, without the client that created each glossary.
+_ADD_CREATOR = "ALTER TABLE glossaries ADD COLUMN creator TEXT;"
+
+
 def _migrate(connection: sqlite3.Connection) -> None:
     columns = {row[1] for row in connection.execute("PRAGMA table_info(glossaries)")}
-    if "source_lang" in columns:
-        connection.executescript("BEGIN;" + _MIGRATE_V1 + "COMMIT;")
+    if not columns or "creator" in columns:
+        return  # a new file (the schema makes it), or one of this layout
+    upgrade = _MIGRATE_V1 if "source_lang" in columns else _ADD_CREATOR
+    # A key's glossaries of an earlier layout were created by that key; an open service's stay
+    # without a creator (any caller may change them, as before).
+    connection.executescript(
+        "BEGIN;" + upgrade + "UPDATE glossaries SET creator = owner WHERE owner != 'open';COMMIT;"
+    )
 
 
 Entries = list[tuple[str, str]]
@@ -186,9 +200,15 @@ class GlossaryStore:
         self._limits = limits or GlossaryLimits()
 
     def create(
-        self, owner: str, name: str, dictionaries: list[tuple[str, str, Entries]]
+        self,
+        owner: str,
+        name: str,
+        dictionaries: list[tuple[str, str, Entries]],
+        caller: str | None = None,
     ) -> Glossary:
-        """A new glossary of ``dictionaries`` (source, target, entries), one per pair."""
+        """A new glossary of ``dictionaries`` (source, target, entries), one per pair, created
+        by ``caller`` (the client; ``owner`` when not given)."""
+        creator = caller or owner
         _check_name(name)
         pairs = [(source, target) for source, target, _ in dictionaries]
         if not pairs:
@@ -198,11 +218,11 @@ class GlossaryStore:
         glossary_id = str(uuid.uuid4())
         with self._db.transaction() as db:
             self._check_room(
-                db, owner, new=1, added=sum(entries_bytes(e) for *_, e in dictionaries)
+                db, creator, new=1, added=sum(entries_bytes(e) for *_, e in dictionaries)
             )
             db.execute(
-                "INSERT INTO glossaries VALUES (?, ?, ?, ?)",
-                (glossary_id, owner, name, time.time()),
+                "INSERT INTO glossaries (id, owner, name, created, creator) VALUES (?, ?, ?, ?, ?)",
+                (glossary_id, owner, name, time.time(), creator),
             )
             for source, target, entries in dictionaries:
                 _write_dictionary(db, glossary_id, source, target, entries)
@@ -238,6 +258,7 @@ class GlossaryStore:
         glossary_id: str,
         name: str | None = None,
         dictionaries: Sequence[tuple[str, str, Entries]] = (),
+        caller: str | None = None,
     ) -> Glossary:
         """Rename, and merge ``dictionaries`` in: a pair's entries replace those of the same
         source term and add the others; a new pair is added (DeepL's PATCH)."""
@@ -245,30 +266,41 @@ class GlossaryStore:
             _check_name(name)
         with self._db.transaction() as db:
             _read(db, owner, glossary_id)
+            creator = _check_creator(db, glossary_id, caller or owner)
             if name is not None:
                 db.execute("UPDATE glossaries SET name = ? WHERE id = ?", (name, glossary_id))
             for source, target, entries in dictionaries:
                 merged = dict(_terms(db, glossary_id, source, target))
                 before = entries_bytes(list(merged.items()))
                 merged.update(entries)
-                self._check_room(db, owner, 0, entries_bytes(list(merged.items())) - before)
+                self._check_room(db, creator, 0, entries_bytes(list(merged.items())) - before)
                 _write_dictionary(db, glossary_id, source, target, list(merged.items()))
             return _read(db, owner, glossary_id)
 
     def replace(
-        self, owner: str, glossary_id: str, source: str, target: str, entries: Entries
+        self,
+        owner: str,
+        glossary_id: str,
+        source: str,
+        target: str,
+        entries: Entries,
+        caller: str | None = None,
     ) -> Dictionary:
         """Set the pair's dictionary to ``entries`` (added where the glossary had none)."""
         with self._db.transaction() as db:
             _read(db, owner, glossary_id)
+            creator = _check_creator(db, glossary_id, caller or owner)
             before = entries_bytes(_terms(db, glossary_id, source, target))
-            self._check_room(db, owner, 0, entries_bytes(entries) - before)
+            self._check_room(db, creator, 0, entries_bytes(entries) - before)
             _write_dictionary(db, glossary_id, source, target, entries)
         return Dictionary(source, target, len(entries))
 
-    def delete_dictionary(self, owner: str, glossary_id: str, source: str, target: str) -> None:
+    def delete_dictionary(
+        self, owner: str, glossary_id: str, source: str, target: str, caller: str | None = None
+    ) -> None:
         with self._db.transaction() as db:
             glossary = _read(db, owner, glossary_id)
+            _check_creator(db, glossary_id, caller or owner)
             if glossary.dictionary(source, target) is None:
                 raise NotFound("Dictionary not found")
             if len(glossary.dictionaries) == 1:
@@ -279,8 +311,10 @@ class GlossaryStore:
                 (glossary_id, source, target),
             )
 
-    def delete(self, owner: str, glossary_id: str) -> None:
+    def delete(self, owner: str, glossary_id: str, caller: str | None = None) -> None:
         with self._db.transaction() as db:
+            _read(db, owner, glossary_id)
+            _check_creator(db, glossary_id, caller or owner)
             deleted = db.execute(
                 "DELETE FROM glossaries WHERE owner = ? AND id = ?", (owner, glossary_id)
             ).rowcount
@@ -290,14 +324,15 @@ class GlossaryStore:
     def close(self) -> None:
         self._db.close()
 
-    def _check_room(self, db: sqlite3.Connection, owner: str, new: int, added: int) -> None:
-        """Refuse ``new`` more glossaries or ``added`` more bytes of entries past the key's
-        limits."""
+    def _check_room(self, db: sqlite3.Connection, creator: str, new: int, added: int) -> None:
+        """Refuse ``new`` more glossaries or ``added`` more bytes of entries past the limits
+        of their creator (a key; on a service without keys, a client, so that one client
+        cannot use up what all share)."""
         count, stored = db.execute(
-            "SELECT (SELECT COUNT(*) FROM glossaries WHERE owner = ?), "
+            "SELECT (SELECT COUNT(*) FROM glossaries WHERE creator = ?), "
             "COALESCE(SUM(LENGTH(CAST(t.source AS BLOB)) + LENGTH(CAST(t.target AS BLOB))), 0) "
-            "FROM terms t JOIN glossaries g ON g.id = t.glossary WHERE g.owner = ?",
-            (owner, owner),
+            "FROM terms t JOIN glossaries g ON g.id = t.glossary WHERE g.creator = ?",
+            (creator, creator),
         ).fetchone()
         if new and count + new > self._limits.max_glossaries:
             raise LimitReached(
@@ -308,6 +343,22 @@ class GlossaryStore:
                 f"Quota exceeded: this key's glossaries would hold {stored + added} bytes of "
                 f"entries, at most {self._limits.max_bytes}"
             )
+
+
+def _check_creator(db: sqlite3.Connection, glossary_id: str, caller: str) -> str:
+    """The glossary's creator, when ``caller`` may change it: on a service without keys every
+    client sees every glossary, but only the one that made it may change or delete it (a
+    stranger could otherwise delete a team's glossaries). One of an earlier layout has no
+    creator and stays open to all."""
+    (creator,) = db.execute(
+        "SELECT creator FROM glossaries WHERE id = ?", (glossary_id,)
+    ).fetchone()
+    if creator is not None and creator != caller:
+        raise Forbidden(
+            "this glossary was created by another client: on a service without API keys, only "
+            "the client that created a glossary may change or delete it"
+        )
+    return str(creator or caller)
 
 
 def _check_name(name: str) -> None:

@@ -43,6 +43,12 @@ class RequestContext:
         return cls(client=client, deadline=deadline, translator=runtime.translator, access=access)
 
     @property
+    def caller(self) -> str:
+        """The client itself (its key's identity, or its address on an open service): who
+        may change the glossaries it created."""
+        return self.client.identity
+
+    @property
     def owner(self) -> str:
         """Whose glossaries (and other stored resources) this caller sees: its key's, or the
         one shared owner of an open service."""

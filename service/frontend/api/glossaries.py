@@ -142,7 +142,9 @@ def install_glossary_routes(
                 entries_format=wanted.entries_format,
             )
         )
-        glossary = await asyncio.to_thread(store.create, context.owner, wanted.name, [dictionary])
+        glossary = await asyncio.to_thread(
+            store.create, context.owner, wanted.name, [dictionary], context.caller
+        )
         return JSONResponse(glossary_json(glossary), status_code=201)
 
     async def listed(request: Request) -> JSONResponse:
@@ -158,7 +160,7 @@ def install_glossary_routes(
 
     async def delete(request: Request, glossary_id: str) -> Response:
         context = await context_of(request, await read_params(request))
-        await asyncio.to_thread(store.delete, context.owner, glossary_id)
+        await asyncio.to_thread(store.delete, context.owner, glossary_id, context.caller)
         return Response(status_code=204)
 
     async def entries(request: Request, glossary_id: str) -> PlainTextResponse:
@@ -220,7 +222,7 @@ class _MultilingualRoutes:
             raise InvalidInput("Parameter 'dictionaries' not specified.")
         dictionaries = [self._pairs.dictionary(given) for given in wanted.dictionaries]
         glossary = await asyncio.to_thread(
-            self._store.create, context.owner, wanted.name, dictionaries
+            self._store.create, context.owner, wanted.name, dictionaries, context.caller
         )
         return JSONResponse(multilingual_json(glossary), status_code=201)
 
@@ -241,7 +243,12 @@ class _MultilingualRoutes:
             raise InvalidInput("Parameter 'name' or 'dictionaries' must be specified.")
         dictionaries = [self._pairs.dictionary(given) for given in wanted.dictionaries or []]
         glossary = await asyncio.to_thread(
-            self._store.update, context.owner, glossary_id, wanted.name, dictionaries
+            self._store.update,
+            context.owner,
+            glossary_id,
+            wanted.name,
+            dictionaries,
+            context.caller,
         )
         return JSONResponse(multilingual_json(glossary))
 
@@ -249,7 +256,7 @@ class _MultilingualRoutes:
         params, context = await self._read(request)
         source, target, terms = self._pairs.dictionary(parse_deepl(DictionaryParams, params))
         dictionary = await asyncio.to_thread(
-            self._store.replace, context.owner, glossary_id, source, target, terms
+            self._store.replace, context.owner, glossary_id, source, target, terms, context.caller
         )
         return JSONResponse(_dictionary_json(dictionary))
 
@@ -275,13 +282,18 @@ class _MultilingualRoutes:
         wanted = parse_deepl(PairParams, params)
         source, target = self._pairs.pair(wanted.source_lang, wanted.target_lang)
         await asyncio.to_thread(
-            self._store.delete_dictionary, context.owner, glossary_id, source, target
+            self._store.delete_dictionary,
+            context.owner,
+            glossary_id,
+            source,
+            target,
+            context.caller,
         )
         return Response(status_code=204)
 
     async def delete(self, request: Request, glossary_id: str) -> Response:
         _, context = await self._read(request)
-        await asyncio.to_thread(self._store.delete, context.owner, glossary_id)
+        await asyncio.to_thread(self._store.delete, context.owner, glossary_id, context.caller)
         return Response(status_code=204)
 
 
